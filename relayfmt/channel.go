@@ -1,0 +1,662 @@
+package relayfmt
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// Mode is what a channel does when every sub-buffer is full.
+type Mode uint8
+
+const (
+	// NoOverwrite drops new records and counts them when no sub-buffer is
+	// free (relay's default).
+	NoOverwrite Mode = iota
+	// Overwrite reuses the oldest sub-buffer (flight recorder); sub-buffers
+	// reach the sink only on Snapshot and Close.
+	Overwrite
+)
+
+// String returns "discard" or "overwrite", the CLI's names.
+func (m Mode) String() string {
+	if m == Overwrite {
+		return "overwrite"
+	}
+	return "discard"
+}
+
+// Config sets up a channel.
+type Config struct {
+	// SubbufSize is the size of a sub-buffer (one packet): a multiple of
+	// 4 KiB from MinSubbufSize to MaxSubbufSize.
+	SubbufSize int
+	// NSubbufs is the number of sub-buffers per buffer, at least 2.
+	NSubbufs int
+	// CPUs is the number of per-CPU buffers; stream i is CPU i, file
+	// trace<i>. Ignored when Global is set.
+	CPUs int
+	// Global gives the channel one buffer, file "trace", for all CPUs; each
+	// event records its CPU in its context. Only one goroutine may write.
+	Global bool
+	Mode   Mode
+	Clock  Clock
+	// Env is written to the metadata env block (hostname, kernel...).
+	Env map[string]string
+	// UUID identifies the trace; zero means a random one.
+	UUID [16]byte
+}
+
+// Stats counts what happened in one buffer. Every record passed to Write
+// is exactly one of: Records, Dropped, TooLarge, Invalid.
+type Stats struct {
+	Records     uint64 // written into a sub-buffer
+	Bytes       uint64 // event bytes written, headers included
+	Dropped     uint64 // no free sub-buffer (NoOverwrite)
+	TooLarge    uint64 // larger than a sub-buffer can hold
+	Invalid     uint64 // unknown id or payload not matching its class
+	Lost        uint64 // reported lost upstream through Discard
+	Overwritten uint64 // events lost with overwritten sub-buffers
+	Clamped     uint64 // timestamps raised to keep the stream monotonic
+	Packets     uint64 // sub-buffers finished
+	Written     uint64 // packets handed to the sink
+}
+
+// Discarded returns the events lost in this buffer for any reason.
+func (s Stats) Discarded() uint64 {
+	return s.Dropped + s.TooLarge + s.Invalid + s.Lost + s.Overwritten
+}
+
+// Errors returned by Write. ErrDropped and ErrTooLarge are counted losses,
+// not failures of the channel.
+var (
+	ErrDropped    = errors.New("record dropped: no free sub-buffer")
+	ErrTooLarge   = errors.New("record larger than a sub-buffer")
+	ErrInvalid    = errors.New("record does not match its event class")
+	ErrNoStream   = errors.New("no such stream")
+	ErrClosed     = errors.New("channel closed")
+	ErrWrongMode  = errors.New("operation needs overwrite mode")
+	ErrNameExists = errors.New("event name already defined")
+)
+
+// Channel is a relay channel: per-CPU (or one global) buffers of
+// NSubbufs sub-buffers, each sub-buffer a CTF packet, finished sub-buffers
+// handed to a Sink.
+//
+// Concurrency: Write, Discard and the per-buffer operations (FlushCPU,
+// ResetCPU, Stats) for one buffer must come from one goroutine at a time,
+// the buffer's writer; different buffers may be written concurrently. The
+// sink runs in its own goroutines. AddEventClass is safe at any time.
+// Flush, Reset, Snapshot and Close act on every buffer and need every
+// writer to be quiescent.
+type Channel struct {
+	cfg  Config
+	sink Sink
+	bufs []*buffer
+
+	// classes is the id-indexed class table, replaced whole when a class
+	// is added so writers read it without a lock.
+	classes atomic.Pointer[[]*EventClass]
+
+	mu     sync.Mutex // metadata changes and Close
+	meta   Metadata
+	closed bool
+	wg     sync.WaitGroup
+	quit   chan struct{}
+}
+
+type buffer struct {
+	ch     *Channel
+	name   string // stream file name
+	global bool
+	size   int
+	n      uint64
+	mem    []byte
+	hdr    PacketHeader // static fields of every packet
+
+	// Writer-owned.
+	cur         []byte // current sub-buffer; nil when none is open
+	off         int
+	lastTS      uint64
+	lastFull    uint64
+	events      uint64 // events in cur
+	seq         uint64 // sequence number the next opened packet gets
+	discarded   uint64 // running total, written into each packet
+	pktDisc     uint64 // discarded as of the last finished packet
+	overwritten uint64
+	slotEvents  []uint64
+	stats       Stats
+
+	// firstTS is the first packet's timestamp_begin, written by the writer
+	// before the first produced.Add, read by the sink after it.
+	firstTS uint64
+
+	produced atomic.Uint64 // sub-buffers finished (writer)
+	consumed atomic.Uint64 // sub-buffers released (sink, or writer in Overwrite)
+
+	// Sink side.
+	doorbell chan struct{}
+	opened   bool // the stream file has its first packet
+	mu       sync.Mutex
+	cond     sync.Cond
+	sinkErr  error
+}
+
+// NewChannel checks cfg, allocates the buffers, writes the metadata and,
+// in NoOverwrite mode, starts one sink goroutine per buffer. It fails on
+// a bad geometry (the error says why) or if the sink cannot write the
+// metadata.
+func NewChannel(cfg Config, sink Sink) (*Channel, error) {
+	if err := checkGeometry(cfg.SubbufSize, cfg.NSubbufs); err != nil {
+		return nil, fmt.Errorf("channel: %w", err)
+	}
+	if sink == nil {
+		return nil, errors.New("channel: nil sink")
+	}
+	nbuf := cfg.CPUs
+	if cfg.Global {
+		nbuf = 1
+	} else if nbuf < 1 || nbuf > 1<<16 {
+		return nil, fmt.Errorf("channel: %d CPUs out of range 1..65536", cfg.CPUs)
+	}
+	if total := uint64(nbuf) * uint64(cfg.NSubbufs) * uint64(cfg.SubbufSize); total > 1<<40 {
+		return nil, fmt.Errorf("channel: %d buffers of %d x %d bytes is too much memory", nbuf, cfg.NSubbufs, cfg.SubbufSize)
+	}
+	if cfg.Clock.Name == "" {
+		cfg.Clock.Name = "monotonic"
+	}
+	cfg.Clock.Freq = cfg.Clock.freq()
+	if !isIdent(cfg.Clock.Name) {
+		return nil, fmt.Errorf("channel: clock name %q is not an identifier", cfg.Clock.Name)
+	}
+	env := make(map[string]string, len(cfg.Env))
+	for k, v := range cfg.Env {
+		if !isIdent(k) || reservedEnv[k] {
+			return nil, fmt.Errorf("channel: env key %q is not an identifier or is reserved", k)
+		}
+		env[k] = sanitize(v)
+	}
+	cfg.Clock.Description = sanitize(cfg.Clock.Description)
+	if cfg.UUID == ([16]byte{}) {
+		cfg.UUID = NewUUID()
+	}
+	c := &Channel{cfg: cfg, sink: sink, quit: make(chan struct{})}
+	c.meta = Metadata{UUID: cfg.UUID, Clock: cfg.Clock, Global: cfg.Global, SubbufSize: cfg.SubbufSize, NSubbufs: cfg.NSubbufs, Env: env}
+	empty := []*EventClass{}
+	c.classes.Store(&empty)
+	if err := sink.WriteMetadata(c.meta.TSDL()); err != nil {
+		return nil, fmt.Errorf("channel: %w", err)
+	}
+	for i := range nbuf {
+		b := &buffer{ch: c, global: cfg.Global, size: cfg.SubbufSize, n: uint64(cfg.NSubbufs), seq: 1,
+			mem: make([]byte, cfg.NSubbufs*cfg.SubbufSize), slotEvents: make([]uint64, cfg.NSubbufs),
+			doorbell: make(chan struct{}, 1)}
+		b.name = "trace" + strconv.Itoa(i)
+		if cfg.Global {
+			b.name = "trace"
+		}
+		b.hdr = PacketHeader{UUID: cfg.UUID, StreamInstanceID: uint64(i), CPUID: uint32(i), PacketSize: uint64(cfg.SubbufSize) * 8}
+		b.cond.L = &b.mu
+		c.bufs = append(c.bufs, b)
+		if cfg.Mode == NoOverwrite {
+			c.wg.Add(1)
+			go b.sinkLoop()
+		}
+	}
+	return c, nil
+}
+
+var reservedEnv = map[string]bool{"domain": true, "tracer_name": true, "kconsume_format": true, "sub_size": true, "nr_sub": true, "global": true}
+
+// sanitize keeps metadata strings to printable ASCII without quotes or
+// backslashes, so any TSDL reader takes them as they are.
+func sanitize(s string) string {
+	b := []byte(s)
+	for i, ch := range b {
+		if ch < ' ' || ch > '~' || ch == '"' || ch == '\\' {
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}
+
+// AddEventClass defines a new event class with the next free id and
+// rewrites the metadata through the sink before any event of it can be
+// written. Ids never change. It fails if the name is taken, the fields are
+// invalid, or the metadata cannot be written (then nothing is defined).
+func (c *Channel) AddEventClass(name string, fields []Field) (*EventClass, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.meta.ClassByName(name) != nil {
+		return nil, fmt.Errorf("event %q: %w", name, ErrNameExists)
+	}
+	cls, err := NewEventClass(uint32(len(c.meta.Classes)), name, fields)
+	if err != nil {
+		return nil, err
+	}
+	next := c.meta
+	next.Classes = append(append([]*EventClass(nil), c.meta.Classes...), cls)
+	if err := c.sink.WriteMetadata(next.TSDL()); err != nil {
+		return nil, fmt.Errorf("event %q: %w", name, err)
+	}
+	c.meta = next
+	c.classes.Store(&next.Classes)
+	return cls, nil
+}
+
+// Metadata returns a copy of the channel's current metadata.
+func (c *Channel) Metadata() Metadata {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.meta
+	m.Classes = append([]*EventClass(nil), m.Classes...)
+	return m
+}
+
+// Streams returns the number of buffers (1 in global mode).
+func (c *Channel) Streams() int { return len(c.bufs) }
+
+func (c *Channel) buf(cpu int) (*buffer, error) {
+	if c.cfg.Global {
+		return c.bufs[0], nil
+	}
+	if uint(cpu) >= uint(len(c.bufs)) {
+		return nil, fmt.Errorf("cpu %d: %w", cpu, ErrNoStream)
+	}
+	return c.bufs[cpu], nil
+}
+
+// Write appends one event of class id with timestamp ts (in clock ticks)
+// to cpu's buffer. It never splits a record across sub-buffers. A
+// timestamp lower than the buffer's last one is raised to it (counted in
+// Stats.Clamped) so the stream stays monotonic. It returns ErrDropped when
+// no sub-buffer is free (NoOverwrite), ErrTooLarge or ErrInvalid; each of
+// them is counted and reported in the stream as discarded events.
+func (c *Channel) Write(cpu int, ts uint64, id uint32, payload []byte) error {
+	if c.cfg.Global {
+		return c.bufs[0].write(ts, id, payload, uint32(cpu), 4)
+	}
+	if uint(cpu) >= uint(len(c.bufs)) {
+		return fmt.Errorf("cpu %d: %w", cpu, ErrNoStream)
+	}
+	return c.bufs[cpu].write(ts, id, payload, 0, 0)
+}
+
+func (b *buffer) write(ts uint64, id uint32, payload []byte, cpu uint32, ctx int) error {
+	classes := *b.ch.classes.Load()
+	if uint64(id) >= uint64(len(classes)) {
+		return b.lose(&b.stats.Invalid, ErrInvalid)
+	}
+	if cls := classes[id]; cls.fixed != len(payload) {
+		if n, err := cls.PayloadSize(payload); cls.fixed >= 0 || err != nil || n != len(payload) {
+			return b.lose(&b.stats.Invalid, ErrInvalid)
+		}
+	}
+	if ts < b.lastTS {
+		ts = b.lastTS
+		b.stats.Clamped++
+	}
+	ext := needsExtended(id, ts, b.lastFull)
+	need := CompactHeaderSize + ctx + len(payload)
+	if ext {
+		need += ExtendedHeaderSize - CompactHeaderSize
+	}
+	if b.off+need > len(b.cur) {
+		// A fresh packet sets the full timestamp, so only the id can still
+		// force the extended header.
+		ext = id > MaxCompactID
+		need = CompactHeaderSize + ctx + len(payload)
+		if ext {
+			need += ExtendedHeaderSize - CompactHeaderSize
+		}
+		if need > b.size-PacketHeaderSize {
+			return b.lose(&b.stats.TooLarge, ErrTooLarge)
+		}
+		if b.cur != nil {
+			b.finish()
+		}
+		if !b.open(ts) {
+			return b.lose(&b.stats.Dropped, ErrDropped)
+		}
+	}
+	p := b.cur[b.off : b.off+need]
+	n := putEventHeader(p, id, ts, ext)
+	if ctx != 0 {
+		binary.LittleEndian.PutUint32(p[n:], cpu)
+		n += 4
+	}
+	copy(p[n:], payload)
+	b.off += need
+	b.lastTS = ts
+	if ext {
+		b.lastFull = ts
+	}
+	b.events++
+	b.stats.Records++
+	b.stats.Bytes += uint64(need)
+	return nil
+}
+
+func (b *buffer) lose(counter *uint64, err error) error {
+	*counter++
+	b.discarded++
+	return err
+}
+
+// Discard records n events lost before they reached the channel (a BPF
+// reserve failure, perf lost samples). They are reported in the packet
+// being written, or the next one, as discarded events.
+func (c *Channel) Discard(cpu int, n uint64) error {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return err
+	}
+	b.stats.Lost += n
+	b.discarded += n
+	return nil
+}
+
+// open starts a new sub-buffer at timestamp ts. It returns false if none is
+// free in NoOverwrite mode; in Overwrite mode it reuses the oldest one and
+// counts its events as overwritten.
+func (b *buffer) open(ts uint64) bool {
+	p := b.produced.Load()
+	if p-b.consumed.Load() >= b.n {
+		if b.ch.cfg.Mode != Overwrite {
+			return false
+		}
+		// Flight recorder: the writer owns consumed in this mode.
+		old := b.consumed.Load()
+		lost := b.slotEvents[old%b.n]
+		b.overwritten += lost
+		b.stats.Overwritten += lost
+		b.consumed.Store(old + 1)
+	}
+	slot := int(p % b.n)
+	b.cur = b.mem[slot*b.size : (slot+1)*b.size]
+	h := b.hdr
+	h.TimestampBegin = ts
+	h.SeqNum = b.seq
+	PutPacketHeader(b.cur, &h)
+	b.seq++
+	b.off = PacketHeaderSize
+	b.events = 0
+	b.lastFull = ts
+	if p == 0 && b.stats.Packets == 0 {
+		b.firstTS = ts
+	}
+	return true
+}
+
+// finish completes the current sub-buffer's header, zeroes its padding and
+// hands it on (relay's subbuf switch).
+func (b *buffer) finish() {
+	le := binary.LittleEndian
+	le.PutUint64(b.cur[offTimestampEnd:], b.lastTS)
+	le.PutUint64(b.cur[offContentSize:], uint64(b.off)*8)
+	le.PutUint64(b.cur[offEventsDiscarded:], b.discarded)
+	clear(b.cur[b.off:])
+	p := b.produced.Load()
+	b.slotEvents[p%b.n] = b.events
+	b.pktDisc = b.discarded
+	b.cur = nil
+	b.stats.Packets++
+	b.produced.Store(p + 1)
+	select {
+	case b.doorbell <- struct{}{}:
+	default:
+	}
+}
+
+// flush finishes the current sub-buffer if it holds events or losses not
+// yet in any packet. If losses are pending and no sub-buffer is open, it
+// opens one to carry them, when one is free. It reports whether losses
+// remain pending.
+func (b *buffer) flush() bool {
+	pending := b.discarded != b.pktDisc
+	if b.cur != nil && (b.events > 0 || pending) {
+		b.finish()
+		return false
+	}
+	if b.cur == nil && pending {
+		if !b.open(b.lastTS) {
+			return true
+		}
+		b.finish()
+	}
+	return false
+}
+
+// FlushCPU forces a sub-buffer switch on cpu's buffer and, in NoOverwrite
+// mode, waits until the sink has written every finished sub-buffer. It
+// returns the sink's error, if any.
+func (c *Channel) FlushCPU(cpu int) error {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return err
+	}
+	return b.flushWait()
+}
+
+func (b *buffer) flushWait() error {
+	pending := b.flush()
+	if b.ch.cfg.Mode == Overwrite {
+		return nil
+	}
+	if err := b.waitDrained(); err != nil || !pending {
+		return err
+	}
+	b.flush()
+	return b.waitDrained()
+}
+
+// Flush forces a switch on every buffer, so a reader sees every record
+// written so far, and waits for the sink (NoOverwrite mode).
+func (c *Channel) Flush() error {
+	var errs []error
+	for _, b := range c.bufs {
+		errs = append(errs, b.flushWait())
+	}
+	return errors.Join(errs...)
+}
+
+// ResetCPU empties cpu's buffer without reallocating: the current
+// sub-buffer and, in Overwrite mode, every retained one are dropped on
+// purpose (not counted as lost). Sub-buffers already handed to the sink are
+// written.
+func (c *Channel) ResetCPU(cpu int) error {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return err
+	}
+	b.reset()
+	return nil
+}
+
+// Reset resets every buffer (see ResetCPU).
+func (c *Channel) Reset() {
+	for _, b := range c.bufs {
+		b.reset()
+	}
+}
+
+func (b *buffer) reset() {
+	if b.cur != nil {
+		b.cur = nil
+		b.seq-- // the dropped packet never reached the sink: reuse its number
+	}
+	if b.ch.cfg.Mode == Overwrite {
+		if c, p := b.consumed.Load(), b.produced.Load(); c < p {
+			slot := int(c % b.n)
+			b.seq = binary.LittleEndian.Uint64(b.mem[slot*b.size+offPacketSeqNum:])
+			b.consumed.Store(p)
+		}
+	}
+	b.events = 0
+}
+
+// Snapshot writes every retained sub-buffer of an Overwrite channel to the
+// sink in sequence order, after finishing the current ones; the events
+// lost with overwritten sub-buffers are added to each written packet's
+// events_discarded, so readers report their exact number. Writers must be
+// quiescent. It fails with ErrWrongMode in NoOverwrite mode.
+func (c *Channel) Snapshot() error {
+	if c.cfg.Mode != Overwrite {
+		return ErrWrongMode
+	}
+	var errs []error
+	for _, b := range c.bufs {
+		errs = append(errs, b.snapshot())
+	}
+	return errors.Join(errs...)
+}
+
+func (b *buffer) snapshot() error {
+	b.flush()
+	for {
+		cn, p := b.consumed.Load(), b.produced.Load()
+		if cn == p {
+			return nil
+		}
+		slot := int(cn % b.n)
+		pkt := b.mem[slot*b.size : (slot+1)*b.size]
+		d := binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) + b.overwritten
+		binary.LittleEndian.PutUint64(pkt[offEventsDiscarded:], d)
+		if err := b.emit(pkt); err != nil {
+			return err
+		}
+		b.consumed.Store(cn + 1)
+	}
+}
+
+// emit hands one finished packet to the sink. Before a stream's first
+// packet, if that packet already counts discarded events, it writes an
+// empty packet with a zero count (sequence number 0), because a CTF reader
+// reports a loss only as the increase between two packets.
+func (b *buffer) emit(pkt []byte) error {
+	b.mu.Lock()
+	err := b.sinkErr
+	b.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if !b.opened && binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) != 0 {
+		opener := make([]byte, b.size)
+		h := b.hdr
+		h.TimestampBegin, h.TimestampEnd = b.firstTS, b.firstTS
+		h.ContentSize = PacketHeaderSize * 8
+		PutPacketHeader(opener, &h)
+		err = b.ch.sink.WritePacket(b.name, opener)
+	}
+	if err == nil {
+		err = b.ch.sink.WritePacket(b.name, pkt)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err != nil {
+		b.sinkErr = fmt.Errorf("stream %s: %w", b.name, err)
+		b.cond.Broadcast()
+		return b.sinkErr
+	}
+	b.opened = true
+	b.stats.Written++ // only this goroutine or a quiescent writer touches it
+	return nil
+}
+
+// sinkLoop writes finished sub-buffers in order and releases them for
+// reuse (relay's subbufs_consumed). After a sink error it stops releasing,
+// so the writer drops and counts instead of overwriting unwritten data.
+func (b *buffer) sinkLoop() {
+	defer b.ch.wg.Done()
+	for {
+		cn := b.consumed.Load()
+		if cn == b.produced.Load() {
+			select {
+			case <-b.doorbell:
+				continue
+			case <-b.ch.quit:
+				if cn == b.produced.Load() {
+					return
+				}
+				continue
+			}
+		}
+		slot := int(cn % b.n)
+		if b.emit(b.mem[slot*b.size:(slot+1)*b.size]) != nil {
+			<-b.ch.quit
+			return
+		}
+		b.mu.Lock()
+		b.consumed.Store(cn + 1)
+		b.cond.Broadcast()
+		b.mu.Unlock()
+	}
+}
+
+// waitDrained waits until the sink has released every finished
+// sub-buffer, or failed.
+func (b *buffer) waitDrained() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.sinkErr == nil && b.consumed.Load() != b.produced.Load() {
+		b.cond.Wait()
+	}
+	return b.sinkErr
+}
+
+// StatsCPU returns the counters of cpu's buffer. Call it from the buffer's
+// writer or while it is quiescent.
+func (c *Channel) StatsCPU(cpu int) (Stats, error) {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return Stats{}, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats, nil
+}
+
+// Err returns the first sink error of any buffer, or nil.
+func (c *Channel) Err() error {
+	for _, b := range c.bufs {
+		b.mu.Lock()
+		err := b.sinkErr
+		b.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close finishes every buffer, writes what is retained (Overwrite mode:
+// as Snapshot), stops the sink goroutines and closes the sink. Writers
+// must have stopped. It is idempotent; later calls return nil.
+func (c *Channel) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	var errs []error
+	if c.cfg.Mode == Overwrite {
+		errs = append(errs, c.Snapshot())
+	} else {
+		errs = append(errs, c.Flush())
+	}
+	close(c.quit)
+	c.wg.Wait()
+	errs = append(errs, c.sink.Close())
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("channel close: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,390 @@
+package relayfmt
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// gatedSink holds every packet until open is closed, so a test can fill a
+// NoOverwrite channel and make it drop deterministically.
+type gatedSink struct {
+	Sink
+	open chan struct{}
+}
+
+func (g *gatedSink) WritePacket(name string, p []byte) error {
+	<-g.open
+	return g.Sink.WritePacket(name, p)
+}
+
+// checkStreams compares what the reader returns per CPU with what the
+// channel accepted. With subsequence set (Overwrite mode), the read events
+// must be the newest accepted ones of each CPU, the rest counted lost.
+func checkStreams(t *testing.T, g *gen, got map[int][]genEvent, overwritten map[int]uint64) {
+	t.Helper()
+	want := byCPU(g.written)
+	for cpu, w := range want {
+		gotc := got[cpu]
+		skip := int(overwritten[cpu])
+		if len(gotc)+skip < len(w) {
+			// Events may be lost with a sub-buffer only from the oldest end.
+			t.Fatalf("cpu %d: read %d events, %d overwritten, %d accepted", cpu, len(gotc), skip, len(w))
+		}
+		off := len(w) - len(gotc)
+		if overwritten == nil && off != 0 {
+			t.Fatalf("cpu %d: read %d events, want %d", cpu, len(gotc), len(w))
+		}
+		for i := range gotc {
+			if !sameEvent(gotc[i], w[off+i]) {
+				t.Fatalf("cpu %d event %d: got %+v, want %+v", cpu, i, gotc[i], w[off+i])
+			}
+		}
+	}
+}
+
+// lossByStream sums the discarded events notices per stream.
+func lossByStream(notices []Item) map[string]uint64 {
+	m := map[string]uint64{}
+	for _, n := range notices {
+		if n.Kind == DiscardedEvents {
+			m[n.Stream] += n.Count
+		}
+	}
+	return m
+}
+
+func TestChannelRoundTrip(t *testing.T) {
+	tests := []struct {
+		name    string
+		cfg     Config
+		classes int
+		events  int
+		gap     int  // every gap-th event follows a pause over 2^27 ns
+		flushes int  // flushes spread over the run (partly filled packets)
+		gate    bool // hold the sink so the channel drops
+	}{
+		{name: "mixed", cfg: Config{SubbufSize: 4096, NSubbufs: 8, CPUs: 2}, classes: 7, events: 3000, gap: 0, flushes: 5},
+		{name: "extended-ids-and-gaps", cfg: Config{SubbufSize: 8192, NSubbufs: 4, CPUs: 3}, classes: 40, events: 4000, gap: 97, flushes: 3},
+		{name: "global", cfg: Config{SubbufSize: 4096, NSubbufs: 4, Global: true}, classes: 35, events: 2000, gap: 50, flushes: 2},
+		{name: "drops", cfg: Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 2}, classes: 7, events: 2000, gap: 200, gate: true},
+		{name: "global-drops", cfg: Config{SubbufSize: 4096, NSubbufs: 3, Global: true}, classes: 7, events: 2000, gate: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var gs *gatedSink
+			wrap := func(s Sink) Sink {
+				if !tt.gate {
+					return s
+				}
+				gs = &gatedSink{Sink: s, open: make(chan struct{})}
+				return gs
+			}
+			g := newGen(t, tt.cfg, wrap)
+			g.defineClasses(tt.classes)
+			per := tt.events / (tt.flushes + 1)
+			for range tt.flushes {
+				g.burst(per, tt.gap)
+				if err := g.c.Flush(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			g.burst(tt.events-per*tt.flushes, tt.gap)
+			stats := map[string]Stats{}
+			for i := range g.c.Streams() {
+				st, _ := g.c.StatsCPU(i)
+				stats[g.c.bufs[i].name] = st
+			}
+			if gs != nil {
+				close(gs.open)
+			}
+			g.close()
+			var dropped uint64
+			for _, st := range stats {
+				dropped += st.Dropped
+			}
+			if tt.gate && dropped == 0 {
+				t.Fatal("a held sink made no drops")
+			}
+			got, notices := readAll(t, g.dir)
+			checkStreams(t, g, got, nil)
+			loss := lossByStream(notices)
+			for name, st := range stats {
+				if loss[name] != st.Discarded() {
+					t.Errorf("%s: readers see %d discarded events, the channel counted %d", name, loss[name], st.Discarded())
+				}
+			}
+			if n := agree(t, g.dir); n != len(g.written) {
+				t.Errorf("babeltrace2 agreed on %d events, %d were written", n, len(g.written))
+			}
+		})
+	}
+}
+
+func TestOverwriteKeepsNewest(t *testing.T) {
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 3, CPUs: 2, Mode: Overwrite}, nil)
+	g.defineClasses(7)
+	g.burst(3000, 0)
+	if err := g.c.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	g.burst(3000, 500)
+	over := map[int]uint64{}
+	var total uint64
+	stats := map[string]Stats{}
+	for i := range 2 {
+		st, _ := g.c.StatsCPU(i)
+		over[i] = st.Overwritten
+		total += st.Overwritten
+		stats[g.c.bufs[i].name] = st
+	}
+	if total == 0 {
+		t.Fatal("nothing was overwritten")
+	}
+	g.close()
+	got, notices := readAll(t, g.dir)
+	// The newest events of each CPU are in the file; the ones lost are
+	// the oldest of each run between snapshots, so check counts and order.
+	want := byCPU(g.written)
+	for cpu, w := range want {
+		if uint64(len(got[cpu]))+over[cpu] != uint64(len(w)) {
+			t.Errorf("cpu %d: %d read + %d overwritten != %d written", cpu, len(got[cpu]), over[cpu], len(w))
+		}
+		last := got[cpu][len(got[cpu])-1]
+		if !sameEvent(last, w[len(w)-1]) {
+			t.Errorf("cpu %d: the newest event is missing", cpu)
+		}
+	}
+	loss := lossByStream(notices)
+	for name, st := range stats {
+		if loss[name] != st.Discarded() {
+			t.Errorf("%s: readers see %d discarded, channel counted %d", name, loss[name], st.Discarded())
+		}
+	}
+	agree(t, g.dir)
+}
+
+func TestOverwriteSnapshotSuffix(t *testing.T) {
+	// One snapshot at the end: each CPU's events in the file are exactly
+	// the newest accepted ones.
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1, Mode: Overwrite}, nil)
+	g.defineClasses(3)
+	g.burst(5000, 0)
+	st, _ := g.c.StatsCPU(0)
+	g.close()
+	got, notices := readAll(t, g.dir)
+	checkStreams(t, g, got, map[int]uint64{0: st.Overwritten})
+	if uint64(len(got[0]))+st.Overwritten != uint64(len(byCPU(g.written)[0])) {
+		t.Fatalf("read %d + overwritten %d != written %d", len(got[0]), st.Overwritten, len(g.written))
+	}
+	if loss := lossByStream(notices)["trace0"]; loss != st.Overwritten {
+		t.Fatalf("notices report %d lost, %d were overwritten", loss, st.Overwritten)
+	}
+	agree(t, g.dir)
+}
+
+func TestResetAndDiscard(t *testing.T) {
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 2}, nil)
+	g.defineClasses(3)
+	g.burst(100, 0)
+	if err := g.c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	kept := len(g.written)
+	g.burst(10, 0)
+	if err := g.c.ResetCPU(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.c.ResetCPU(1); err != nil {
+		t.Fatal(err)
+	}
+	g.written = g.written[:kept] // reset drops what was not yet handed on
+	if err := g.c.Discard(1, 42); err != nil {
+		t.Fatal(err)
+	}
+	g.close()
+	got, notices := readAll(t, g.dir)
+	checkStreams(t, g, got, nil)
+	if l := lossByStream(notices); l["trace1"] != 42 || l["trace0"] != 0 {
+		t.Fatalf("losses %v, want 42 on trace1 only", l)
+	}
+	for _, n := range notices {
+		if n.Kind == DiscardedPackets {
+			t.Fatalf("reset left a packet gap: %+v", n)
+		}
+	}
+	agree(t, g.dir)
+}
+
+func TestWriteErrors(t *testing.T) {
+	c, err := NewChannel(Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1}, &DiscardSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cls, err := c.AddEventClass("x", []Field{ScalarField("a", U32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.AddEventClass("s", []Field{StringField("a")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	big, err := c.AddEventClass("big", []Field{ArrayField("a", U8, 5000)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		cpu     int
+		id      uint32
+		payload []byte
+		want    error
+	}{
+		{"unknown id", 0, 99, nil, ErrInvalid},
+		{"short payload", 0, cls.ID, []byte{1}, ErrInvalid},
+		{"unterminated string", 0, s.ID, []byte("abc"), ErrInvalid},
+		{"trailing bytes", 0, s.ID, []byte("abc\x00z"), ErrInvalid},
+		{"too large", 0, big.ID, make([]byte, 5000), ErrTooLarge},
+		{"no such cpu", 3, cls.ID, make([]byte, 4), ErrNoStream},
+		{"ok", 0, cls.ID, make([]byte, 4), nil},
+	} {
+		if err := c.Write(tc.cpu, 1, tc.id, tc.payload); !errors.Is(err, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	st, _ := c.StatsCPU(0)
+	if st.Invalid != 4 || st.TooLarge != 1 || st.Records != 1 || st.Discarded() != 5 {
+		t.Errorf("stats %+v", st)
+	}
+	if _, err := c.AddEventClass("x", nil); !errors.Is(err, ErrNameExists) {
+		t.Errorf("duplicate class: %v", err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{SubbufSize: 4096, NSubbufs: 1, CPUs: 1}, "at least 2"},
+		{Config{SubbufSize: 5000, NSubbufs: 2, CPUs: 1}, "multiple of the page size"},
+		{Config{SubbufSize: 1024, NSubbufs: 2, CPUs: 1}, "out of range"},
+		{Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 0}, "CPUs out of range"},
+		{Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1, Clock: Clock{Name: "a b"}}, "not an identifier"},
+		{Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1, Env: map[string]string{"nr_sub": "x"}}, "reserved"},
+	} {
+		_, err := NewChannel(tc.cfg, &DiscardSink{})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: got %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func TestEventClassErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		fields []Field
+		want   string
+	}{
+		{"bad field name", []Field{ScalarField("1a", U8)}, "not an identifier"},
+		{"duplicate", []Field{ScalarField("a", U8), ScalarField("a", U8)}, "duplicate"},
+		{"bad type", []Field{{Name: "a", Kind: Scalar}}, "invalid integer type"},
+		{"zero array", []Field{ArrayField("a", U8, 0)}, "array length"},
+		{"seq no length", []Field{SequenceField("a", U8, "n")}, "not an earlier field"},
+		{"seq signed length", []Field{ScalarField("n", S32), SequenceField("a", U8, "n")}, "unsigned scalar"},
+		{"text u32", []Field{{Name: "a", Kind: Array, Elem: U32, Len: 2, Text: true}}, "text needs u8"},
+		{"too many", make([]Field, MaxFields+1), "the limit"},
+	} {
+		if _, err := NewEventClass(0, "ev", tc.fields); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := NewEventClass(0, `a"b`, nil); err == nil {
+		t.Error("quote in event name accepted")
+	}
+}
+
+// failSink fails every packet write after the first n, like a disk that
+// fills up.
+type failSink struct {
+	Sink
+	mu sync.Mutex
+	n  int
+}
+
+func (f *failSink) WritePacket(name string, p []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		return errors.New("no space left on device")
+	}
+	f.n--
+	return f.Sink.WritePacket(name, p)
+}
+
+func TestSinkFailureLeavesWholeFiles(t *testing.T) {
+	var fs *failSink
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1}, func(s Sink) Sink {
+		fs = &failSink{Sink: s, n: 3}
+		return fs
+	})
+	g.defineClasses(3)
+	g.burst(3000, 0)
+	err := g.c.Flush()
+	if err == nil || !strings.Contains(err.Error(), "no space") {
+		t.Fatalf("flush after a failed write: %v", err)
+	}
+	if g.c.Err() == nil {
+		t.Fatal("Err() is nil after a sink failure")
+	}
+	if err := g.c.Close(); err == nil {
+		t.Fatal("close hid the sink failure")
+	}
+	fi, err := os.Stat(filepath.Join(g.dir, "trace0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() != 3*4096 {
+		t.Fatalf("trace0 is %d bytes, want the 3 whole packets written", fi.Size())
+	}
+	agree(t, g.dir)
+}
+
+func TestDirSinkCutsPartialWrite(t *testing.T) {
+	// A real short write: RLIMIT_FSIZE is per process, so use a file that
+	// cannot grow instead: a packet written to a read-only descriptor fails
+	// whole, and the stream refuses further packets.
+	dir := t.TempDir()
+	s, err := NewDirSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkt := make([]byte, 4096)
+	if err := s.WritePacket("trace0", pkt); err != nil {
+		t.Fatal(err)
+	}
+	sf := s.files["trace0"]
+	ro, err := os.Open(filepath.Join(dir, "trace0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sf.f.Close()
+	sf.f = ro
+	if err := s.WritePacket("trace0", pkt); err == nil {
+		t.Fatal("write to a read-only file succeeded")
+	}
+	if err := s.WritePacket("trace0", pkt); err == nil {
+		t.Fatal("stream took a packet after a failure")
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, "trace0")); fi.Size() != 4096 {
+		t.Fatalf("size %d after failed write", fi.Size())
+	}
+	if err := s.WritePacket("../escape", pkt); err == nil {
+		t.Fatal("a stream name with a path separator was accepted")
+	}
+	s.Close()
+}

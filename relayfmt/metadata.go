@@ -1,0 +1,215 @@
+package relayfmt
+
+import (
+	"bytes"
+	"crypto/rand"
+	"fmt"
+	"strconv"
+)
+
+// FormatVersion is written to the metadata's env block as kconsume_format;
+// a reader refuses versions it does not know.
+const FormatVersion = 1
+
+// Clock describes the clock the timestamps count.
+type Clock struct {
+	// Name is a TSDL identifier: "monotonic", "boot", "tai".
+	Name        string
+	Description string
+	// Freq is the clock's frequency in Hz; 0 means 1e9 (nanoseconds).
+	Freq uint64
+	// Offset is the clock's zero as nanoseconds since the Unix epoch, so
+	// tools can print wall time. Split into offset_s and offset in TSDL.
+	Offset int64
+}
+
+// Metadata is what the TSDL metadata file of a trace says: the trace UUID,
+// the clock, the channel geometry and the event classes.
+type Metadata struct {
+	UUID  [16]byte
+	Clock Clock
+	// Global is true for a channel with one buffer for all CPUs: the stream
+	// is "trace" and every event carries the CPU in its context.
+	Global bool
+	// SubbufSize and NSubbufs are the channel's geometry (env sub_size and
+	// nr_sub); every packet's packet_size is SubbufSize.
+	SubbufSize int
+	NSubbufs   int
+	// Env holds extra env entries (hostname, kernel release...). Keys must
+	// be identifiers; values are written as strings.
+	Env map[string]string
+	// Classes is indexed by event id.
+	Classes []*EventClass
+}
+
+// NewUUID returns a random (version 4) UUID.
+func NewUUID() [16]byte {
+	var u [16]byte
+	_, _ = rand.Read(u[:]) // never fails on Linux (crypto/rand doc)
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	return u
+}
+
+func formatUUID(u [16]byte) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
+
+// Class returns the class with the given id, or nil.
+func (m *Metadata) Class(id uint32) *EventClass {
+	if uint64(id) < uint64(len(m.Classes)) {
+		return m.Classes[id]
+	}
+	return nil
+}
+
+// ClassByName returns the class with the given name, or nil.
+func (m *Metadata) ClassByName(name string) *EventClass {
+	for _, c := range m.Classes {
+		if c != nil && c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+func (c Clock) freq() uint64 {
+	if c.Freq == 0 {
+		return 1e9
+	}
+	return c.Freq
+}
+
+// TSDL returns the CTF 1.8 metadata text. The packet header, packet context
+// and event header structures must match format.go.
+func (m *Metadata) TSDL() []byte {
+	var b bytes.Buffer
+	clk := m.Clock.Name
+	b.WriteString("/* CTF 1.8 */\n\n")
+	for _, t := range []IntType{U8, U16, U32, U64, S8, S16, S32, S64} {
+		fmt.Fprintf(&b, "typealias integer { size = %d; align = 8; signed = %t; } := %s;\n", t.Size()*8, t.Signed(), ctype(t))
+	}
+	b.WriteString("typealias integer { size = 5; align = 1; signed = false; } := uint5_t;\n\n")
+	fmt.Fprintf(&b, `trace {
+	major = 1;
+	minor = 8;
+	uuid = "%s";
+	byte_order = le;
+	packet.header := struct {
+		uint32_t magic;
+		uint8_t uuid[16];
+		uint32_t stream_id;
+		uint64_t stream_instance_id;
+	} align(8);
+};
+
+env {
+	domain = "kernel";
+	tracer_name = "kconsume";
+	kconsume_format = %d;
+	sub_size = %d;
+	nr_sub = %d;
+	global = %d;
+`, formatUUID(m.UUID), FormatVersion, m.SubbufSize, m.NSubbufs, b2i(m.Global))
+	for _, k := range sortedKeys(m.Env) {
+		fmt.Fprintf(&b, "\t%s = %s;\n", k, strconv.Quote(m.Env[k]))
+	}
+	freq := m.Clock.freq()
+	offS, offNs := m.Clock.Offset/1e9, m.Clock.Offset%1e9
+	if offNs < 0 {
+		offS, offNs = offS-1, offNs+1e9
+	}
+	fmt.Fprintf(&b, `};
+
+clock {
+	name = %s;
+	description = %s;
+	freq = %d;
+	precision = 1;
+	offset_s = %d;
+	offset = %d;
+	absolute = FALSE;
+};
+
+typealias integer { size = 27; align = 1; signed = false; map = clock.%s.value; } := uint27_clock_t;
+typealias integer { size = 64; align = 8; signed = false; map = clock.%s.value; } := uint64_clock_t;
+
+struct packet_context {
+	uint64_clock_t timestamp_begin;
+	uint64_clock_t timestamp_end;
+	uint64_t content_size;
+	uint64_t packet_size;
+	uint64_t packet_seq_num;
+	uint64_t events_discarded;
+	uint32_t cpu_id;
+} align(8);
+
+struct event_header_compact {
+	enum : uint5_t { compact = 0 ... 30, extended = 31 } id;
+	variant <id> {
+		struct {
+			uint27_clock_t timestamp;
+		} compact;
+		struct {
+			uint32_t id;
+			uint64_clock_t timestamp;
+		} extended;
+	} v;
+} align(8);
+
+stream {
+	id = 0;
+	event.header := struct event_header_compact;
+	packet.context := struct packet_context;
+`, clk, strconv.Quote(m.Clock.Description), freq, offS, uint64(offNs)*freq/1e9, clk, clk)
+	if m.Global {
+		b.WriteString("\tevent.context := struct {\n\t\tuint32_t _cpu;\n\t} align(8);\n")
+	}
+	b.WriteString("};\n")
+	for _, c := range m.Classes {
+		if c == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "\nevent {\n\tname = %s;\n\tid = %d;\n\tstream_id = 0;\n\tfields := struct {\n", strconv.Quote(c.Name), c.ID)
+		for _, f := range c.Fields {
+			b.WriteString("\t\t")
+			writeField(&b, &f)
+			b.WriteString(";\n")
+		}
+		b.WriteString("\t};\n};\n")
+	}
+	return b.Bytes()
+}
+
+// writeField writes one field declaration. Names get a leading underscore,
+// which CTF readers strip, so a field may be named like a TSDL keyword.
+func writeField(b *bytes.Buffer, f *Field) {
+	elem := ctype(f.Elem)
+	if f.Text {
+		elem = "integer { size = 8; align = 8; signed = false; encoding = UTF8; }"
+	}
+	switch f.Kind {
+	case Scalar:
+		fmt.Fprintf(b, "%s _%s", elem, f.Name)
+	case Array:
+		fmt.Fprintf(b, "%s _%s[%d]", elem, f.Name, f.Len)
+	case String:
+		fmt.Fprintf(b, "string _%s", f.Name)
+	case Sequence:
+		fmt.Fprintf(b, "%s _%s[_%s]", elem, f.Name, f.LengthField)
+	}
+}
+
+func ctype(t IntType) string {
+	if t.Signed() {
+		return fmt.Sprintf("int%d_t", t.Size()*8)
+	}
+	return fmt.Sprintf("uint%d_t", t.Size()*8)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

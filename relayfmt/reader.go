@@ -1,0 +1,442 @@
+package relayfmt
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Trace is an opened trace directory: its metadata and stream files.
+type Trace struct {
+	Dir  string
+	Meta *Metadata
+	// Streams are the stream file names, ordered by stream number.
+	Streams []string
+}
+
+// Open reads dir's metadata and lists its stream files ("trace" or
+// "trace<N>"). Dot-files are ignored, as CTF readers do; any other file is
+// an error, because babeltrace2 would reject the trace for it.
+func Open(dir string) (*Trace, error) {
+	f, err := os.Open(filepath.Join(dir, MetadataFile))
+	if err != nil {
+		return nil, fmt.Errorf("open trace: %w", err)
+	}
+	text, err := io.ReadAll(io.LimitReader(f, MaxMetadataSize+1))
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("open trace: read metadata: %w", err)
+	}
+	meta, err := ParseMetadata(text)
+	if err != nil {
+		return nil, fmt.Errorf("open trace %s: %w", dir, err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open trace: %w", err)
+	}
+	t := &Trace{Dir: dir, Meta: meta}
+	num := map[string]int{}
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") || name == MetadataFile {
+			continue
+		}
+		n, ok := streamNumber(name, meta.Global)
+		if !ok || !e.Type().IsRegular() {
+			return nil, fmt.Errorf("open trace %s: unexpected entry %q (only metadata, trace files and dot-files may be there)", dir, name)
+		}
+		num[name] = n
+		t.Streams = append(t.Streams, name)
+	}
+	sort.Slice(t.Streams, func(i, j int) bool { return num[t.Streams[i]] < num[t.Streams[j]] })
+	return t, nil
+}
+
+func streamNumber(name string, global bool) (int, bool) {
+	if global {
+		return 0, name == "trace"
+	}
+	rest, ok := strings.CutPrefix(name, "trace")
+	if !ok || rest == "" || len(rest) > 1 && rest[0] == '0' {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n >= 0
+}
+
+// ItemKind says what an Item is.
+type ItemKind uint8
+
+const (
+	// EventItem is one event.
+	EventItem ItemKind = iota + 1
+	// DiscardedEvents says Count events were lost in the stream between
+	// Begin and End (end of the previous packet, end of this packet).
+	DiscardedEvents
+	// DiscardedPackets says Count packets are missing between Begin and
+	// End (end of the previous packet, beginning of this one).
+	DiscardedPackets
+)
+
+// Item is one event or one loss notice of a stream. Its Payload aliases
+// the reader's buffer and is valid until the next call to Next.
+type Item struct {
+	Kind   ItemKind
+	Stream string // stream file name
+	CPU    uint32
+	// Time is the event's timestamp; a notice sorts at its packet's
+	// timestamp_begin.
+	Time       uint64
+	Begin, End uint64 // notices
+	Count      uint64 // notices
+	Class      *EventClass
+	Payload    []byte
+	Offset     int64 // file offset of the event or packet
+}
+
+// Fields decodes the item's payload into dst (reused) and returns it.
+func (it *Item) Fields(dst []Value) ([]Value, error) {
+	return it.Class.Decode(it.Payload, dst[:0])
+}
+
+// StreamReader iterates the packets and events of one stream file in
+// order. It checks every length and offset against the file and the packet
+// before use, so corrupt or truncated input ends the iteration with an
+// error naming the file and byte offset. It is not safe for concurrent use.
+type StreamReader struct {
+	meta *Metadata
+	name string
+	f    io.ReaderAt
+	file *os.File
+	size int64
+
+	next    int64 // offset of the next packet
+	good    int64 // end of the last packet read whole
+	pktOff  int64
+	hdr     PacketHeader
+	buf     []byte // current packet's content
+	inPkt   bool   // buf holds a packet not yet read to its end
+	pos     int
+	clock   uint64
+	packets int
+
+	havePrev  bool
+	prevEnd   uint64
+	prevSeq   uint64
+	prevDisc  uint64
+	instance  uint64
+	notices   [2]Item
+	nnotices  int
+	noticeIdx int
+
+	item Item
+	err  error
+}
+
+// OpenStream opens the stream file path of a trace described by meta.
+func OpenStream(meta *Metadata, path string) (*StreamReader, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open stream: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open stream: %w", err)
+	}
+	s := NewStreamReader(meta, filepath.Base(path), f, fi.Size())
+	s.file = f
+	return s, nil
+}
+
+// NewStreamReader reads a stream of size bytes from r; name is used in
+// errors and items.
+func NewStreamReader(meta *Metadata, name string, r io.ReaderAt, size int64) *StreamReader {
+	return &StreamReader{meta: meta, name: name, f: r, size: size}
+}
+
+// Close closes the file OpenStream opened.
+func (s *StreamReader) Close() error {
+	if s.file != nil {
+		err := s.file.Close()
+		s.file = nil
+		return err
+	}
+	return nil
+}
+
+// Err returns the error that ended the iteration, or nil at a clean end.
+func (s *StreamReader) Err() error { return s.err }
+
+// Item returns the current item; valid after Next returned true.
+func (s *StreamReader) Item() *Item { return &s.item }
+
+// Packet returns the header of the current packet and its file offset.
+func (s *StreamReader) Packet() (PacketHeader, int64) { return s.hdr, s.pktOff }
+
+// Packets returns how many packets were read whole so far.
+func (s *StreamReader) Packets() int { return s.packets }
+
+// GoodSize returns the offset just past the last packet whose every event
+// was read: what Recover keeps.
+func (s *StreamReader) GoodSize() int64 { return s.good }
+
+func (s *StreamReader) fail(off int64, format string, args ...any) bool {
+	s.err = fmt.Errorf("%s: offset %d: %s", s.name, off, fmt.Sprintf(format, args...))
+	return false
+}
+
+// Next moves to the next item and reports whether there is one.
+func (s *StreamReader) Next() bool {
+	if s.err != nil {
+		return false
+	}
+	for {
+		if s.noticeIdx < s.nnotices {
+			s.item = s.notices[s.noticeIdx]
+			s.noticeIdx++
+			return true
+		}
+		if s.pos < len(s.buf) {
+			return s.event()
+		}
+		if s.inPkt {
+			s.inPkt = false
+			s.packets++
+			s.good = s.next
+		}
+		if s.next >= s.size {
+			return false
+		}
+		if !s.packet() {
+			return false
+		}
+	}
+}
+
+// packet reads and checks the header of the packet at s.next and its
+// content.
+func (s *StreamReader) packet() bool {
+	off := s.next
+	var hb [PacketHeaderSize]byte
+	if s.size-off < PacketHeaderSize {
+		return s.fail(off, "truncated packet header: %d bytes left: %v", s.size-off, io.ErrUnexpectedEOF)
+	}
+	if _, err := s.f.ReadAt(hb[:], off); err != nil {
+		return s.fail(off, "read packet header: %v", err)
+	}
+	h, err := ParsePacketHeader(hb[:])
+	if err != nil {
+		return s.fail(off, "%v", err)
+	}
+	psize, csize := h.PacketSize/8, h.ContentSize/8
+	switch {
+	case h.UUID != s.meta.UUID:
+		return s.fail(off, "packet uuid %s is not the trace's %s", formatUUID(h.UUID), formatUUID(s.meta.UUID))
+	case h.StreamID != 0:
+		return s.fail(off, "stream id %d, want 0", h.StreamID)
+	case h.PacketSize%8 != 0 || h.ContentSize%8 != 0:
+		return s.fail(off, "packet size %d or content size %d bits is not whole bytes", h.PacketSize, h.ContentSize)
+	case psize < PacketHeaderSize || psize > MaxSubbufSize:
+		return s.fail(off, "packet size %d bytes out of range %d..%d", psize, PacketHeaderSize, MaxSubbufSize)
+	case csize < PacketHeaderSize || csize > psize:
+		return s.fail(off, "content size %d bytes out of range %d..%d (packet size)", csize, PacketHeaderSize, psize)
+	case int64(psize) > s.size-off:
+		return s.fail(off, "truncated packet: %d bytes, %d left in file: %v", psize, s.size-off, io.ErrUnexpectedEOF)
+	case h.TimestampBegin > h.TimestampEnd:
+		return s.fail(off, "timestamp_begin %d after timestamp_end %d", h.TimestampBegin, h.TimestampEnd)
+	case s.havePrev && h.TimestampBegin < s.prevEnd:
+		return s.fail(off, "timestamp_begin %d before the previous packet's end %d", h.TimestampBegin, s.prevEnd)
+	case s.havePrev && h.SeqNum <= s.prevSeq:
+		return s.fail(off, "packet_seq_num %d does not follow %d", h.SeqNum, s.prevSeq)
+	case s.havePrev && h.EventsDiscarded < s.prevDisc:
+		return s.fail(off, "events_discarded %d went down from %d", h.EventsDiscarded, s.prevDisc)
+	case s.havePrev && h.StreamInstanceID != s.instance:
+		return s.fail(off, "stream instance %d, the stream began as %d", h.StreamInstanceID, s.instance)
+	}
+	if cap(s.buf) < int(csize) {
+		s.buf = make([]byte, csize)
+	}
+	s.buf = s.buf[:csize]
+	if _, err := s.f.ReadAt(s.buf, off); err != nil {
+		return s.fail(off, "read packet: %v", err)
+	}
+	s.inPkt = true
+	s.nnotices, s.noticeIdx = 0, 0
+	base := Item{Stream: s.name, CPU: h.CPUID, Time: h.TimestampBegin, Offset: off, End: h.TimestampEnd}
+	if s.havePrev {
+		base.Begin = s.prevEnd
+		if h.SeqNum != s.prevSeq+1 {
+			n := base
+			n.Kind, n.Count, n.End = DiscardedPackets, h.SeqNum-s.prevSeq-1, h.TimestampBegin
+			s.notices[s.nnotices] = n
+			s.nnotices++
+		}
+	} else {
+		base.Begin = h.TimestampBegin
+	}
+	if d := h.EventsDiscarded - s.prevDisc; d > 0 {
+		n := base
+		n.Kind, n.Count = DiscardedEvents, d
+		s.notices[s.nnotices] = n
+		s.nnotices++
+	}
+	s.hdr, s.pktOff, s.next = h, off, off+int64(psize)
+	s.havePrev, s.prevEnd, s.prevSeq, s.prevDisc, s.instance = true, h.TimestampEnd, h.SeqNum, h.EventsDiscarded, h.StreamInstanceID
+	s.pos = PacketHeaderSize
+	s.clock = h.TimestampBegin
+	return true
+}
+
+// event decodes the event at s.pos.
+func (s *StreamReader) event() bool {
+	b := s.buf[s.pos:]
+	off := s.pktOff + int64(s.pos)
+	id, ts, n := parseEventHeader(b, s.clock)
+	if n == 0 {
+		return s.fail(off, "truncated event header: %v", io.ErrUnexpectedEOF)
+	}
+	if ts < s.clock || ts > s.hdr.TimestampEnd {
+		return s.fail(off, "event timestamp %d outside %d..%d (previous event to packet end)", ts, s.clock, s.hdr.TimestampEnd)
+	}
+	cpu := s.hdr.CPUID
+	if s.meta.Global {
+		if len(b) < n+4 {
+			return s.fail(off, "truncated event context: %v", io.ErrUnexpectedEOF)
+		}
+		cpu = binary.LittleEndian.Uint32(b[n:])
+		n += 4
+	}
+	cls := s.meta.Class(id)
+	if cls == nil {
+		return s.fail(off, "unknown event id %d", id)
+	}
+	size, err := cls.PayloadSize(b[n:])
+	if err != nil {
+		return s.fail(off, "%v", err)
+	}
+	s.item = Item{Kind: EventItem, Stream: s.name, CPU: cpu, Time: ts, Class: cls, Payload: b[n : n+size], Offset: off}
+	s.clock = ts
+	s.pos += n + size
+	return true
+}
+
+// Merger merges the streams of a trace by time: ties go to the lower
+// stream number (the CPU). Items of one stream keep their order.
+type Merger struct {
+	streams []*StreamReader
+	heap    []int // indexes into streams, a min-heap on (Time, index)
+	last    int   // stream whose item was returned, to advance on Next
+	err     error
+}
+
+// NewMerger merges the given streams.
+func NewMerger(streams []*StreamReader) *Merger {
+	m := &Merger{streams: streams, last: -1}
+	for i, s := range streams {
+		if s.Next() {
+			m.heap = append(m.heap, i)
+		} else if s.Err() != nil && m.err == nil {
+			m.err = s.Err()
+		}
+	}
+	for i := len(m.heap)/2 - 1; i >= 0; i-- {
+		m.down(i)
+	}
+	return m
+}
+
+// Merge opens every stream of t and returns a merger over them. Close it
+// to close the files.
+func (t *Trace) Merge() (*Merger, error) {
+	var ss []*StreamReader
+	for _, name := range t.Streams {
+		s, err := OpenStream(t.Meta, filepath.Join(t.Dir, name))
+		if err != nil {
+			for _, s := range ss {
+				s.Close()
+			}
+			return nil, err
+		}
+		ss = append(ss, s)
+	}
+	return NewMerger(ss), nil
+}
+
+func (m *Merger) less(a, b int) bool {
+	ia, ib := m.streams[m.heap[a]].Item(), m.streams[m.heap[b]].Item()
+	if ia.Time != ib.Time {
+		return ia.Time < ib.Time
+	}
+	return m.heap[a] < m.heap[b]
+}
+
+func (m *Merger) down(i int) {
+	n := len(m.heap)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		j := l
+		if r := l + 1; r < n && m.less(r, l) {
+			j = r
+		}
+		if !m.less(j, i) {
+			return
+		}
+		m.heap[i], m.heap[j] = m.heap[j], m.heap[i]
+		i = j
+	}
+}
+
+// Next moves to the next item in time order. It stops at the first
+// stream error.
+func (m *Merger) Next() bool {
+	if m.err != nil {
+		return false
+	}
+	if m.last >= 0 {
+		s := m.streams[m.heap[0]]
+		if !s.Next() {
+			if s.Err() != nil {
+				m.err = s.Err()
+				return false
+			}
+			last := len(m.heap) - 1
+			m.heap[0] = m.heap[last]
+			m.heap = m.heap[:last]
+		}
+		if len(m.heap) > 0 {
+			m.down(0)
+		}
+	}
+	if len(m.heap) == 0 {
+		m.last = -1
+		return false
+	}
+	m.last = m.heap[0]
+	return true
+}
+
+// Item returns the current item.
+func (m *Merger) Item() *Item { return m.streams[m.last].Item() }
+
+// Err returns the error that stopped the merge, or nil.
+func (m *Merger) Err() error { return m.err }
+
+// Close closes every stream.
+func (m *Merger) Close() error {
+	var errs []error
+	for _, s := range m.streams {
+		errs = append(errs, s.Close())
+	}
+	return errors.Join(errs...)
+}

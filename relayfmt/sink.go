@@ -1,0 +1,164 @@
+package relayfmt
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+)
+
+// Sink receives finished packets and the metadata of a channel.
+type Sink interface {
+	// WriteMetadata replaces the trace's metadata with text atomically:
+	// a reader sees the old or the new text, never a mix.
+	WriteMetadata(text []byte) error
+	// WritePacket appends one whole packet to the stream file name
+	// ("trace0", or "trace" in global mode). Calls for one name come from
+	// one goroutine at a time, in order; different names may be written
+	// concurrently. On error no part of the packet may remain.
+	WritePacket(name string, packet []byte) error
+	// Close flushes and releases everything.
+	Close() error
+}
+
+// MetadataFile is the metadata's file name in a trace directory.
+const MetadataFile = "metadata"
+
+// metadataTemp is a dot-file, which CTF readers ignore.
+const metadataTemp = ".metadata.tmp"
+
+// DirSink writes a trace directory: metadata plus one file per stream.
+// Stream files are created when their first packet arrives, never
+// preallocated, and only ever hold whole packets. It is safe for the
+// concurrent use the Sink interface describes.
+type DirSink struct {
+	dir string
+
+	mu    sync.Mutex
+	files map[string]*streamFile
+}
+
+type streamFile struct {
+	f    *os.File
+	size int64 // bytes of whole packets written
+	err  error // sticky: after a failure the stream takes no more packets
+}
+
+// NewDirSink returns a sink writing into dir, which must exist.
+func NewDirSink(dir string) (*DirSink, error) {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("trace directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("trace directory %s: not a directory", dir)
+	}
+	return &DirSink{dir: dir, files: map[string]*streamFile{}}, nil
+}
+
+// WriteMetadata writes text to a temporary dot-file, syncs it and renames it
+// over the metadata file.
+func (s *DirSink) WriteMetadata(text []byte) error {
+	tmp := filepath.Join(s.dir, metadataTemp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o640)
+	if err != nil {
+		return fmt.Errorf("write metadata: %w", err)
+	}
+	_, err = f.Write(text)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(s.dir, MetadataFile))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write metadata: %w", err)
+	}
+	return nil
+}
+
+// WritePacket appends packet to the stream file name. If the write fails
+// (a full disk), the file is cut back to its last whole packet and the
+// stream takes no further packets; the error says which file and why.
+func (s *DirSink) WritePacket(name string, packet []byte) error {
+	s.mu.Lock()
+	sf := s.files[name]
+	if sf == nil {
+		sf = &streamFile{}
+		if name == "" || strings.ContainsRune(name, '/') || strings.HasPrefix(name, ".") {
+			sf.err = fmt.Errorf("stream file name %q: must be a plain file name", name)
+		} else {
+			sf.f, sf.err = os.OpenFile(filepath.Join(s.dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o640)
+			if sf.err != nil {
+				sf.err = fmt.Errorf("create stream file: %w", sf.err)
+			}
+		}
+		s.files[name] = sf
+	}
+	s.mu.Unlock()
+	if sf.err != nil {
+		return sf.err
+	}
+	n, err := sf.f.WriteAt(packet, sf.size)
+	if err != nil || n != len(packet) {
+		if err == nil {
+			err = errors.New("short write")
+		}
+		if terr := sf.f.Truncate(sf.size); terr != nil {
+			err = errors.Join(err, fmt.Errorf("cut back to %d bytes: %w", sf.size, terr))
+		}
+		sf.err = fmt.Errorf("write %s at offset %d: %w", sf.f.Name(), sf.size, err)
+		return sf.err
+	}
+	sf.size += int64(n)
+	return nil
+}
+
+// Close syncs and closes every stream file. It returns the first error of
+// any stream, including earlier write failures.
+func (s *DirSink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var errs []error
+	for _, sf := range s.files {
+		if sf.f == nil {
+			continue
+		}
+		errs = append(errs, sf.err)
+		if err := sf.f.Sync(); err != nil {
+			errs = append(errs, fmt.Errorf("sync %s: %w", sf.f.Name(), err))
+		}
+		if err := sf.f.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close %s: %w", sf.f.Name(), err))
+		}
+		sf.f = nil
+	}
+	return errors.Join(errs...)
+}
+
+// DiscardSink takes packets and metadata and keeps nothing; it counts
+// packets. It measures the writer alone.
+type DiscardSink struct {
+	mu      sync.Mutex
+	Packets int
+}
+
+// WriteMetadata does nothing.
+func (*DiscardSink) WriteMetadata([]byte) error { return nil }
+
+// WritePacket counts the packet.
+func (d *DiscardSink) WritePacket(string, []byte) error {
+	d.mu.Lock()
+	d.Packets++
+	d.mu.Unlock()
+	return nil
+}
+
+// Close does nothing.
+func (*DiscardSink) Close() error { return nil }

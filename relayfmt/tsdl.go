@@ -1,0 +1,827 @@
+package relayfmt
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// MaxMetadataSize bounds the metadata a reader accepts.
+const MaxMetadataSize = 16 << 20
+
+// maxDepth bounds type nesting so hostile metadata cannot exhaust the stack.
+const maxDepth = 16
+
+// ParseMetadata parses CTF 1.8 TSDL text as kconsume writes it: the
+// packet header, packet context and event header must have the layout of
+// format.go, and event fields the types of types.go. It returns an error
+// naming the line for anything else; it never panics.
+func ParseMetadata(text []byte) (*Metadata, error) {
+	if len(text) > MaxMetadataSize {
+		return nil, fmt.Errorf("metadata: %d bytes, over the limit of %d", len(text), MaxMetadataSize)
+	}
+	if !strings.HasPrefix(string(text), "/* CTF 1.8") {
+		return nil, errors.New("metadata: not CTF 1.8 plain-text metadata (no /* CTF 1.8 */ signature)")
+	}
+	p := &parser{lx: lexer{src: text, line: 1}, aliases: map[string]*tType{}, structs: map[string]*tType{}}
+	p.next()
+	m := &Metadata{}
+	var seen struct{ trace, env, clock, stream bool }
+	for p.tok.kind != tkEOF && p.err == nil {
+		switch kw := p.tok.text; {
+		case p.tok.kind == tkIdent && kw == "typealias":
+			p.next()
+			t := p.parseType(0)
+			p.expect(":=")
+			name := p.parseTypeName()
+			p.expect(";")
+			if p.err == nil {
+				p.aliases[name] = t
+			}
+		case p.tok.kind == tkIdent && kw == "struct":
+			t := p.parseType(0)
+			p.expect(";")
+			if p.err == nil && t.name == "" {
+				p.fail("anonymous struct at top level")
+			}
+		case p.tok.kind == tkIdent && (kw == "trace" || kw == "env" || kw == "clock" || kw == "stream" || kw == "event"):
+			line := p.tok.line
+			p.next()
+			entries := p.parseBlock()
+			if p.err != nil {
+				break
+			}
+			var err error
+			switch kw {
+			case "trace":
+				seen.trace = true
+				err = m.applyTrace(entries)
+			case "env":
+				seen.env = true
+				err = m.applyEnv(entries)
+			case "clock":
+				if seen.clock {
+					err = errors.New("more than one clock")
+				}
+				seen.clock = true
+				err = errors.Join(err, m.applyClock(entries))
+			case "stream":
+				if seen.stream {
+					err = errors.New("more than one stream class")
+				}
+				seen.stream = true
+				err = errors.Join(err, m.applyStream(entries))
+			case "event":
+				err = m.applyEvent(entries)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("metadata: %s block at line %d: %w", kw, line, err)
+			}
+		default:
+			p.fail(fmt.Sprintf("unexpected %q at top level", p.tok.text))
+		}
+	}
+	if p.err != nil {
+		return nil, p.err
+	}
+	switch {
+	case !seen.trace:
+		return nil, errors.New("metadata: no trace block")
+	case !seen.env:
+		return nil, errors.New("metadata: no env block: not a kconsume trace")
+	case !seen.clock:
+		return nil, errors.New("metadata: no clock block")
+	case !seen.stream:
+		return nil, errors.New("metadata: no stream block")
+	}
+	return m, nil
+}
+
+// --- lexer ---
+
+type tokKind uint8
+
+const (
+	tkEOF tokKind = iota
+	tkIdent
+	tkNumber
+	tkString
+	tkPunct
+)
+
+type token struct {
+	kind tokKind
+	text string
+	line int
+}
+
+type lexer struct {
+	src  []byte
+	pos  int
+	line int
+}
+
+func (l *lexer) scan() (token, error) {
+	for l.pos < len(l.src) {
+		c := l.src[l.pos]
+		switch {
+		case c == '\n':
+			l.line++
+			l.pos++
+		case c == ' ' || c == '\t' || c == '\r':
+			l.pos++
+		case c == '/' && l.pos+1 < len(l.src) && l.src[l.pos+1] == '*':
+			end := strings.Index(string(l.src[l.pos+2:]), "*/")
+			if end < 0 {
+				return token{}, fmt.Errorf("line %d: unterminated comment", l.line)
+			}
+			l.line += strings.Count(string(l.src[l.pos:l.pos+2+end]), "\n")
+			l.pos += end + 4
+		case c == '/' && l.pos+1 < len(l.src) && l.src[l.pos+1] == '/':
+			for l.pos < len(l.src) && l.src[l.pos] != '\n' {
+				l.pos++
+			}
+		default:
+			return l.token()
+		}
+	}
+	return token{kind: tkEOF, line: l.line}, nil
+}
+
+func (l *lexer) token() (token, error) {
+	start, c := l.pos, l.src[l.pos]
+	switch {
+	case c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
+		for l.pos < len(l.src) && isIdentByte(l.src[l.pos]) {
+			l.pos++
+		}
+		return token{tkIdent, string(l.src[start:l.pos]), l.line}, nil
+	case c >= '0' && c <= '9' || c == '-':
+		l.pos++
+		for l.pos < len(l.src) && (isIdentByte(l.src[l.pos])) {
+			l.pos++
+		}
+		return token{tkNumber, string(l.src[start:l.pos]), l.line}, nil
+	case c == '"':
+		l.pos++
+		var sb strings.Builder
+		for l.pos < len(l.src) {
+			ch := l.src[l.pos]
+			l.pos++
+			switch ch {
+			case '"':
+				return token{tkString, sb.String(), l.line}, nil
+			case '\n':
+				return token{}, fmt.Errorf("line %d: newline in string", l.line)
+			case '\\':
+				if l.pos >= len(l.src) {
+					return token{}, fmt.Errorf("line %d: unterminated string", l.line)
+				}
+				sb.WriteByte(l.src[l.pos])
+				l.pos++
+			default:
+				sb.WriteByte(ch)
+			}
+		}
+		return token{}, fmt.Errorf("line %d: unterminated string", l.line)
+	case c == ':' && l.pos+1 < len(l.src) && l.src[l.pos+1] == '=':
+		l.pos += 2
+		return token{tkPunct, ":=", l.line}, nil
+	case c == '.' && l.pos+2 < len(l.src) && l.src[l.pos+1] == '.' && l.src[l.pos+2] == '.':
+		l.pos += 3
+		return token{tkPunct, "...", l.line}, nil
+	case strings.IndexByte("{}[]()<>;=:,.", c) >= 0:
+		l.pos++
+		return token{tkPunct, string(c), l.line}, nil
+	}
+	return token{}, fmt.Errorf("line %d: unexpected character %q", l.line, c)
+}
+
+func isIdentByte(c byte) bool {
+	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// --- parser ---
+
+type tTypeKind uint8
+
+const (
+	ttInt tTypeKind = iota + 1
+	ttString
+	ttStruct
+	ttEnum
+	ttVariant
+)
+
+type tType struct {
+	kind     tTypeKind
+	name     string // struct name, if any
+	size     int    // integer bits
+	align    int    // bits
+	signed   bool
+	encoding string
+	mapClock string
+	fields   []tField // struct, variant
+	base     *tType   // enum
+	tag      string   // variant
+}
+
+type tField struct {
+	name   string
+	typ    *tType
+	arrLen int    // > 0 for an array
+	seqLen string // non-empty for a sequence
+	line   int
+}
+
+type entry struct {
+	key  string
+	val  string // for '=' entries
+	kind tokKind
+	typ  *tType // for ':=' entries
+	line int
+}
+
+type parser struct {
+	lx      lexer
+	tok     token
+	err     error
+	aliases map[string]*tType
+	structs map[string]*tType
+}
+
+func (p *parser) next() {
+	if p.err != nil {
+		p.tok = token{kind: tkEOF}
+		return
+	}
+	t, err := p.lx.scan()
+	if err != nil {
+		p.err = fmt.Errorf("metadata: %w", err)
+		t = token{kind: tkEOF}
+	}
+	p.tok = t
+}
+
+func (p *parser) fail(msg string) {
+	if p.err == nil {
+		p.err = fmt.Errorf("metadata: line %d: %s", p.tok.line, msg)
+	}
+	p.tok = token{kind: tkEOF}
+}
+
+func (p *parser) is(punct string) bool { return p.tok.kind == tkPunct && p.tok.text == punct }
+
+func (p *parser) expect(punct string) {
+	if !p.is(punct) {
+		p.fail(fmt.Sprintf("expected %q, found %q", punct, p.tok.text))
+		return
+	}
+	p.next()
+}
+
+func (p *parser) ident() string {
+	if p.tok.kind != tkIdent {
+		p.fail(fmt.Sprintf("expected an identifier, found %q", p.tok.text))
+		return ""
+	}
+	s := p.tok.text
+	p.next()
+	return s
+}
+
+// parseTypeName reads a type alias name, which may be several words
+// ("unsigned long").
+func (p *parser) parseTypeName() string {
+	words := []string{p.ident()}
+	for p.tok.kind == tkIdent {
+		words = append(words, p.ident())
+	}
+	return strings.Join(words, " ")
+}
+
+func (p *parser) aliasPrefix(s string) bool {
+	for k := range p.aliases {
+		if k == s || strings.HasPrefix(k, s+" ") {
+			return true
+		}
+	}
+	return false
+}
+
+// parseBlock parses "{ entry; ... } ;" after a block keyword.
+func (p *parser) parseBlock() []entry {
+	p.expect("{")
+	var es []entry
+	for p.err == nil && !p.is("}") {
+		e := entry{line: p.tok.line}
+		e.key = p.ident()
+		for p.is(".") {
+			p.next()
+			e.key += "." + p.ident()
+		}
+		switch {
+		case p.is("="):
+			p.next()
+			e.val, e.kind = p.parseValue()
+		case p.is(":="):
+			p.next()
+			e.typ = p.parseType(0)
+		default:
+			p.fail(fmt.Sprintf("expected = or := after %q", e.key))
+		}
+		p.expect(";")
+		es = append(es, e)
+	}
+	p.expect("}")
+	p.expect(";")
+	return es
+}
+
+func (p *parser) parseValue() (string, tokKind) {
+	t := p.tok
+	switch t.kind {
+	case tkNumber, tkString:
+		p.next()
+		return t.text, t.kind
+	case tkIdent:
+		s := p.ident()
+		for p.is(".") {
+			p.next()
+			s += "." + p.ident()
+		}
+		return s, tkIdent
+	}
+	p.fail(fmt.Sprintf("expected a value, found %q", t.text))
+	return "", tkEOF
+}
+
+func (p *parser) parseType(depth int) *tType {
+	if depth > maxDepth {
+		p.fail("types nested too deeply")
+		return &tType{}
+	}
+	if p.tok.kind != tkIdent {
+		p.fail(fmt.Sprintf("expected a type, found %q", p.tok.text))
+		return &tType{}
+	}
+	switch p.tok.text {
+	case "integer":
+		p.next()
+		return p.parseInteger()
+	case "string":
+		p.next()
+		if p.is("{") { // string { encoding = UTF8; }
+			p.next()
+			for p.err == nil && !p.is("}") {
+				p.ident()
+				p.expect("=")
+				p.parseValue()
+				p.expect(";")
+			}
+			p.expect("}")
+		}
+		return &tType{kind: ttString, align: 8}
+	case "struct":
+		p.next()
+		t := &tType{kind: ttStruct, align: 8}
+		if p.tok.kind == tkIdent {
+			t.name = p.ident()
+			if !p.is("{") {
+				if s, ok := p.structs[t.name]; ok {
+					return s
+				}
+				p.fail(fmt.Sprintf("unknown struct %q", t.name))
+				return t
+			}
+		}
+		t.fields = p.parseFields(depth)
+		if p.tok.kind == tkIdent && p.tok.text == "align" {
+			p.next()
+			p.expect("(")
+			t.align = p.number()
+			p.expect(")")
+		}
+		if t.name != "" && p.err == nil {
+			p.structs[t.name] = t
+		}
+		return t
+	case "enum":
+		p.next()
+		t := &tType{kind: ttEnum}
+		p.expect(":")
+		t.base = p.parseType(depth + 1)
+		p.expect("{")
+		for p.err == nil && !p.is("}") {
+			if p.tok.kind == tkString {
+				p.next()
+			} else {
+				p.ident()
+			}
+			if p.is("=") {
+				p.next()
+				p.number()
+				if p.is("...") {
+					p.next()
+					p.number()
+				}
+			}
+			if !p.is(",") {
+				break
+			}
+			p.next()
+		}
+		p.expect("}")
+		if t.base.kind != ttInt {
+			p.fail("enum base is not an integer")
+		}
+		t.size, t.align = t.base.size, t.base.align
+		return t
+	case "variant":
+		p.next()
+		t := &tType{kind: ttVariant}
+		if p.is("<") {
+			p.next()
+			t.tag = p.ident()
+			p.expect(">")
+		}
+		t.fields = p.parseFields(depth)
+		return t
+	}
+	// An alias may be several words ("unsigned long"): take words while
+	// they still begin a known alias, so the field name is left.
+	name := p.ident()
+	for p.tok.kind == tkIdent && p.aliasPrefix(name+" "+p.tok.text) {
+		name += " " + p.ident()
+	}
+	if t, ok := p.aliases[name]; ok {
+		return t
+	}
+	p.fail(fmt.Sprintf("unknown type %q", name))
+	return &tType{}
+}
+
+func (p *parser) parseInteger() *tType {
+	t := &tType{kind: ttInt}
+	p.expect("{")
+	for p.err == nil && !p.is("}") {
+		key := p.ident()
+		p.expect("=")
+		val, _ := p.parseValue()
+		p.expect(";")
+		switch key {
+		case "size":
+			t.size = atoiOr(val, -1)
+		case "align":
+			t.align = atoiOr(val, -1)
+		case "signed":
+			t.signed = val == "true" || val == "TRUE" || val == "1"
+		case "encoding":
+			t.encoding = val
+		case "map":
+			t.mapClock = val
+		case "byte_order":
+			if val != "le" && val != "native" {
+				p.fail("only little-endian integers are supported")
+			}
+		}
+	}
+	p.expect("}")
+	if t.size < 1 || t.size > 64 || t.align < 1 || t.align > 64 {
+		p.fail("integer size or alignment out of range")
+	}
+	return t
+}
+
+func (p *parser) parseFields(depth int) []tField {
+	p.expect("{")
+	var fs []tField
+	for p.err == nil && !p.is("}") {
+		f := tField{line: p.tok.line}
+		f.typ = p.parseType(depth + 1)
+		f.name = p.ident()
+		if p.is("[") {
+			p.next()
+			if p.tok.kind == tkNumber {
+				f.arrLen = p.number()
+				if f.arrLen < 1 {
+					p.fail("array length out of range")
+				}
+			} else {
+				f.seqLen = p.ident()
+			}
+			p.expect("]")
+		}
+		p.expect(";")
+		fs = append(fs, f)
+		if len(fs) > MaxFields+8 {
+			p.fail("too many fields")
+		}
+	}
+	p.expect("}")
+	return fs
+}
+
+func (p *parser) number() int {
+	if p.tok.kind != tkNumber {
+		p.fail(fmt.Sprintf("expected a number, found %q", p.tok.text))
+		return 0
+	}
+	n := atoiOr(p.tok.text, -1)
+	if n < 0 {
+		p.fail(fmt.Sprintf("bad number %q", p.tok.text))
+		return 0
+	}
+	p.next()
+	return n
+}
+
+// atoiOr parses a decimal, hex or octal integer that fits in 31 bits.
+func atoiOr(s string, def int) int {
+	n, err := strconv.ParseInt(s, 0, 32)
+	if err != nil {
+		return def
+	}
+	return int(n)
+}
+
+// --- interpretation ---
+
+func lookup(es []entry, key string) (entry, bool) {
+	for _, e := range es {
+		if e.key == key {
+			return e, true
+		}
+	}
+	return entry{}, false
+}
+
+func (m *Metadata) applyTrace(es []entry) error {
+	if e, _ := lookup(es, "major"); e.val != "1" {
+		return fmt.Errorf("CTF major version %q, want 1", e.val)
+	}
+	if e, _ := lookup(es, "byte_order"); e.val != "le" {
+		return fmt.Errorf("byte_order %q, only le is supported", e.val)
+	}
+	e, _ := lookup(es, "uuid")
+	u, err := parseUUID(e.val)
+	if err != nil {
+		return err
+	}
+	m.UUID = u
+	e, ok := lookup(es, "packet.header")
+	if !ok || e.typ == nil {
+		return errors.New("no packet.header")
+	}
+	return checkLayout("packet.header", e.typ, []layoutField{
+		{"magic", 32, 0}, {"uuid", 8, 16}, {"stream_id", 32, 0}, {"stream_instance_id", 64, 0}})
+}
+
+func (m *Metadata) applyEnv(es []entry) error {
+	m.Env = map[string]string{}
+	known := map[string]*int{"sub_size": &m.SubbufSize, "nr_sub": &m.NSubbufs}
+	var format, global int = -1, 0
+	for _, e := range es {
+		switch e.key {
+		case "domain", "tracer_name":
+		case "kconsume_format":
+			format = atoiOr(e.val, -1)
+		case "global":
+			global = atoiOr(e.val, -1)
+		default:
+			if p, ok := known[e.key]; ok {
+				*p = atoiOr(e.val, -1)
+				continue
+			}
+			if e.kind != tkString {
+				return fmt.Errorf("env %s: unexpected value %q", e.key, e.val)
+			}
+			m.Env[e.key] = e.val
+		}
+	}
+	if format != FormatVersion {
+		return fmt.Errorf("kconsume_format %d: this reader knows version %d", format, FormatVersion)
+	}
+	if global != 0 && global != 1 {
+		return fmt.Errorf("env global = %d, want 0 or 1", global)
+	}
+	m.Global = global == 1
+	if err := checkGeometry(m.SubbufSize, m.NSubbufs); err != nil {
+		return fmt.Errorf("env: %w", err)
+	}
+	return nil
+}
+
+func (m *Metadata) applyClock(es []entry) error {
+	c := &m.Clock
+	e, _ := lookup(es, "name")
+	if !isIdent(e.val) {
+		return fmt.Errorf("clock name %q is not an identifier", e.val)
+	}
+	c.Name = e.val
+	if e, ok := lookup(es, "description"); ok {
+		c.Description = e.val
+	}
+	freq, offS, off := uint64(1e9), int64(0), uint64(0)
+	var err error
+	if e, ok := lookup(es, "freq"); ok {
+		if freq, err = strconv.ParseUint(e.val, 0, 64); err != nil || freq == 0 {
+			return fmt.Errorf("clock freq %q invalid", e.val)
+		}
+	}
+	if e, ok := lookup(es, "offset_s"); ok {
+		if offS, err = strconv.ParseInt(e.val, 0, 64); err != nil || offS < -1<<33 || offS > 1<<33 {
+			return fmt.Errorf("clock offset_s %q invalid", e.val)
+		}
+	}
+	if e, ok := lookup(es, "offset"); ok {
+		if off, err = strconv.ParseUint(e.val, 0, 64); err != nil || off >= freq {
+			return fmt.Errorf("clock offset %q invalid", e.val)
+		}
+	}
+	c.Freq = freq
+	c.Offset = offS*1e9 + int64(off*1e9/freq)
+	if freq != 1e9 { // avoid the overflow of off*1e9 for coarse clocks
+		c.Offset = offS*1e9 + int64(float64(off)*1e9/float64(freq))
+	}
+	return nil
+}
+
+func (m *Metadata) applyStream(es []entry) error {
+	if e, ok := lookup(es, "id"); ok && e.val != "0" {
+		return fmt.Errorf("stream id %s, want 0", e.val)
+	}
+	e, ok := lookup(es, "packet.context")
+	if !ok || e.typ == nil {
+		return errors.New("no packet.context")
+	}
+	if err := checkLayout("packet.context", e.typ, []layoutField{
+		{"timestamp_begin", 64, 0}, {"timestamp_end", 64, 0}, {"content_size", 64, 0}, {"packet_size", 64, 0},
+		{"packet_seq_num", 64, 0}, {"events_discarded", 64, 0}, {"cpu_id", 32, 0}}); err != nil {
+		return err
+	}
+	e, ok = lookup(es, "event.header")
+	if !ok || e.typ == nil {
+		return errors.New("no event.header")
+	}
+	h := e.typ
+	if h.kind != ttStruct || len(h.fields) != 2 || h.fields[0].name != "id" || h.fields[0].typ.kind != ttEnum ||
+		h.fields[0].typ.size != 5 || h.fields[1].typ.kind != ttVariant || len(h.fields[1].typ.fields) != 2 {
+		return errors.New("event.header is not event_header_compact (5-bit id, compact/extended variant)")
+	}
+	if c := h.fields[1].typ.fields[0].typ; len(c.fields) != 1 || c.fields[0].typ.size != CompactTimestampBits {
+		return errors.New("event.header: compact variant is not a 27-bit timestamp")
+	}
+	if err := checkLayout("event.header extended", h.fields[1].typ.fields[1].typ, []layoutField{{"id", 32, 0}, {"timestamp", 64, 0}}); err != nil {
+		return err
+	}
+	e, ok = lookup(es, "event.context")
+	if ok != m.Global {
+		return fmt.Errorf("event.context present: %t, but env global = %t", ok, m.Global)
+	}
+	if ok {
+		return checkLayout("event.context", e.typ, []layoutField{{"_cpu", 32, 0}})
+	}
+	return nil
+}
+
+func (m *Metadata) applyEvent(es []entry) error {
+	e, _ := lookup(es, "name")
+	name := e.val
+	e, _ = lookup(es, "id")
+	id := atoiOr(e.val, -1)
+	if id < 0 || id > MaxEventID {
+		return fmt.Errorf("event %q: id %q out of range 0..%d", name, e.val, MaxEventID)
+	}
+	if e, ok := lookup(es, "stream_id"); ok && e.val != "0" {
+		return fmt.Errorf("event %q: stream_id %s, want 0", name, e.val)
+	}
+	var fields []Field
+	if e, ok := lookup(es, "fields"); ok {
+		if e.typ == nil || e.typ.kind != ttStruct {
+			return fmt.Errorf("event %q: fields is not a struct", name)
+		}
+		for _, tf := range e.typ.fields {
+			f, err := convertField(tf)
+			if err != nil {
+				return fmt.Errorf("event %q: line %d: %w", name, tf.line, err)
+			}
+			fields = append(fields, f)
+		}
+	}
+	c, err := NewEventClass(uint32(id), name, fields)
+	if err != nil {
+		return err
+	}
+	if m.Class(uint32(id)) != nil {
+		return fmt.Errorf("event %q: id %d already used by %q", name, id, m.Class(uint32(id)).Name)
+	}
+	for len(m.Classes) <= id {
+		m.Classes = append(m.Classes, nil)
+	}
+	m.Classes[id] = c
+	return nil
+}
+
+// convertField maps a TSDL field declaration to a Field, stripping the one
+// leading underscore CTF 1.8 readers strip.
+func convertField(tf tField) (Field, error) {
+	f := Field{Name: strings.TrimPrefix(tf.name, "_")}
+	t := tf.typ
+	switch t.kind {
+	case ttString:
+		if tf.arrLen > 0 || tf.seqLen != "" {
+			return f, fmt.Errorf("field %q: arrays of strings are not supported", tf.name)
+		}
+		f.Kind = String
+		return f, nil
+	case ttInt:
+	default:
+		return f, fmt.Errorf("field %q: only integers and strings are supported", tf.name)
+	}
+	if t.align != 8 || t.size%8 != 0 || t.mapClock != "" {
+		return f, fmt.Errorf("field %q: integers must be byte-aligned, whole bytes, unmapped", tf.name)
+	}
+	f.Elem = intType(t.size/8, t.signed)
+	if f.Elem == 0 {
+		return f, fmt.Errorf("field %q: integer size %d unsupported", tf.name, t.size)
+	}
+	f.Text = t.encoding != "" && t.encoding != "none"
+	switch {
+	case tf.arrLen > 0:
+		f.Kind, f.Len = Array, tf.arrLen
+	case tf.seqLen != "":
+		f.Kind, f.LengthField = Sequence, strings.TrimPrefix(tf.seqLen, "_")
+	default:
+		f.Kind = Scalar
+		if f.Text {
+			return f, fmt.Errorf("field %q: a single char is not supported", tf.name)
+		}
+	}
+	return f, nil
+}
+
+func intType(size int, signed bool) IntType {
+	for _, t := range []IntType{U8, U16, U32, U64, S8, S16, S32, S64} {
+		if t.Size() == size && t.Signed() == signed {
+			return t
+		}
+	}
+	return 0
+}
+
+type layoutField struct {
+	name string
+	bits int
+	arr  int
+}
+
+// checkLayout verifies that a header struct declares exactly the fields
+// the fixed offsets of format.go assume.
+func checkLayout(what string, t *tType, want []layoutField) error {
+	if t == nil || t.kind != ttStruct || len(t.fields) != len(want) {
+		return fmt.Errorf("%s: not the expected struct of %d fields", what, len(want))
+	}
+	for i, w := range want {
+		f := t.fields[i]
+		if f.name != w.name || f.typ.kind != ttInt && f.typ.kind != ttEnum || f.typ.size != w.bits || f.typ.align != 8 && f.typ.align != 1 || f.arrLen != w.arr || f.seqLen != "" {
+			return fmt.Errorf("%s: field %d is %q, want %s of %d bits", what, i, f.name, w.name, w.bits)
+		}
+	}
+	return nil
+}
+
+func parseUUID(s string) ([16]byte, error) {
+	var u [16]byte
+	h := strings.ReplaceAll(s, "-", "")
+	if len(h) != 32 || len(s) != 36 {
+		return u, fmt.Errorf("bad uuid %q", s)
+	}
+	for i := range u {
+		v, err := strconv.ParseUint(h[2*i:2*i+2], 16, 8)
+		if err != nil {
+			return u, fmt.Errorf("bad uuid %q", s)
+		}
+		u[i] = byte(v)
+	}
+	return u, nil
+}
+
+func checkGeometry(subbufSize, nSubbufs int) error {
+	switch {
+	case subbufSize < MinSubbufSize || subbufSize > MaxSubbufSize:
+		return fmt.Errorf("sub-buffer size %d out of range %d..%d", subbufSize, MinSubbufSize, MaxSubbufSize)
+	case subbufSize%PageSize != 0:
+		return fmt.Errorf("sub-buffer size %d is not a multiple of the page size %d", subbufSize, PageSize)
+	case nSubbufs < MinSubbufs:
+		return fmt.Errorf("%d sub-buffers: at least %d are needed, so one can be written while another is read", nSubbufs, MinSubbufs)
+	case nSubbufs > MaxSubbufs:
+		return fmt.Errorf("%d sub-buffers: at most %d", nSubbufs, MaxSubbufs)
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
