@@ -1,0 +1,164 @@
+// Command kconsume records kernel events into relay-format CTF traces and
+// reads them back. This build has the offline commands: report, recover,
+// version.
+package main
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// version is set at link time (-ldflags "-X main.version=...").
+var version = "dev"
+
+const usage = `usage: kconsume COMMAND [ARGS]
+
+Commands:
+  report DIR    print a trace's events merged by time, losses inline
+  recover DIR   cut crash-damaged stream files back to their last whole packet
+  version       print the version
+
+Run 'kconsume COMMAND -h' for a command's flags and an example.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes one command and returns the exit status: 0 on success,
+// 1 when the command failed, 2 for bad usage.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "report":
+		err = report(args[1:], stdout, stderr)
+	case "recover":
+		err = recoverCmd(args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintf(stdout, "kconsume %s (trace format %d)\n", version, relayfmt.FormatVersion)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "kconsume: unknown command %q\n%s", args[0], usage)
+		return 2
+	}
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "kconsume %s: %v\n", args[0], err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "kconsume %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+type usageError struct{ error }
+
+func newFlags(name, synopsis, example string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: kconsume %s\n\nExample:\n  %s\n", synopsis, example)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// oneDir parses fs and returns its single positional argument.
+func oneDir(fs *flag.FlagSet, args []string) (string, error) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return "", err
+		}
+		return "", usageError{err}
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return "", usageError{fmt.Errorf("want one trace directory, got %d arguments", fs.NArg())}
+	}
+	return fs.Arg(0), nil
+}
+
+func report(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("report", "report DIR", "kconsume report /tmp/trace", stderr)
+	dir, err := oneDir(fs, args)
+	if err != nil {
+		return err
+	}
+	tr, err := relayfmt.Open(dir)
+	if err != nil {
+		return err
+	}
+	m, err := tr.Merge()
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	w := bufio.NewWriterSize(stdout, 1<<16)
+	var vals []relayfmt.Value
+	var line []byte
+	for m.Next() {
+		it := m.Item()
+		line = line[:0]
+		switch it.Kind {
+		case relayfmt.DiscardedEvents, relayfmt.DiscardedPackets:
+			what := "events"
+			if it.Kind == relayfmt.DiscardedPackets {
+				what = "packets"
+			}
+			line = fmt.Appendf(line, "%s cpu%d LOST %d %s between %s and %s\n", stamp(it.Time), it.CPU, it.Count, what, stamp(it.Begin), stamp(it.End))
+		default:
+			if vals, err = it.Fields(vals); err != nil {
+				return fmt.Errorf("%s: offset %d: %w", it.Stream, it.Offset, err)
+			}
+			line = fmt.Appendf(line, "%s cpu%d %s:", stamp(it.Time), it.CPU, it.Class.Name)
+			for _, v := range vals {
+				line = append(append(append(line, ' '), v.Field.Name...), '=')
+				line = relayfmt.AppendValue(line, v)
+			}
+			line = append(line, '\n')
+		}
+		if _, err := w.Write(line); err != nil {
+			return err
+		}
+	}
+	if err := m.Err(); err != nil {
+		w.Flush()
+		return fmt.Errorf("%w (kconsume recover %s cuts damaged files back to their last whole packet)", err, dir)
+	}
+	return w.Flush()
+}
+
+func stamp(ns uint64) string { return fmt.Sprintf("%d.%09d", ns/1e9, ns%1e9) }
+
+func recoverCmd(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("recover", "recover DIR", "kconsume recover /tmp/trace && babeltrace2 /tmp/trace", stderr)
+	dir, err := oneDir(fs, args)
+	if err != nil {
+		return err
+	}
+	res, err := relayfmt.Recover(dir)
+	for _, r := range res {
+		if r.Cut() {
+			fmt.Fprintf(stdout, "%s: cut %d bytes, kept %d whole packets (%d bytes): %s\n", r.File, r.Size-r.Kept, r.Packets, r.Kept, r.Reason)
+		} else {
+			fmt.Fprintf(stdout, "%s: whole, %d packets\n", r.File, r.Packets)
+		}
+	}
+	return err
+}
