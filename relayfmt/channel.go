@@ -118,6 +118,10 @@ type buffer struct {
 	hdr    PacketHeader // static fields of every packet
 
 	// Writer-owned.
+	// sizes caches the fixed payload size of each class id known to this
+	// writer (-1: variable). Classes are only appended and ids never change,
+	// so the cache is refreshed only when an id beyond it shows up.
+	sizes       []int32
 	cur         []byte // current sub-buffer; nil when none is open
 	off         int
 	lastTS      uint64
@@ -289,14 +293,11 @@ func (c *Channel) Write(cpu int, ts uint64, id uint32, payload []byte) error {
 }
 
 func (b *buffer) write(ts uint64, id uint32, payload []byte, cpu uint32, ctx int) error {
-	classes := *b.ch.classes.Load()
-	if uint64(id) >= uint64(len(classes)) {
+	if uint64(id) >= uint64(len(b.sizes)) && !b.refreshSizes(id) {
 		return b.lose(&b.stats.Invalid, ErrInvalid)
 	}
-	if cls := classes[id]; cls.fixed != len(payload) {
-		if n, err := cls.PayloadSize(payload); cls.fixed >= 0 || err != nil || n != len(payload) {
-			return b.lose(&b.stats.Invalid, ErrInvalid)
-		}
+	if fs := b.sizes[id]; int(fs) != len(payload) && (fs >= 0 || !b.validPayload(id, payload)) {
+		return b.lose(&b.stats.Invalid, ErrInvalid)
 	}
 	if ts < b.lastTS {
 		ts = b.lastTS
@@ -341,6 +342,23 @@ func (b *buffer) write(ts uint64, id uint32, payload []byte, cpu uint32, ctx int
 	b.stats.Records++
 	b.stats.Bytes += uint64(need)
 	return nil
+}
+
+// refreshSizes reloads the size cache from the class table and reports
+// whether id is now known.
+func (b *buffer) refreshSizes(id uint32) bool {
+	classes := *b.ch.classes.Load()
+	for _, c := range classes[len(b.sizes):] {
+		b.sizes = append(b.sizes, int32(c.fixed))
+	}
+	return uint64(id) < uint64(len(b.sizes))
+}
+
+// validPayload checks a payload of a variable-size class.
+func (b *buffer) validPayload(id uint32, payload []byte) bool {
+	cls := (*b.ch.classes.Load())[id]
+	n, err := cls.PayloadSize(payload)
+	return err == nil && n == len(payload)
 }
 
 func (b *buffer) lose(counter *uint64, err error) error {

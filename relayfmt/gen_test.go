@@ -38,7 +38,12 @@ type gen struct {
 
 func newGen(t testing.TB, cfg Config, wrap func(Sink) Sink) *gen {
 	t.Helper()
-	dir := t.TempDir()
+	return newGenIn(t, t.TempDir(), cfg, wrap)
+}
+
+// newGenIn is newGen writing into dir.
+func newGenIn(t testing.TB, dir string, cfg Config, wrap func(Sink) Sink) *gen {
+	t.Helper()
 	ds, err := NewDirSink(dir)
 	if err != nil {
 		t.Fatal(err)
