@@ -23,7 +23,8 @@ lint:
 
 # Benchmarks with their baselines in the same run; see README "Performance".
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./relayfmt/ | tee bench.out
+	$(GO) test -run '^$$' -bench 'Write|ReadMerge' -benchmem -count 5 ./relayfmt/ | tee bench.out
+	$(GO) test -run '^$$' -bench 'VsBabeltrace2' -benchtime 7x ./relayfmt/ | tee -a bench.out
 
 # Runs each fuzz target for FUZZTIME (the checked-in corpus runs in make test).
 fuzz:

@@ -333,8 +333,13 @@ func TestSinkFailureLeavesWholeFiles(t *testing.T) {
 		return fs
 	})
 	g.defineClasses(3)
-	g.burst(3000, 0)
-	err := g.c.Flush()
+	// Flush after every few events, so every packet reaches the sink
+	// whatever the scheduling, until the sink's fourth write fails.
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		g.burst(30, 0)
+		err = g.c.Flush()
+	}
 	if err == nil || !strings.Contains(err.Error(), "no space") {
 		t.Fatalf("flush after a failed write: %v", err)
 	}

@@ -194,8 +194,9 @@ func (g *gen) close() {
 	}
 }
 
-// readAll reads the trace with our reader: events per CPU and notices.
-func readAll(t testing.TB, dir string) (map[int][]genEvent, []Item) {
+// openMerged opens the trace in dir and a merger over its streams, closed
+// when the test ends.
+func openMerged(t testing.TB, dir string) (*Trace, *Merger) {
 	t.Helper()
 	tr, err := Open(dir)
 	if err != nil {
@@ -205,7 +206,14 @@ func readAll(t testing.TB, dir string) (map[int][]genEvent, []Item) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	t.Cleanup(func() { m.Close() })
+	return tr, m
+}
+
+// readAll reads the trace with our reader: events per CPU and notices.
+func readAll(t testing.TB, dir string) (map[int][]genEvent, []Item) {
+	t.Helper()
+	_, m := openMerged(t, dir)
 	evs := map[int][]genEvent{}
 	var notices []Item
 	var last uint64
@@ -294,15 +302,8 @@ func noticeLine(meta *Metadata, it *Item) string {
 // --no-delta prints it.
 func ourLines(t testing.TB, dir string) (lines, notices []string) {
 	t.Helper()
-	tr, err := Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := tr.Merge()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	tr, m := openMerged(t, dir)
+	var err error
 	var vals []Value
 	for m.Next() {
 		it := m.Item()

@@ -53,7 +53,9 @@ func TestRecover(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g := newGen(t, Config{SubbufSize: sub, NSubbufs: 4, CPUs: 2}, nil)
+			// Overwrite mode with room for everything: the files do not
+			// depend on how fast the sink ran.
+			g := newGen(t, Config{SubbufSize: sub, NSubbufs: 64, CPUs: 2, Mode: Overwrite}, nil)
 			g.defineClasses(7)
 			g.burst(1500, 0)
 			g.close()

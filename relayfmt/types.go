@@ -225,6 +225,14 @@ func (c *EventClass) PayloadSize(b []byte) (int, error) {
 		}
 		return c.fixed, nil
 	}
+	_, n, err := c.walk(b, nil, false)
+	return n, err
+}
+
+// walk goes over the fields of the payload at the start of b, appending a
+// Value per field to dst when keep is set, and returns dst and the
+// payload's size.
+func (c *EventClass) walk(b []byte, dst []Value, keep bool) ([]Value, int, error) {
 	var stack [maxStackSlots]uint64
 	slots := stack[:]
 	if c.nslots > maxStackSlots {
@@ -234,11 +242,18 @@ func (c *EventClass) PayloadSize(b []byte) (int, error) {
 	for i := range c.Fields {
 		n, err := c.fieldSize(i, b[off:], slots)
 		if err != nil {
-			return 0, err
+			return dst, 0, err
+		}
+		if keep {
+			raw := b[off : off+n]
+			if c.Fields[i].Kind == String {
+				raw = raw[:n-1]
+			}
+			dst = append(dst, Value{Field: &c.Fields[i], raw: raw})
 		}
 		off += n
 	}
-	return off, nil
+	return dst, off, nil
 }
 
 // fieldSize returns the size of field i at the start of b. A length field
@@ -283,25 +298,8 @@ type Value struct {
 // Decode appends one Value per field of the payload to dst and returns it.
 // It fails if the payload is short or malformed; it never reads past b.
 func (c *EventClass) Decode(b []byte, dst []Value) ([]Value, error) {
-	var stack [maxStackSlots]uint64
-	slots := stack[:]
-	if c.nslots > maxStackSlots {
-		slots = make([]uint64, c.nslots)
-	}
-	off := 0
-	for i := range c.Fields {
-		n, err := c.fieldSize(i, b[off:], slots)
-		if err != nil {
-			return dst, err
-		}
-		raw := b[off : off+n]
-		if c.Fields[i].Kind == String {
-			raw = raw[:n-1]
-		}
-		dst = append(dst, Value{Field: &c.Fields[i], raw: raw})
-		off += n
-	}
-	return dst, nil
+	dst, _, err := c.walk(b, dst, true)
+	return dst, err
 }
 
 // Len returns the number of elements of an array or sequence, the length
