@@ -114,15 +114,9 @@ func benchTrace(b *testing.B, streams, n int) (dir string, events int) {
 
 // readTrace decodes every field of every event of dir, merged by time.
 func readTrace(b *testing.B, dir string) int {
-	tr, err := Open(dir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m, err := tr.Merge()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
+	_, m := openMerged(b, dir)
+	defer m.Close() // now, not at the end of the benchmark
+	var err error
 	var vals []Value
 	n := 0
 	for m.Next() {

@@ -393,3 +393,21 @@ func TestDirSinkCutsPartialWrite(t *testing.T) {
 	}
 	s.Close()
 }
+
+func TestReaderAPIMisuseIsNotAPanic(t *testing.T) {
+	it := Item{Kind: DiscardedEvents, Count: 3}
+	if _, err := it.Fields(nil); err == nil {
+		t.Error("Fields on a notice returned no error")
+	}
+	c, err := NewEventClass(0, "e", []Field{StringField("s"), ScalarField("n", U16)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := c.Decode([]byte("ab\x00\x07\x00"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vals[0].Uint(0) != 0 || vals[0].Int(0) != 0 || string(vals[0].Text()) != "ab" || vals[1].Uint(0) != 7 {
+		t.Errorf("decoded %q %d", vals[0].Text(), vals[1].Uint(0))
+	}
+}

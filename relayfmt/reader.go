@@ -101,8 +101,12 @@ type Item struct {
 	Offset     int64 // file offset of the event or packet
 }
 
-// Fields decodes the item's payload into dst (reused) and returns it.
+// Fields decodes the item's payload into dst (reused) and returns it. It
+// fails for a notice, which has no fields.
 func (it *Item) Fields(dst []Value) ([]Value, error) {
+	if it.Kind != EventItem || it.Class == nil {
+		return dst[:0], errors.New("a loss notice has no fields")
+	}
 	return it.Class.Decode(it.Payload, dst[:0])
 }
 

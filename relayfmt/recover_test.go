@@ -27,28 +27,17 @@ func TestRecover(t *testing.T) {
 		}, "trace0", 3 * sub},
 		{"bad event id", func(t *testing.T, dir string) {
 			// Spoil the first event header of packet 4: id 29 is unknown.
-			f := filepath.Join(dir, "trace1")
-			b, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := binary.LittleEndian.Uint32(b[4*sub+PacketHeaderSize:])
-			binary.LittleEndian.PutUint32(b[4*sub+PacketHeaderSize:], w&^31|29)
-			if err := os.WriteFile(f, b, 0o640); err != nil {
-				t.Fatal(err)
-			}
+			editFile(t, filepath.Join(dir, "trace1"), func(b []byte) []byte {
+				w := binary.LittleEndian.Uint32(b[4*sub+PacketHeaderSize:])
+				binary.LittleEndian.PutUint32(b[4*sub+PacketHeaderSize:], w&^31|29)
+				return b
+			})
 		}, "trace1", 4 * sub},
 		{"foreign packet size", func(t *testing.T, dir string) {
-			f := filepath.Join(dir, "trace0")
-			b, err := os.ReadFile(f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			binary.LittleEndian.PutUint64(b[2*sub+offPacketSize:], 2*sub*8)
-			b = append(b, make([]byte, sub)...)
-			if err := os.WriteFile(f, b, 0o640); err != nil {
-				t.Fatal(err)
-			}
+			editFile(t, filepath.Join(dir, "trace0"), func(b []byte) []byte {
+				binary.LittleEndian.PutUint64(b[2*sub+offPacketSize:], 2*sub*8)
+				return append(b, make([]byte, sub)...)
+			})
 		}, "trace0", 2 * sub},
 	}
 	for _, tt := range tests {
@@ -107,6 +96,18 @@ func TestRecover(t *testing.T) {
 func TestRecoverNeedsMetadata(t *testing.T) {
 	if _, err := Recover(t.TempDir()); err == nil {
 		t.Fatal("recover of a directory without metadata succeeded")
+	}
+}
+
+// editFile replaces path's content with edit's result.
+func editFile(t *testing.T, path string, edit func([]byte) []byte) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, edit(b), 0o640); err != nil {
+		t.Fatal(err)
 	}
 }
 

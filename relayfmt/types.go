@@ -314,16 +314,24 @@ func (v Value) Len() int {
 	return len(v.raw) / v.Field.Elem.Size()
 }
 
-// Uint returns element i (0 for a scalar) as an unsigned integer.
+// Uint returns element i (0 for a scalar) as an unsigned integer, or 0
+// for a string field. Like a slice, it panics if i is out of range.
 func (v Value) Uint(i int) uint64 {
 	sz := v.Field.Elem.Size()
-	return readUint(v.raw[i*sz:], sz)
+	if sz == 0 {
+		return 0
+	}
+	return readUint(v.raw[i*sz:(i+1)*sz], sz)
 }
 
-// Int returns element i (0 for a scalar) sign-extended per its type.
+// Int returns element i (0 for a scalar) sign-extended per its type, or 0
+// for a string field. Like a slice, it panics if i is out of range.
 func (v Value) Int(i int) int64 {
 	sz := v.Field.Elem.Size()
-	u := readUint(v.raw[i*sz:], sz)
+	if sz == 0 {
+		return 0
+	}
+	u := readUint(v.raw[i*sz:(i+1)*sz], sz)
 	if !v.Field.Elem.Signed() {
 		return int64(u)
 	}
