@@ -4,7 +4,7 @@ BIN      := bin/kconsume
 FUZZTIME ?= 30s
 PKGS     := ./...
 
-.PHONY: all build test lint bench fuzz generate vmtest clean
+.PHONY: all build test lint bench fuzz generate generate-check vmlinux vmtest clean
 
 all: build
 
@@ -32,8 +32,18 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) ./relayfmt/ || exit 1; \
 	done
 
+# bpf2go output (gen/) and the syscall tables (consumer/); needs clang and
+# llvm-strip. vmlinux.h is not rebuilt here: it comes from the running
+# kernel's BTF (make vmlinux) and is committed.
 generate:
 	$(GO) generate $(PKGS)
+
+# Fails when the committed generated code differs from a fresh generate.
+generate-check: generate
+	@test -z "$$(git status --porcelain -- gen consumer)" || { git status --short -- gen consumer; echo "generated code is stale or uncommitted: run make generate and commit"; exit 1; }
+
+vmlinux:
+	bpftool btf dump file /sys/kernel/btf/vmlinux format c > bpf/include/vmlinux.h
 
 clean:
 	rm -rf bin bench.out

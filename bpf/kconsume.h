@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * kconsume.h: the record header shared with Go (through bpf2go -type) and
+ * the emit helpers every kconsume BPF program uses.
+ *
+ * A program calls kc_emit_begin() to pass the state gate and get a scratch
+ * record, fills the payload, then kc_emit_end() to stamp and output it on
+ * this CPU's ring (or the one global ring). Failures are counted per CPU in
+ * kc_state, which the consumer maps and reads without a syscall.
+ *
+ * Transport is fixed at compile time: KC_PERF builds the perf event array
+ * variant (kernels before 5.8), otherwise BPF ring buffers (5.8+). Both
+ * objects come from the same source, so the record layout cannot drift.
+ */
+#ifndef KCONSUME_H
+#define KCONSUME_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+
+/* Largest record payload; mirrors PERF_MAX_TRACE_SIZE (include/linux/trace_events.h). */
+#define KC_MAX_PAYLOAD 8192
+#define KC_PAYLOAD_MASK (KC_MAX_PAYLOAD - 1)
+
+/* Clocks selectable at load time (kc_clock). */
+enum kc_clock_id {
+	KC_CLOCK_MONO = 0, /* bpf_ktime_get_ns: CLOCK_MONOTONIC */
+	KC_CLOCK_BOOT = 1, /* bpf_ktime_get_boot_ns (5.8+): CLOCK_BOOTTIME */
+	KC_CLOCK_TAI = 2,  /* bpf_ktime_get_tai_ns (6.1+): CLOCK_TAI */
+};
+
+/*
+ * struct kc_rec heads every record in a ring. len counts the payload bytes
+ * that follow the header; perf pads raw samples to 8 bytes, so the consumer
+ * needs the true length from here, not from the transport.
+ */
+struct kc_rec {
+	__u64 ts;  /* clock chosen by kc_clock, nanoseconds */
+	__u32 key; /* event class key assigned by the consumer */
+	__u16 len; /* payload bytes after this header */
+	__u16 cpu; /* CPU that produced the record */
+};
+
+/*
+ * struct kc_cpu_state is one CPU's slot of the mmapable kc_state array, a
+ * cache line each so CPUs do not share lines. Only the owning CPU writes
+ * emitted and lost; tracepoint and raw tracepoint programs never nest on one
+ * CPU (bpf_prog_active, kernel/trace/bpf_trace.c), so plain adds suffice.
+ */
+struct kc_cpu_state {
+	__u64 emitted;  /* records handed to the transport */
+	__u64 lost;     /* reserve or output failures: records lost in the kernel */
+	__u32 disabled; /* consumer's per-CPU record disable */
+	__u32 pad0;
+	__u64 pad[5];
+};
+
+/* Set before load (rodata); the verifier prunes the branches not taken. */
+const volatile __u32 kc_clock = KC_CLOCK_MONO;
+const volatile __u32 kc_global = 0;         /* one shared ring at index 0 */
+const volatile __u64 kc_wakeup_bytes = 0;   /* ringbuf: wake the consumer when crossed */
+
+/* The state gate the consumer flips: stopped costs this one load and branch. */
+volatile __u32 kc_running = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1); /* set to the number of possible CPUs at load */
+	__type(key, __u32);
+	__type(value, struct kc_cpu_state);
+} kc_state SEC(".maps");
+
+/* One scratch record per CPU, for variable-sized payloads. */
+struct kc_scratch {
+	struct kc_rec hdr;
+	__u8 data[KC_MAX_PAYLOAD];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct kc_scratch);
+} kc_scratch_map SEC(".maps");
+
+#ifdef KC_PERF
+struct {
+	__uint(type, BPF_MAP_TYPE_PERF_EVENT_ARRAY);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, sizeof(__u32));
+} kc_perf SEC(".maps");
+#else
+struct kc_ringbuf {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096); /* replaced by the consumer's ring size */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1); /* set to the number of possible CPUs at load */
+	__type(key, __u32);
+	__array(values, struct kc_ringbuf);
+} kc_rings SEC(".maps");
+#endif
+
+static __always_inline __u64 kc_now(void)
+{
+	if (kc_clock == KC_CLOCK_TAI)
+		return bpf_ktime_get_tai_ns();
+	if (kc_clock == KC_CLOCK_BOOT)
+		return bpf_ktime_get_boot_ns();
+	return bpf_ktime_get_ns();
+}
+
+/*
+ * kc_emit_begin passes the gate and returns this CPU's scratch record with
+ * its key set, or NULL when recording is off globally or on this CPU.
+ */
+static __always_inline struct kc_scratch *kc_emit_begin(__u32 key, struct kc_cpu_state **st)
+{
+	__u32 zero = 0, cpu;
+	struct kc_scratch *s;
+
+	if (!kc_running)
+		return NULL;
+	cpu = bpf_get_smp_processor_id();
+	*st = bpf_map_lookup_elem(&kc_state, &cpu);
+	if (!*st || (*st)->disabled)
+		return NULL;
+	s = bpf_map_lookup_elem(&kc_scratch_map, &zero);
+	if (!s)
+		return NULL;
+	s->hdr.key = key;
+	s->hdr.cpu = cpu;
+	return s;
+}
+
+/*
+ * kc_emit_end stamps the record and outputs len payload bytes of it. The
+ * timestamp is read last, right before the output, which keeps the window
+ * between clock read and ring position small; the consumer restores order
+ * within a bounded window for what remains. Returns 0 or a negative errno,
+ * which has been counted in the CPU's lost counter.
+ */
+static __always_inline long kc_emit_end(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len)
+{
+	__u32 size;
+	long err;
+
+	barrier_var(len);
+	len &= KC_PAYLOAD_MASK;
+	size = sizeof(struct kc_rec) + len;
+
+	s->hdr.len = len;
+	s->hdr.ts = kc_now();
+#ifdef KC_PERF
+	err = bpf_perf_event_output(ctx, &kc_perf, BPF_F_CURRENT_CPU, s, size);
+#else
+	{
+		__u32 idx = kc_global ? 0 : s->hdr.cpu;
+		void *ring = bpf_map_lookup_elem(&kc_rings, &idx);
+		__u64 flags = BPF_RB_NO_WAKEUP, avail;
+
+		if (!ring) {
+			st->lost++;
+			return -2; /* -ENOENT: no ring for this CPU */
+		}
+		/*
+		 * Wake the consumer only when this record makes the unread data
+		 * cross the watermark: one wakeup per batch, never one per record
+		 * (the default wakes on every record written into an empty ring,
+		 * kernel/bpf/ringbuf.c:bpf_ringbuf_commit). Below the watermark
+		 * the consumer's latency timer picks the data up.
+		 */
+		avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+		if (avail < kc_wakeup_bytes && avail + size + 8 >= kc_wakeup_bytes)
+			flags = BPF_RB_FORCE_WAKEUP;
+		err = bpf_ringbuf_output(ring, s, size, flags);
+	}
+#endif
+	if (err)
+		st->lost++;
+	else
+		st->emitted++;
+	return err;
+}
+
+#endif /* KCONSUME_H */

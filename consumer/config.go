@@ -1,0 +1,176 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// Transport is how records travel from BPF to the consumer.
+type Transport uint8
+
+const (
+	// Auto picks Ringbuf where the kernel has BPF ring buffers (5.8+),
+	// else Perf.
+	Auto Transport = iota
+	// Ringbuf uses one BPF ring buffer per CPU (or one in global mode).
+	Ringbuf
+	// Perf uses a perf event array: one perf ring per CPU.
+	Perf
+)
+
+// String returns "auto", "ringbuf" or "perf".
+func (t Transport) String() string {
+	switch t {
+	case Ringbuf:
+		return "ringbuf"
+	case Perf:
+		return "perf"
+	}
+	return "auto"
+}
+
+// Clock is the kernel clock that stamps records.
+type Clock uint8
+
+const (
+	// Mono is CLOCK_MONOTONIC (bpf_ktime_get_ns).
+	Mono Clock = iota
+	// Boot is CLOCK_BOOTTIME, which counts suspend (Linux 5.8+).
+	Boot
+	// TAI is CLOCK_TAI (Linux 6.1+).
+	TAI
+)
+
+// String returns "mono", "boot" or "tai", the CLI's names.
+func (c Clock) String() string {
+	switch c {
+	case Boot:
+		return "boot"
+	case TAI:
+		return "tai"
+	}
+	return "mono"
+}
+
+// Config describes a recording session. Zero values take the defaults
+// named on each field.
+type Config struct {
+	// Events are tracepoints by name: "sched:sched_switch", globs
+	// ("sched:*"), or a bare event name. Each must match something.
+	Events []string
+
+	// Filters, applied in the kernel. PIDs match a thread id or a process
+	// id; Cgroup is a cgroup v2 directory whose subtree is recorded; Comms
+	// are task command names (at most 15 bytes).
+	PIDs   []int
+	Cgroup string
+	Comms  []string
+
+	// Dir receives the trace (metadata and trace<N> files); it must exist.
+	// Sink, when set, is used instead (tests, benchmarks).
+	Dir  string
+	Sink relayfmt.Sink
+
+	// Channel geometry: SubbufSize (default 256 KiB) and NSubbufs
+	// (default 8) per CPU, Mode, and Global for one buffer for all CPUs.
+	SubbufSize int
+	NSubbufs   int
+	Mode       relayfmt.Mode
+	Global     bool
+
+	Transport Transport
+	Clock     Clock
+
+	// RingSize is the size of each BPF ring buffer or perf ring in bytes, a
+	// power-of-two number of pages (default 1 MiB).
+	RingSize int
+	// Watermark is how many unread bytes make the producer wake the
+	// consumer (default RingSize/4). Below it, the consumer picks data up
+	// every Latency (default 1 ms).
+	Watermark int
+	Latency   time.Duration
+
+	// ReorderWindow bounds how long a record waits so that a late record
+	// stamped earlier can still be written before it (default 1 ms);
+	// ReorderMax bounds how many wait per stream (default 1024).
+	ReorderWindow time.Duration
+	ReorderMax    int
+
+	// Env is added to the metadata env block.
+	Env map[string]string
+}
+
+// Defaults.
+const (
+	DefaultSubbufSize    = 256 << 10
+	DefaultNSubbufs      = 8
+	DefaultRingSize      = 1 << 20
+	DefaultLatency       = time.Millisecond
+	DefaultReorderWindow = time.Millisecond
+	DefaultReorderMax    = 1024
+	MaxCommLen           = 15 // TASK_COMM_LEN - 1
+)
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("bad configuration")
+
+func (c *Config) setDefaults() error {
+	if c.SubbufSize == 0 {
+		c.SubbufSize = DefaultSubbufSize
+	}
+	if c.NSubbufs == 0 {
+		c.NSubbufs = DefaultNSubbufs
+	}
+	if c.RingSize == 0 {
+		c.RingSize = DefaultRingSize
+	}
+	page := os.Getpagesize()
+	if c.RingSize < page || c.RingSize&(c.RingSize-1) != 0 {
+		return fmt.Errorf("%w: ring size %d is not a power of two of at least %d bytes", ErrConfig, c.RingSize, page)
+	}
+	if c.Watermark == 0 {
+		c.Watermark = c.RingSize / 4
+	}
+	if c.Watermark < 0 || c.Watermark > c.RingSize {
+		return fmt.Errorf("%w: watermark %d outside 1..%d (the ring size)", ErrConfig, c.Watermark, c.RingSize)
+	}
+	if c.Latency == 0 {
+		c.Latency = DefaultLatency
+	}
+	if c.Latency < time.Millisecond {
+		return fmt.Errorf("%w: latency %v under 1ms", ErrConfig, c.Latency)
+	}
+	if c.ReorderWindow == 0 {
+		c.ReorderWindow = DefaultReorderWindow
+	}
+	if c.ReorderMax == 0 {
+		c.ReorderMax = DefaultReorderMax
+	}
+	if c.ReorderWindow < 0 || c.ReorderMax < 1 {
+		return fmt.Errorf("%w: reorder window %v and max %d must be positive", ErrConfig, c.ReorderWindow, c.ReorderMax)
+	}
+	if c.Transport > Perf {
+		return fmt.Errorf("%w: unknown transport %d", ErrConfig, c.Transport)
+	}
+	if c.Clock > TAI {
+		return fmt.Errorf("%w: unknown clock %d", ErrConfig, c.Clock)
+	}
+	for _, p := range c.PIDs {
+		if p <= 0 {
+			return fmt.Errorf("%w: pid %d", ErrConfig, p)
+		}
+	}
+	for _, comm := range c.Comms {
+		if comm == "" || len(comm) > MaxCommLen {
+			return fmt.Errorf("%w: comm %q must be 1..%d bytes", ErrConfig, comm, MaxCommLen)
+		}
+	}
+	if c.Dir == "" && c.Sink == nil {
+		return fmt.Errorf("%w: no output directory", ErrConfig)
+	}
+	return nil
+}

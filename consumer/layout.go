@@ -1,0 +1,187 @@
+package consumer
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// layout turns the raw record of one trace event into the CTF payload its
+// relayfmt class declares: inline fields are copied as they are (holes
+// between them left out), a __data_loc string becomes a NUL-terminated
+// string and a __data_loc array a u32 count followed by the elements.
+type layout struct {
+	name   string
+	fields []relayfmt.Field
+	fixed  int  // bytes of the raw record before its dynamic area
+	direct bool // payload is raw[:fixed] as it is
+	ops    []op
+	dyn    []uint16 // offsets of dynamic fields for the BPF side (kc_tp_info.dyn)
+}
+
+type opKind uint8
+
+const (
+	opCopy opKind = iota
+	opString
+	opSeq
+)
+
+type op struct {
+	kind opKind
+	off  int // copy: source offset; string/seq: offset of the location u32
+	n    int // copy: bytes
+	rel  bool
+	elem int // seq: element size
+}
+
+// maxDyn mirrors KC_MAX_DYN in bpf/kconsume.bpf.c.
+const maxDyn = 8
+
+// dynRel mirrors KC_DYN_REL.
+const dynRel = 0x8000
+
+// newLayout builds the layout of f. It fails when the event has more
+// dynamic fields than the BPF recorder tracks.
+func newLayout(f *tracefs.Format) (*layout, error) {
+	l := &layout{name: f.FullName(), fixed: f.FixedSize()}
+	for _, fl := range f.All() {
+		switch fl.Loc {
+		case tracefs.Inline:
+			l.fields = append(l.fields, inlineField(fl))
+			l.copy(fl.Offset, fl.Size)
+		default:
+			if len(l.dyn) == maxDyn {
+				return nil, fmt.Errorf("event %s: more than %d dynamic fields", l.name, maxDyn)
+			}
+			d := uint16(fl.Offset)
+			if fl.Loc == tracefs.RelLoc {
+				d |= dynRel
+			}
+			l.dyn = append(l.dyn, d)
+			o := op{off: fl.Offset, rel: fl.Loc == tracefs.RelLoc}
+			es := fl.ElemSize()
+			if fl.IsChar() || es == 0 {
+				// Unknown element types are kept as bytes; char arrays as text.
+				if fl.IsChar() {
+					o.kind = opString
+					l.fields = append(l.fields, relayfmt.StringField(fl.Name))
+				} else {
+					o.kind, o.elem = opSeq, 1
+					l.fields = append(l.fields, relayfmt.ScalarField("_"+fl.Name+"_length", relayfmt.U32),
+						relayfmt.SequenceField(fl.Name, relayfmt.U8, "_"+fl.Name+"_length"))
+				}
+			} else {
+				o.kind, o.elem = opSeq, es
+				l.fields = append(l.fields, relayfmt.ScalarField("_"+fl.Name+"_length", relayfmt.U32),
+					relayfmt.SequenceField(fl.Name, intType(es, signedName(fl.Type)), "_"+fl.Name+"_length"))
+			}
+			l.ops = append(l.ops, o)
+		}
+	}
+	l.direct = len(l.ops) == 1 && l.ops[0].kind == opCopy && l.ops[0].off == 0 && l.ops[0].n == l.fixed
+	return l, nil
+}
+
+// copy appends an inline run, merging it with the previous one when they
+// touch.
+func (l *layout) copy(off, n int) {
+	if k := len(l.ops); k > 0 {
+		if p := &l.ops[k-1]; p.kind == opCopy && p.off+p.n == off {
+			p.n += n
+			return
+		}
+	}
+	l.ops = append(l.ops, op{kind: opCopy, off: off, n: n})
+}
+
+func inlineField(fl tracefs.Field) relayfmt.Field {
+	if fl.ArrayLen > 0 {
+		es := fl.Size / fl.ArrayLen
+		if fl.IsChar() && es == 1 {
+			return relayfmt.CharArrayField(fl.Name, fl.ArrayLen)
+		}
+		if t := intType(es, fl.Signed); t != 0 {
+			return relayfmt.ArrayField(fl.Name, t, fl.ArrayLen)
+		}
+		return relayfmt.ArrayField(fl.Name, relayfmt.U8, fl.Size)
+	}
+	if t := intType(fl.Size, fl.Signed); t != 0 {
+		return relayfmt.ScalarField(fl.Name, t)
+	}
+	// Structs and odd sizes: their bytes.
+	return relayfmt.ArrayField(fl.Name, relayfmt.U8, fl.Size)
+}
+
+func intType(size int, signed bool) relayfmt.IntType {
+	var t relayfmt.IntType
+	switch size {
+	case 1:
+		t = relayfmt.U8
+	case 2:
+		t = relayfmt.U16
+	case 4:
+		t = relayfmt.U32
+	case 8:
+		t = relayfmt.U64
+	default:
+		return 0
+	}
+	if signed {
+		t += relayfmt.S8 - relayfmt.U8
+	}
+	return t
+}
+
+// signedName guesses the signedness of a dynamic array's element type,
+// which the format file does not give (it prints the location's).
+func signedName(t string) bool {
+	t = strings.TrimPrefix(t, "const ")
+	switch t {
+	case "int", "long", "short", "long long", "s8", "s16", "s32", "s64", "__s8", "__s16", "__s32", "__s64",
+		"int8_t", "int16_t", "int32_t", "int64_t", "pid_t", "signed char":
+		return true
+	}
+	return false
+}
+
+// transcode appends the payload of raw (a whole trace record) to dst. It
+// reports false when a dynamic location points outside the record.
+func (l *layout) transcode(dst, raw []byte) ([]byte, bool) {
+	if len(raw) < l.fixed {
+		return dst, false
+	}
+	for _, o := range l.ops {
+		switch o.kind {
+		case opCopy:
+			dst = append(dst, raw[o.off:o.off+o.n]...)
+			continue
+		}
+		loc := binary.LittleEndian.Uint32(raw[o.off:])
+		start, n := int(loc&0xffff), int(loc>>16)
+		if o.rel {
+			start += o.off + 4
+		}
+		if start+n > len(raw) {
+			return dst, false
+		}
+		data := raw[start : start+n]
+		if o.kind == opString {
+			for i, c := range data {
+				if c == 0 {
+					data = data[:i]
+					break
+				}
+			}
+			dst = append(append(dst, data...), 0)
+			continue
+		}
+		cnt := n / o.elem
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(cnt))
+		dst = append(dst, data[:cnt*o.elem]...)
+	}
+	return dst, true
+}

@@ -1,0 +1,288 @@
+package consumer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/gen"
+)
+
+// Offsets in struct perf_event_mmap_page (include/uapi/linux/perf_event.h).
+const (
+	perfDataHead   = 1024
+	perfDataTail   = 1032
+	perfDataOffset = 1040
+	perfDataSize   = 1048
+)
+
+// Record types of a perf ring (enum perf_event_type).
+const (
+	perfRecordLost   = 2
+	perfRecordSample = 9
+)
+
+// perfRing is one CPU's perf ring buffer, read in place. Unlike a BPF ring
+// buffer its data area is mapped once, so a record that wraps around the
+// end is copied out; two copy buffers suffice, since the tail cannot move
+// past the oldest waiting record and so at most two wrapped records (one
+// per lap parity) can wait at once.
+type perfRing struct {
+	cpu  int
+	fd   int
+	mem  []byte
+	data []byte
+	size uint64
+	mask uint64
+	tail uint64
+	lost uint64 // records perf reported lost
+	wrap [2][]byte
+}
+
+// openPerfRing opens the BPF output perf event of cpu and maps its ring
+// of size bytes. The kernel wakes the consumer once watermark bytes wait.
+func openPerfRing(cpu, size, watermark int) (*perfRing, error) {
+	attr := unix.PerfEventAttr{
+		Type:        unix.PERF_TYPE_SOFTWARE,
+		Config:      unix.PERF_COUNT_SW_BPF_OUTPUT,
+		Size:        uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
+		Sample_type: unix.PERF_SAMPLE_RAW,
+		Wakeup:      uint32(watermark),
+		Bits:        unix.PerfBitWatermark,
+	}
+	fd, err := unix.PerfEventOpen(&attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("perf event on cpu %d: %w", cpu, err)
+	}
+	page := os.Getpagesize()
+	mem, err := unix.Mmap(fd, 0, page+size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("perf ring of cpu %d: %w", cpu, err)
+	}
+	off := binary.NativeEndian.Uint64(mem[perfDataOffset:])
+	n := binary.NativeEndian.Uint64(mem[perfDataSize:])
+	if off == 0 { // kernels before 4.1 leave them 0
+		off, n = uint64(page), uint64(size)
+	}
+	p := &perfRing{cpu: cpu, fd: fd, mem: mem, data: mem[off : off+n], size: n, mask: n - 1}
+	p.tail = atomic.LoadUint64(p.tailPtr())
+	if err := unix.IoctlSetInt(fd, unix.PERF_EVENT_IOC_ENABLE, 0); err != nil {
+		p.close()
+		return nil, fmt.Errorf("enabling perf event on cpu %d: %w", cpu, err)
+	}
+	return p, nil
+}
+
+func (p *perfRing) headPtr() *uint64 { return (*uint64)(unsafe.Pointer(&p.mem[perfDataHead])) }
+func (p *perfRing) tailPtr() *uint64 { return (*uint64)(unsafe.Pointer(&p.mem[perfDataTail])) }
+
+// head returns data_head; the acquire load orders the record reads after
+// it (perf_output_put_handle publishes it after the data).
+func (p *perfRing) head() uint64 { return atomic.LoadUint64(p.headPtr()) }
+
+// release hands ring space before pos back to the kernel.
+func (p *perfRing) release(pos uint64) { atomic.StoreUint64(p.tailPtr(), pos) }
+
+// next returns the record at the tail and moves past it: a sample's raw
+// bytes, or the count of a lost record; ok is false at head.
+func (p *perfRing) next(head uint64) (raw []byte, lost uint64, pos uint64, ok bool) {
+	for p.tail+8 <= head {
+		pos = p.tail
+		off := pos & p.mask
+		typ := binary.NativeEndian.Uint32(p.data[off:])
+		size := uint64(binary.NativeEndian.Uint16(p.data[off+6:]))
+		if size < 8 {
+			// A corrupt header would loop forever; skip to head.
+			p.tail = head
+			return nil, 0, 0, false
+		}
+		p.tail += size
+		var rec []byte
+		if off+size <= p.size {
+			rec = p.data[off : off+size]
+		} else {
+			b := p.wrap[(pos/p.size)&1][:0]
+			b = append(b, p.data[off:]...)
+			b = append(b, p.data[:size-(p.size-off)]...)
+			p.wrap[(pos/p.size)&1] = b
+			rec = b
+		}
+		switch typ {
+		case perfRecordSample:
+			if len(rec) < 12 {
+				continue
+			}
+			n := int(binary.NativeEndian.Uint32(rec[8:]))
+			if 12+n > len(rec) {
+				continue
+			}
+			return rec[12 : 12+n], 0, pos, true
+		case perfRecordLost:
+			if len(rec) < 24 {
+				continue
+			}
+			return nil, binary.NativeEndian.Uint64(rec[16:]), pos, true
+		}
+	}
+	return nil, 0, 0, false
+}
+
+func (p *perfRing) skipAll() {
+	p.tail = p.head()
+	p.release(p.tail)
+}
+
+func (p *perfRing) close() {
+	if p.mem != nil {
+		_ = unix.Munmap(p.mem)
+		p.mem, p.data = nil, nil
+	}
+	if p.fd >= 0 {
+		_ = unix.Close(p.fd)
+		p.fd = -1
+	}
+}
+
+// openPerf opens a perf ring on every online CPU. A CPU that comes
+// online later gets its ring from checkHotplug.
+func (s *Session) openPerf() error {
+	if s.cfg.Global {
+		return fmt.Errorf("%w: global mode needs the ringbuf transport", ErrConfig)
+	}
+	online, err := onlineCPUs()
+	if err != nil {
+		return err
+	}
+	for cpu := 0; cpu < s.ncpu; cpu++ {
+		if online[cpu] {
+			if err := s.openPerfCPU(cpu); err != nil {
+				return err
+			}
+		}
+	}
+	s.online = online
+	return nil
+}
+
+func (s *Session) openPerfCPU(cpu int) error {
+	p, err := openPerfRing(cpu, s.cfg.RingSize, s.cfg.Watermark)
+	if err != nil {
+		return err
+	}
+	if err := s.coll.Maps[gen.PerfMapKcPerf].Put(uint32(cpu), uint32(p.fd)); err != nil {
+		p.close()
+		return fmt.Errorf("perf event array slot %d: %w", cpu, err)
+	}
+	if err := s.watch(p.fd, cpu); err != nil {
+		p.close()
+		return err
+	}
+	st := s.streams[cpu]
+	if st.pr != nil {
+		st.pr.close()
+	}
+	st.pr = p
+	return nil
+}
+
+// checkHotplug reopens the perf rings of CPUs that came online: a perf
+// event stops counting when its CPU goes offline and is not re-enabled
+// when it returns (kernel/events/core.c:perf_event_exit_cpu_context).
+// The old ring is drained first, so nothing it held is lost.
+func (s *Session) checkHotplug() error {
+	online, err := onlineCPUs()
+	if err != nil {
+		return err
+	}
+	for cpu := 0; cpu < s.ncpu && cpu < len(online); cpu++ {
+		if online[cpu] && !s.online[cpu] {
+			st := s.streams[cpu]
+			if st.pr != nil {
+				s.drainPerf(st, ^uint64(0))
+			}
+			if err := s.openPerfCPU(cpu); err != nil {
+				return err
+			}
+		}
+	}
+	s.online = online
+	return nil
+}
+
+// onlineCPUs parses /sys/devices/system/cpu/online ("0-3,5").
+func onlineCPUs() ([]bool, error) {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return nil, fmt.Errorf("online CPUs: %w", err)
+	}
+	return parseCPUList(strings.TrimSpace(string(b)))
+}
+
+func parseCPUList(s string) ([]bool, error) {
+	var out []bool
+	if s == "" {
+		return out, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err1 := strconv.Atoi(lo)
+		b := a
+		var err2 error
+		if isRange {
+			b, err2 = strconv.Atoi(hi)
+		}
+		if err := errors.Join(err1, err2); err != nil || a < 0 || b < a || b > 1<<16 {
+			return nil, fmt.Errorf("cpu list %q: bad part %q", s, part)
+		}
+		for len(out) <= b {
+			out = append(out, false)
+		}
+		for i := a; i <= b; i++ {
+			out[i] = true
+		}
+	}
+	return out, nil
+}
+
+// drainPerf walks st's perf ring like drainRingbuf; perf's lost records
+// enter the window as loss notices at their place.
+func (s *Session) drainPerf(st *stream, cutoff uint64) {
+	p, w := st.pr, st.win
+	head := p.head()
+	for {
+		raw, lost, pos, ok := p.next(head)
+		if !ok {
+			break
+		}
+		if w.full() {
+			s.emit(st, w.pop())
+		}
+		if raw == nil {
+			p.lost += lost
+			w.push(entry{ts: w.last(), lost: lost})
+			continue
+		}
+		if len(raw) < recHdrLen {
+			st.invalid++
+			continue
+		}
+		w.push(entry{ts: binary.LittleEndian.Uint64(raw), pos: pos, rec: raw})
+	}
+	s.placeLossesOf(st)
+	for w.n > 0 && w.front().ts <= cutoff {
+		s.emit(st, w.pop())
+	}
+	if pos, ok := w.minPos(); ok {
+		p.release(pos)
+	} else {
+		p.release(p.tail)
+	}
+}

@@ -1,0 +1,86 @@
+package consumer
+
+// entry is a record waiting in a reorder window: still in its ring (or in
+// a wrap copy), released only once it has been written out.
+type entry struct {
+	ts   uint64
+	pos  uint64 // ring position, to know how far the ring may be released
+	rec  []byte // kc_rec header and payload; nil for a loss notice
+	lost uint64 // loss notice: records lost at this point
+}
+
+// window holds the newest records of one output stream sorted by time, so
+// that a record that reached the ring late (a nested interrupt reserving
+// after its clock read; CPUs interleaving in a shared ring) is written in
+// its place. It is a circular array of a power-of-two capacity; records
+// nearly always arrive in order and are appended at the tail.
+type window struct {
+	buf       []entry
+	mask      int
+	head, n   int
+	reordered uint64 // records inserted before a later-stamped one
+}
+
+func newWindow(capacity int) *window {
+	c := 1
+	for c < capacity {
+		c <<= 1
+	}
+	return &window{buf: make([]entry, c), mask: c - 1}
+}
+
+func (w *window) full() bool { return w.n == len(w.buf) }
+
+// push inserts e in time order; the window must not be full. Equal
+// timestamps keep arrival order.
+func (w *window) push(e entry) {
+	i := w.n
+	w.n++
+	for i > 0 {
+		prev := &w.buf[(w.head+i-1)&w.mask]
+		if prev.ts <= e.ts {
+			break
+		}
+		w.buf[(w.head+i)&w.mask] = *prev
+		i--
+	}
+	if i != w.n-1 {
+		w.reordered++
+	}
+	w.buf[(w.head+i)&w.mask] = e
+}
+
+// front returns the oldest entry; the window must not be empty.
+func (w *window) front() *entry { return &w.buf[w.head] }
+
+// pop removes the oldest entry.
+func (w *window) pop() entry {
+	e := w.buf[w.head]
+	w.buf[w.head] = entry{}
+	w.head = (w.head + 1) & w.mask
+	w.n--
+	return e
+}
+
+// minPos returns the lowest ring position of a waiting record, or ok
+// false when none waits: the ring may be released up to it.
+func (w *window) minPos() (pos uint64, ok bool) {
+	for i := 0; i < w.n; i++ {
+		e := &w.buf[(w.head+i)&w.mask]
+		if e.rec == nil {
+			continue
+		}
+		if !ok || e.pos < pos {
+			pos, ok = e.pos, true
+		}
+	}
+	return pos, ok
+}
+
+// last returns the newest timestamp in the window, or 0.
+func (w *window) last() uint64 {
+	if w.n == 0 {
+		return 0
+	}
+	return w.buf[(w.head+w.n-1)&w.mask].ts
+}

@@ -1,0 +1,127 @@
+package consumer
+
+import (
+	"fmt"
+	"os"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Record header bits of a BPF ring buffer (include/uapi/linux/bpf.h:
+// BPF_RINGBUF_BUSY_BIT, BPF_RINGBUF_DISCARD_BIT, BPF_RINGBUF_HDR_SZ).
+const (
+	rbBusy   = 1 << 31
+	rbDisc   = 1 << 30
+	rbHdrLen = 8
+)
+
+// ringbuf is one BPF ring buffer mapped into this process, read in place.
+// The layout mirrors kernel/bpf/ringbuf.c: the consumer position on the
+// first page (the only one user space may write), the producer position on
+// the second, then the data area mapped twice in a row so a record that
+// wraps is still contiguous.
+type ringbuf struct {
+	fd      int
+	size    uint64 // data area bytes, a power of two
+	mask    uint64
+	consMem []byte
+	prodMem []byte
+	consPos *uint64
+	prodPos *uint64
+	data    []byte // 2*size bytes
+	cons    uint64 // local copy of the consumer position
+}
+
+// newRingbuf maps the ring buffer map fd with a data area of size bytes.
+func newRingbuf(fd int, size int) (*ringbuf, error) {
+	page := os.Getpagesize()
+	if size <= 0 || size&(size-1) != 0 || size%page != 0 {
+		return nil, fmt.Errorf("ringbuf: size %d is not a power-of-two number of pages", size)
+	}
+	cons, err := unix.Mmap(fd, 0, page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("ringbuf: mapping consumer page: %w", err)
+	}
+	prod, err := unix.Mmap(fd, int64(page), page+2*size, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		_ = unix.Munmap(cons)
+		return nil, fmt.Errorf("ringbuf: mapping producer page and data: %w", err)
+	}
+	r := &ringbuf{
+		fd:      fd,
+		size:    uint64(size),
+		mask:    uint64(size - 1),
+		consMem: cons,
+		prodMem: prod,
+		consPos: (*uint64)(unsafe.Pointer(&cons[0])),
+		prodPos: (*uint64)(unsafe.Pointer(&prod[0])),
+		data:    prod[page:],
+	}
+	r.cons = atomic.LoadUint64(r.consPos)
+	return r, nil
+}
+
+// next returns the record at the local consumer position and moves past
+// it, or ok false when the ring holds no finished record. A discarded
+// record (bpf_ringbuf_discard) comes back with skip set and no data. The
+// producer publishes with a release store of the header after the data
+// (bpf_ringbuf_commit), so the acquire load of the header orders the reads
+// of the data after it.
+func (r *ringbuf) next(prod uint64) (rec []byte, pos uint64, skip, ok bool) {
+	if r.cons >= prod {
+		return nil, 0, false, false
+	}
+	pos = r.cons
+	off := pos & r.mask
+	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.data[off])))
+	if hdr&rbBusy != 0 {
+		return nil, 0, false, false
+	}
+	n := uint64(hdr &^ (rbBusy | rbDisc))
+	r.cons += (n + rbHdrLen + 7) &^ 7
+	if hdr&rbDisc != 0 {
+		return nil, pos, true, true
+	}
+	start := off + rbHdrLen
+	return r.data[start : start+n : start+n], pos, false, true
+}
+
+// producer returns the producer position (acquire).
+func (r *ringbuf) producer() uint64 { return atomic.LoadUint64(r.prodPos) }
+
+// release hands the ring space before pos back to the producer with one
+// release store: once per batch, not per record.
+func (r *ringbuf) release(pos uint64) {
+	atomic.StoreUint64(r.consPos, pos)
+}
+
+// skipAll drops everything the ring holds now (reset).
+func (r *ringbuf) skipAll() {
+	for {
+		prod := r.producer()
+		for {
+			if _, _, _, ok := r.next(prod); !ok {
+				break
+			}
+		}
+		if r.cons >= prod || r.busyAt() {
+			break
+		}
+	}
+	r.release(r.cons)
+}
+
+func (r *ringbuf) busyAt() bool {
+	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.data[r.cons&r.mask])))
+	return hdr&rbBusy != 0
+}
+
+func (r *ringbuf) close() {
+	if r.consMem != nil {
+		_ = unix.Munmap(r.consMem)
+		_ = unix.Munmap(r.prodMem)
+		r.consMem, r.prodMem, r.data = nil, nil, nil
+	}
+}

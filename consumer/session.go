@@ -1,0 +1,932 @@
+// Package consumer is kconsume's engine: it loads the BPF recorder,
+// attaches it to tracepoints, maps the per-CPU rings and drains them in
+// place into a relayfmt channel, accounting for every lost record.
+package consumer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// recHdrLen is sizeof(struct kc_rec) (bpf/kconsume.h).
+const recHdrLen = int(unsafe.Sizeof(gen.RingbufKcRec{}))
+
+// cpuStateLen is sizeof(struct kc_cpu_state): one cache line.
+const cpuStateLen = int(unsafe.Sizeof(gen.RingbufKcCpuState{}))
+
+// Errors of the session API.
+var (
+	ErrClosed       = errors.New("session closed")
+	ErrUnknownEvent = errors.New("no tracepoint matches")
+	ErrNeedsPerCPU  = errors.New("operation needs per-CPU buffers, not global mode")
+	ErrNotSupported = errors.New("not supported by this kernel")
+	ErrNoSuchCPU    = errors.New("no such CPU")
+)
+
+// CPUStats counts what happened to one CPU's records.
+type CPUStats struct {
+	CPU int
+	// Emitted records left the BPF program into the ring; KernelLost
+	// failed to (ring full); PerfLost were reported lost by perf.
+	Emitted    uint64
+	KernelLost uint64
+	PerfLost   uint64
+	// Channel is the CPU's relayfmt buffer (in global mode, the one
+	// buffer is reported on CPU 0).
+	Channel   relayfmt.Stats
+	Reordered uint64 // records written before a record that reached the ring earlier
+	Wakeups   uint64 // times the consumer was woken for this ring
+	Disabled  bool   // recording stopped on this CPU alone
+}
+
+// Discarded returns the records of this CPU lost at any layer.
+func (s CPUStats) Discarded() uint64 {
+	return s.KernelLost + s.PerfLost + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
+}
+
+// stream is one output stream and the state of draining into it.
+type stream struct {
+	idx     int // buffer index in the channel (the CPU; 0 in global mode)
+	win     *window
+	scratch []byte
+	wakeups uint64
+	invalid uint64 // records the consumer could not decode
+	rb      *ringbuf
+	pr      *perfRing
+}
+
+// Session is a running recording: BPF programs attached, rings mapped, a
+// drainer goroutine writing into a relayfmt channel. Its methods are safe
+// for concurrent use.
+type Session struct {
+	cfg       Config
+	transport Transport
+	ncpu      int
+	ch        *relayfmt.Channel
+	coll      *ebpf.Collection
+	rings     []*ebpf.Map
+	links     []link.Link
+	running   *ebpf.Variable
+	stateMem  []byte
+	layouts   []*layout // by class id
+	events    []*tracefs.Format
+	streams   []*stream
+	lostSeen  []uint64 // kernel losses already placed in the stream, per CPU
+	epfd      int
+	evfd      int
+	window    uint64 // reorder window in ns
+	clockID   int32
+	cmds      chan command
+	done      chan struct{}
+	loopErr   error
+	closeOnce sync.Once
+	closeErr  error
+	started   atomic.Bool
+	looping   atomic.Bool
+	online    []bool // perf: CPUs online at the last hotplug check
+	lastPlug  time.Time
+}
+
+type command struct {
+	fn    func() error
+	reply chan error
+}
+
+// New loads and attaches the recorder for cfg and starts draining; the
+// gate is closed until Start. It fails with ErrConfig for bad settings,
+// ErrUnknownEvent (naming the pattern) when an event pattern matches no
+// tracepoint, ErrNotSupported when the kernel lacks a needed feature, or
+// the kernel's error when loading or attaching fails.
+func New(cfg Config) (*Session, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if len(cfg.Events) == 0 {
+		return nil, fmt.Errorf("%w: no events", ErrConfig)
+	}
+	fs, err := tracefs.Find()
+	if err != nil {
+		return nil, err
+	}
+	formats, err := resolveEvents(fs, cfg.Events)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Sink == nil {
+		if _, err := os.Stat(filepath.Join(cfg.Dir, "metadata")); err == nil {
+			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
+		}
+	}
+	s, err := newSession(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.addTracepoints(formats); err != nil {
+		s.Close()
+		s.removeOutput()
+		return nil, err
+	}
+	s.startLoop()
+	return s, nil
+}
+
+// removeOutput removes what a session that failed to start wrote into its
+// directory: the metadata (no stream file exists before the first record).
+func (s *Session) removeOutput() {
+	if s.cfg.Sink == nil {
+		_ = os.Remove(filepath.Join(s.cfg.Dir, "metadata"))
+	}
+}
+
+// resolveEvents expands the patterns into formats, each event once.
+func resolveEvents(fs tracefs.FS, patterns []string) ([]*tracefs.Format, error) {
+	var out []*tracefs.Format
+	seen := map[tracefs.Event]bool{}
+	for _, p := range patterns {
+		evs, err := fs.Events(p)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		if len(evs) == 0 {
+			return nil, fmt.Errorf("%w: %q (see kconsume list)", ErrUnknownEvent, p)
+		}
+		for _, e := range evs {
+			if seen[e] {
+				continue
+			}
+			seen[e] = true
+			f, err := fs.Format(e)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
+
+// newSession loads the BPF objects and maps the rings; no event is
+// attached yet.
+func newSession(cfg Config) (_ *Session, err error) {
+	ncpu, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, fmt.Errorf("possible CPUs: %w", err)
+	}
+	s := &Session{cfg: cfg, ncpu: ncpu, epfd: -1, evfd: -1, window: uint64(cfg.ReorderWindow), cmds: make(chan command), done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			if s.ch != nil {
+				_ = s.ch.Close()
+				s.removeOutput()
+			}
+			s.release()
+		}
+	}()
+	if s.transport, err = chooseTransport(cfg.Transport); err != nil {
+		return nil, err
+	}
+	if s.clockID, err = checkClock(cfg.Clock); err != nil {
+		return nil, err
+	}
+	if err := s.load(); err != nil {
+		return nil, err
+	}
+	if err := s.openRings(); err != nil {
+		return nil, err
+	}
+	sink := cfg.Sink
+	if sink == nil {
+		if sink, err = relayfmt.NewDirSink(cfg.Dir); err != nil {
+			return nil, err
+		}
+	}
+	env := map[string]string{"transport": s.transport.String()}
+	if u, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		env["kernel_release"] = strings.TrimSpace(string(u))
+	}
+	if h, err := os.Hostname(); err == nil {
+		env["hostname"] = h
+	}
+	for k, v := range cfg.Env {
+		env[k] = v
+	}
+	s.ch, err = relayfmt.NewChannel(relayfmt.Config{
+		SubbufSize: cfg.SubbufSize,
+		NSubbufs:   cfg.NSubbufs,
+		CPUs:       ncpu,
+		Global:     cfg.Global,
+		Mode:       cfg.Mode,
+		Clock:      clockDesc(cfg.Clock, s.clockID),
+		Env:        env,
+	}, sink)
+	if err != nil {
+		if cfg.Sink == nil {
+			_ = sink.Close()
+		}
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return s, nil
+}
+
+func chooseTransport(t Transport) (Transport, error) {
+	rbErr := features.HaveMapType(ebpf.RingBuf)
+	switch t {
+	case Auto:
+		if rbErr == nil {
+			return Ringbuf, nil
+		}
+		return Perf, nil
+	case Ringbuf:
+		if rbErr != nil {
+			return 0, fmt.Errorf("%w: BPF ring buffers (Linux 5.8): %w", ErrNotSupported, rbErr)
+		}
+	}
+	return t, nil
+}
+
+// checkClock returns the clock_gettime id of c, or ErrNotSupported when
+// the kernel has no BPF helper for it.
+func checkClock(c Clock) (int32, error) {
+	switch c {
+	case Boot:
+		if err := features.HaveProgramHelper(ebpf.TracePoint, asm.FnKtimeGetBootNs); err != nil {
+			return 0, fmt.Errorf("%w: clock boot (bpf_ktime_get_boot_ns, Linux 5.8): %w", ErrNotSupported, err)
+		}
+		return unix.CLOCK_BOOTTIME, nil
+	case TAI:
+		if err := features.HaveProgramHelper(ebpf.TracePoint, asm.FnKtimeGetTaiNs); err != nil {
+			return 0, fmt.Errorf("%w: clock tai (bpf_ktime_get_tai_ns, Linux 6.1): %w", ErrNotSupported, err)
+		}
+		return unix.CLOCK_TAI, nil
+	}
+	return unix.CLOCK_MONOTONIC, nil
+}
+
+// clockDesc describes the clock for the metadata, with its zero as wall
+// time: the realtime-minus-clock difference from the closest of a few
+// paired reads.
+func clockDesc(c Clock, id int32) relayfmt.Clock {
+	best, off := int64(-1), int64(0)
+	for i := 0; i < 5; i++ {
+		var a, b, r unix.Timespec
+		_ = unix.ClockGettime(id, &a)
+		_ = unix.ClockGettime(unix.CLOCK_REALTIME, &r)
+		_ = unix.ClockGettime(id, &b)
+		if d := b.Nano() - a.Nano(); best < 0 || d < best {
+			best, off = d, r.Nano()-(a.Nano()+d/2)
+		}
+	}
+	names := map[Clock]string{Mono: "monotonic", Boot: "boottime", TAI: "tai"}
+	return relayfmt.Clock{Name: names[c], Description: "kernel " + names[c] + " clock", Offset: off}
+}
+
+// load creates the maps and the program of the chosen transport.
+func (s *Session) load() error {
+	var spec *ebpf.CollectionSpec
+	var err error
+	if s.transport == Perf {
+		spec, err = gen.LoadPerf()
+	} else {
+		spec, err = gen.LoadRingbuf()
+	}
+	if err != nil {
+		return err
+	}
+	cfg := s.cfg
+	spec.Maps[gen.RingbufMapKcState].MaxEntries = uint32(s.ncpu)
+	spec.Maps[gen.RingbufMapKcTpInfoMap].MaxEntries = 4096
+	if s.transport == Ringbuf {
+		rings := spec.Maps[gen.RingbufMapKcRings]
+		rings.MaxEntries = uint32(s.ncpu)
+		rings.InnerMap.MaxEntries = uint32(cfg.RingSize)
+	} else {
+		spec.Maps[gen.PerfMapKcPerf].MaxEntries = uint32(s.ncpu)
+	}
+	set := map[string]any{
+		gen.RingbufVarKcClock:        uint32(cfg.Clock),
+		gen.RingbufVarKcGlobal:       boolU32(cfg.Global),
+		gen.RingbufVarKcFilterPid:    boolU32(len(cfg.PIDs) > 0),
+		gen.RingbufVarKcFilterCgroup: boolU32(cfg.Cgroup != ""),
+		gen.RingbufVarKcFilterComm:   boolU32(len(cfg.Comms) > 0),
+	}
+	if s.transport == Ringbuf {
+		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
+	}
+	for name, v := range set {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return fmt.Errorf("setting %s: %w", name, err)
+		}
+	}
+	s.coll, err = ebpf.NewCollection(spec)
+	if err != nil {
+		return fmt.Errorf("loading the BPF recorder: %w", err)
+	}
+	s.running = s.coll.Variables[gen.RingbufVarKcRunning]
+	state := s.coll.Maps[gen.RingbufMapKcState]
+	s.stateMem, err = unix.Mmap(state.FD(), 0, roundPage(s.ncpu*cpuStateLen), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mapping kc_state: %w", err)
+	}
+	s.lostSeen = make([]uint64, s.ncpu)
+	return s.setFilters()
+}
+
+func boolU32(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func roundPage(n int) int {
+	p := os.Getpagesize()
+	return (n + p - 1) / p * p
+}
+
+func (s *Session) setFilters() error {
+	for _, p := range s.cfg.PIDs {
+		if err := s.coll.Maps[gen.RingbufMapKcPids].Put(uint32(p), uint8(1)); err != nil {
+			return fmt.Errorf("pid filter %d: %w", p, err)
+		}
+	}
+	for _, c := range s.cfg.Comms {
+		var key gen.RingbufKcComm
+		for i := 0; i < len(c); i++ {
+			key.Comm[i] = int8(c[i])
+		}
+		if err := s.coll.Maps[gen.RingbufMapKcComms].Put(key, uint8(1)); err != nil {
+			return fmt.Errorf("comm filter %q: %w", c, err)
+		}
+	}
+	if s.cfg.Cgroup != "" {
+		fd, err := unix.Open(s.cfg.Cgroup, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%w: cgroup %s: %w", ErrConfig, s.cfg.Cgroup, err)
+		}
+		defer unix.Close(fd)
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(fd, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+			return fmt.Errorf("%w: %s is not a cgroup v2 directory", ErrConfig, s.cfg.Cgroup)
+		}
+		if err := s.coll.Maps[gen.RingbufMapKcCgroup].Put(uint32(0), uint32(fd)); err != nil {
+			return fmt.Errorf("cgroup filter %s: %w", s.cfg.Cgroup, err)
+		}
+	}
+	return nil
+}
+
+// cpuState returns CPU cpu's slot of the mapped kc_state array.
+func (s *Session) cpuState(cpu int) *gen.RingbufKcCpuState {
+	return (*gen.RingbufKcCpuState)(unsafe.Pointer(&s.stateMem[cpu*cpuStateLen]))
+}
+
+// openRings creates and maps the rings and the epoll set.
+func (s *Session) openRings() error {
+	var err error
+	if s.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		return fmt.Errorf("epoll: %w", err)
+	}
+	if s.evfd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		return fmt.Errorf("eventfd: %w", err)
+	}
+	if err := s.watch(s.evfd, -1); err != nil {
+		return err
+	}
+	nstreams := s.ncpu
+	if s.cfg.Global {
+		nstreams = 1
+	}
+	for i := 0; i < nstreams; i++ {
+		s.streams = append(s.streams, &stream{idx: i, win: newWindow(s.cfg.ReorderMax), scratch: make([]byte, 0, tracefs.MaxRecordSize*2)})
+	}
+	if s.transport == Perf {
+		return s.openPerf()
+	}
+	outer := s.coll.Maps[gen.RingbufMapKcRings]
+	for i, st := range s.streams {
+		m, err := ebpf.NewMap(&ebpf.MapSpec{Name: fmt.Sprintf("kc_ring%d", i), Type: ebpf.RingBuf, MaxEntries: uint32(s.cfg.RingSize)})
+		if err != nil {
+			return fmt.Errorf("ring buffer %d: %w", i, err)
+		}
+		s.rings = append(s.rings, m)
+		if err := outer.Put(uint32(i), m); err != nil {
+			return fmt.Errorf("ring buffer %d: %w", i, err)
+		}
+		if st.rb, err = newRingbuf(m.FD(), s.cfg.RingSize); err != nil {
+			return err
+		}
+		if err := s.watch(m.FD(), i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// watch adds fd to the epoll set, edge-triggered: a ring stays readable
+// while records wait in a reorder window, and the drainer must not spin
+// on that; it waits for the producer's next wakeup or its latency tick.
+func (s *Session) watch(fd, stream int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(stream)}
+	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("epoll add: %w", err)
+	}
+	return nil
+}
+
+// addTracepoints defines a class per event, tells the recorder each
+// event's layout and attaches it.
+func (s *Session) addTracepoints(formats []*tracefs.Format) error {
+	info := s.coll.Maps[gen.RingbufMapKcTpInfoMap]
+	for _, f := range formats {
+		l, err := newLayout(f)
+		if err != nil {
+			return err
+		}
+		prog, key := s.coll.Programs[gen.RingbufProgKcTracepoint], f.ID
+		sysKey, exit, isSys, err := syscallEvent(f)
+		if err != nil {
+			return err
+		}
+		if isSys {
+			key, prog = sysKey, s.coll.Programs[gen.RingbufProgKcSysEnter]
+			if exit {
+				prog = s.coll.Programs[gen.RingbufProgKcSysExit]
+			}
+		}
+		cls, err := s.ch.AddEventClass(f.FullName(), l.fields)
+		if err != nil {
+			return fmt.Errorf("event %s: %w", f.FullName(), err)
+		}
+		s.setLayout(cls.ID, l)
+		ti := gen.RingbufKcTpInfo{Key: cls.ID, Id: uint16(f.ID), Size: uint16(l.fixed), Ndyn: uint16(len(l.dyn))}
+		copy(ti.Dyn[:], l.dyn)
+		if err := info.Put(key, ti); err != nil {
+			return fmt.Errorf("event %s: %w", f.FullName(), err)
+		}
+		lk, err := link.Tracepoint(f.System, f.Name, prog, nil)
+		if err != nil {
+			return fmt.Errorf("attaching to %s: %w", f.FullName(), err)
+		}
+		s.links = append(s.links, lk)
+		s.events = append(s.events, f)
+	}
+	return nil
+}
+
+func (s *Session) setLayout(id uint32, l *layout) {
+	for uint32(len(s.layouts)) <= id {
+		s.layouts = append(s.layouts, nil)
+	}
+	s.layouts[id] = l
+}
+
+// Events returns the formats of the recorded tracepoints.
+func (s *Session) Events() []*tracefs.Format { return s.events }
+
+// Channel returns the relayfmt channel the session writes into.
+func (s *Session) Channel() *relayfmt.Channel { return s.ch }
+
+// Transport returns the transport in use.
+func (s *Session) Transport() Transport { return s.transport }
+
+// CPUs returns the number of possible CPUs, the per-CPU stream count.
+func (s *Session) CPUs() int { return s.ncpu }
+
+// Start opens the gate: the programs record from now on.
+func (s *Session) Start() error {
+	if err := s.running.Set(uint32(1)); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	s.started.Store(true)
+	return nil
+}
+
+// Stop closes the gate: each event then costs the programs one branch.
+// Records already in the rings are still drained.
+func (s *Session) Stop() error {
+	if err := s.running.Set(uint32(0)); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	s.started.Store(false)
+	return nil
+}
+
+// Running reports whether the gate is open.
+func (s *Session) Running() bool { return s.started.Load() }
+
+// StopCPU stops recording on one CPU alone (the ftrace ring buffer's
+// record_disable_cpu); StartCPU resumes it.
+func (s *Session) StopCPU(cpu int) error { return s.setCPU(cpu, 1) }
+
+// StartCPU resumes recording on cpu after StopCPU.
+func (s *Session) StartCPU(cpu int) error { return s.setCPU(cpu, 0) }
+
+func (s *Session) setCPU(cpu int, disabled uint32) error {
+	if cpu < 0 || cpu >= s.ncpu {
+		return fmt.Errorf("cpu %d: %w", cpu, ErrNoSuchCPU)
+	}
+	atomic.StoreUint32(&s.cpuState(cpu).Disabled, disabled)
+	return nil
+}
+
+// Flush writes out everything recorded so far: drains the rings, writes
+// the records waiting for reordering and finishes the open sub-buffers.
+func (s *Session) Flush() error {
+	return s.do(func() error {
+		s.drainAll(^uint64(0))
+		return s.ch.Flush()
+	})
+}
+
+// Reset drops everything not yet written: ring contents, waiting
+// records, open and (overwrite mode) retained sub-buffers.
+func (s *Session) Reset() error {
+	return s.do(func() error {
+		for _, st := range s.streams {
+			s.resetStream(st)
+		}
+		s.ch.Reset()
+		return nil
+	})
+}
+
+// ResetCPU is Reset for one CPU's buffer (ftrace's reset_cpu).
+func (s *Session) ResetCPU(cpu int) error {
+	if s.cfg.Global {
+		return ErrNeedsPerCPU
+	}
+	if cpu < 0 || cpu >= s.ncpu {
+		return fmt.Errorf("cpu %d: %w", cpu, ErrNoSuchCPU)
+	}
+	return s.do(func() error {
+		s.resetStream(s.streams[cpu])
+		return s.ch.ResetCPU(cpu)
+	})
+}
+
+func (s *Session) resetStream(st *stream) {
+	for st.win.n > 0 {
+		st.win.pop()
+	}
+	if st.rb != nil {
+		st.rb.skipAll()
+	}
+	if st.pr != nil {
+		st.pr.skipAll()
+	}
+}
+
+// Snapshot (overwrite mode) drains the rings and writes the retained
+// sub-buffers, the newest records, to the output.
+func (s *Session) Snapshot() error {
+	return s.do(func() error {
+		s.drainAll(^uint64(0))
+		return s.ch.Snapshot()
+	})
+}
+
+// Stats returns per-CPU counters.
+func (s *Session) Stats() ([]CPUStats, error) {
+	var out []CPUStats
+	err := s.do(func() error {
+		s.placeLosses()
+		out = s.stats()
+		return nil
+	})
+	return out, err
+}
+
+func (s *Session) stats() []CPUStats {
+	out := make([]CPUStats, s.ncpu)
+	for cpu := range out {
+		cs := s.cpuState(cpu)
+		out[cpu] = CPUStats{
+			CPU:        cpu,
+			Emitted:    atomic.LoadUint64(&cs.Emitted),
+			KernelLost: atomic.LoadUint64(&cs.Lost),
+			Disabled:   atomic.LoadUint32(&cs.Disabled) != 0,
+		}
+	}
+	for _, st := range s.streams {
+		o := &out[st.idx]
+		o.Channel, _ = s.ch.StatsCPU(st.idx)
+		o.Reordered = st.win.reordered
+		o.Wakeups = st.wakeups
+		if st.pr != nil {
+			o.PerfLost = st.pr.lost
+		}
+	}
+	return out
+}
+
+// do runs fn on the drainer goroutine, where the channel's writer state
+// lives, and returns its error.
+func (s *Session) do(fn func() error) error {
+	c := command{fn: fn, reply: make(chan error, 1)}
+	select {
+	case s.cmds <- c:
+	case <-s.done:
+		return ErrClosed
+	}
+	// The drainer may be asleep in epoll_wait: the eventfd wakes it.
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
+	_, _ = unix.Write(s.evfd, one[:])
+	return <-c.reply
+}
+
+func (s *Session) startLoop() {
+	s.looping.Store(true)
+	go s.loop()
+}
+
+// loop is the drainer: it sleeps in epoll until a producer crosses the
+// watermark, a command arrives or the latency tick passes, then drains
+// every ring.
+func (s *Session) loop() {
+	defer close(s.done)
+	events := make([]unix.EpollEvent, len(s.streams)+1)
+	timeout := int(s.cfg.Latency / time.Millisecond)
+	var buf [8]byte
+	for {
+		n, err := unix.EpollWait(s.epfd, events, timeout)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			s.loopErr = fmt.Errorf("epoll_wait: %w", err)
+			return
+		}
+		for _, ev := range events[:max(n, 0)] {
+			if ev.Fd < 0 {
+				_, _ = unix.Read(s.evfd, buf[:])
+			} else if int(ev.Fd) < len(s.streams) {
+				s.streams[ev.Fd].wakeups++
+			}
+		}
+		if s.transport == Perf && time.Since(s.lastPlug) > hotplugPeriod {
+			s.lastPlug = time.Now()
+			if err := s.checkHotplug(); err != nil {
+				s.loopErr = err
+			}
+		}
+		s.drainAll(s.cutoff())
+		for {
+			select {
+			case c := <-s.cmds:
+				if c.fn == nil {
+					c.reply <- nil
+					return
+				}
+				c.reply <- c.fn()
+				continue
+			default:
+			}
+			break
+		}
+	}
+}
+
+// hotplugPeriod is how often the perf transport looks for CPUs that came
+// online. BPF ring buffers exist for every possible CPU and need no check.
+const hotplugPeriod = 100 * time.Millisecond
+
+// cutoff returns the time before which waiting records are written: now
+// minus the reorder window, on the records' clock.
+func (s *Session) cutoff() uint64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(s.clockID, &ts); err != nil {
+		return 0
+	}
+	now := uint64(ts.Nano())
+	if now < s.window {
+		return 0
+	}
+	return now - s.window
+}
+
+// drainAll drains every ring and writes out the waiting records stamped
+// before cutoff.
+func (s *Session) drainAll(cutoff uint64) {
+	for _, st := range s.streams {
+		if st.rb != nil {
+			s.drainRingbuf(st, cutoff)
+		} else if st.pr != nil {
+			s.drainPerf(st, cutoff)
+		}
+	}
+}
+
+// drainRingbuf walks st's ring in place. Each record enters the stream's
+// reorder window; when the window is full its oldest record is written.
+// The ring is released once, at the end, up to the oldest record still
+// waiting.
+func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
+	r, w := st.rb, st.win
+	limit := r.cons + r.size // one lap per call, so other rings get their turn
+	for r.cons < limit {
+		prod := r.producer()
+		if r.cons >= prod {
+			break
+		}
+		for {
+			rec, pos, skip, ok := r.next(prod)
+			if !ok {
+				break
+			}
+			if skip {
+				continue
+			}
+			if len(rec) < recHdrLen {
+				st.invalid++
+				continue
+			}
+			if w.full() {
+				s.emit(st, w.pop())
+			}
+			w.push(entry{ts: binary.LittleEndian.Uint64(rec), pos: pos, rec: rec})
+		}
+		if r.busyAt() {
+			break
+		}
+	}
+	s.placeLossesOf(st)
+	for w.n > 0 && w.front().ts <= cutoff {
+		s.emit(st, w.pop())
+	}
+	if p, ok := w.minPos(); ok {
+		r.release(p)
+	} else {
+		r.release(r.cons)
+	}
+}
+
+// placeLosses puts the kernel-side losses counted since the last look
+// into every stream.
+func (s *Session) placeLosses() {
+	for _, st := range s.streams {
+		s.placeLossesOf(st)
+	}
+}
+
+// placeLossesOf puts the kernel-side losses of st's CPUs into its window
+// after the newest record there, so they land where they happened.
+func (s *Session) placeLossesOf(st *stream) {
+	first, last := st.idx, st.idx
+	if s.cfg.Global {
+		first, last = 0, s.ncpu-1
+	}
+	for cpu := first; cpu <= last; cpu++ {
+		lost := atomic.LoadUint64(&s.cpuState(cpu).Lost)
+		if d := lost - s.lostSeen[cpu]; d > 0 {
+			s.lostSeen[cpu] = lost
+			s.pushLoss(st, d)
+		}
+	}
+}
+
+func (s *Session) pushLoss(st *stream, n uint64) {
+	if st.win.full() {
+		s.emit(st, st.win.pop())
+	}
+	st.win.push(entry{ts: st.win.last(), lost: n})
+}
+
+// emit writes one waiting entry into the channel. Records the channel
+// cannot take are counted there (dropped, invalid) and reported in the
+// stream; a record this consumer cannot decode counts as invalid.
+func (s *Session) emit(st *stream, e entry) {
+	if e.rec == nil {
+		_ = s.ch.Discard(st.idx, e.lost)
+		return
+	}
+	rec := e.rec
+	key := binary.LittleEndian.Uint32(rec[8:])
+	n := int(binary.LittleEndian.Uint16(rec[12:]))
+	cpu := int(binary.LittleEndian.Uint16(rec[14:]))
+	if !s.cfg.Global {
+		cpu = st.idx
+	}
+	if recHdrLen+n > len(rec) || uint64(key) >= uint64(len(s.layouts)) || s.layouts[key] == nil {
+		st.invalid++
+		_ = s.ch.Discard(st.idx, 1)
+		return
+	}
+	raw := rec[recHdrLen : recHdrLen+n]
+	l := s.layouts[key]
+	var payload []byte
+	if l.direct {
+		if n < l.fixed {
+			st.invalid++
+			_ = s.ch.Discard(st.idx, 1)
+			return
+		}
+		payload = raw[:l.fixed]
+	} else {
+		var ok bool
+		if st.scratch, ok = l.transcode(st.scratch[:0], raw); !ok {
+			st.invalid++
+			_ = s.ch.Discard(st.idx, 1)
+			return
+		}
+		payload = st.scratch
+	}
+	_ = s.ch.Write(cpu, e.ts, key, payload)
+}
+
+// Close stops recording, detaches every program, drains and writes out
+// what the rings hold, and closes the channel (in overwrite mode writing
+// the retained sub-buffers). It is idempotent; later calls return the
+// first call's result.
+func (s *Session) Close() error {
+	s.closeOnce.Do(func() {
+		var errs []error
+		if s.running != nil {
+			if err := s.running.Set(uint32(0)); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, l := range s.links {
+			if err := l.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		s.links = nil
+		if s.cmds != nil && s.epfd >= 0 && s.isLooping() {
+			errs = append(errs, s.do(func() error {
+				s.drainAll(^uint64(0))
+				return nil
+			}))
+			_ = s.do(nil)
+		}
+		if s.loopErr != nil {
+			errs = append(errs, s.loopErr)
+		}
+		if s.ch != nil {
+			errs = append(errs, s.ch.Close())
+		}
+		s.release()
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
+
+func (s *Session) isLooping() bool {
+	select {
+	case <-s.done:
+		return false
+	default:
+		return s.looping.Load()
+	}
+}
+
+// release frees kernel objects and mappings.
+func (s *Session) release() {
+	for _, l := range s.links {
+		_ = l.Close()
+	}
+	s.links = nil
+	for _, st := range s.streams {
+		if st.rb != nil {
+			st.rb.close()
+		}
+		if st.pr != nil {
+			st.pr.close()
+		}
+	}
+	for _, m := range s.rings {
+		_ = m.Close()
+	}
+	s.rings = nil
+	if s.stateMem != nil {
+		_ = unix.Munmap(s.stateMem)
+		s.stateMem = nil
+	}
+	if s.coll != nil {
+		s.coll.Close()
+		s.coll = nil
+	}
+	if s.epfd >= 0 {
+		_ = unix.Close(s.epfd)
+		s.epfd = -1
+	}
+	if s.evfd >= 0 {
+		_ = unix.Close(s.evfd)
+		s.evfd = -1
+	}
+}

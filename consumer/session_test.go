@@ -1,0 +1,235 @@
+package consumer
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// The test binary doubles as the traced child: with KC_CHILD set it prints
+// its thread id, waits for a line on stdin, runs the named load and exits.
+func TestMain(m *testing.M) {
+	if mode := os.Getenv("KC_CHILD"); mode != "" {
+		os.Exit(child(mode))
+	}
+	os.Exit(m.Run())
+}
+
+func child(mode string) int {
+	runtime.LockOSThread()
+	n, _ := strconv.Atoi(os.Getenv("KC_CHILD_N"))
+	fmt.Println(unix.Gettid())
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return 3
+	}
+	switch mode {
+	case "getpid":
+		for i := 0; i < n; i++ {
+			syscall.Getpid()
+		}
+	default:
+		return 4
+	}
+	return 0
+}
+
+// tracedChild starts the helper child; it runs its load when go is called.
+type tracedChild struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	tid   int
+}
+
+func startChild(t *testing.T, mode string, n int) *tracedChild {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	// No async preemption or GC: the Go runtime must make no syscall that
+	// the test counts.
+	cmd.Env = append(os.Environ(), "KC_CHILD="+mode, "KC_CHILD_N="+strconv.Itoa(n), "GODEBUG=asyncpreemptoff=1", "GOGC=off")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	tid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("child said %q", line)
+	}
+	return &tracedChild{cmd: cmd, stdin: stdin, tid: tid}
+}
+
+func (c *tracedChild) run(t *testing.T) {
+	t.Helper()
+	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+}
+
+// newTestSession starts a session into a fresh directory; Close runs at
+// cleanup if the test did not close it.
+func newTestSession(t *testing.T, cfg Config) (*Session, string) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	if cfg.Dir == "" && cfg.Sink == nil {
+		cfg.Dir = t.TempDir()
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s, cfg.Dir
+}
+
+// countEvents reads dir with our reader: events by name and discarded.
+func countEvents(t *testing.T, dir string) (map[string]int, uint64) {
+	t.Helper()
+	tr, err := relayfmt.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := tr.Merge()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	counts := map[string]int{}
+	var lost uint64
+	var last uint64
+	for m.Next() {
+		it := m.Item()
+		if it.Time < last {
+			t.Fatalf("merged trace goes back in time: %d after %d", it.Time, last)
+		}
+		last = it.Time
+		if it.Kind == relayfmt.DiscardedEvents {
+			lost += it.Count
+			continue
+		}
+		if it.Kind == relayfmt.EventItem {
+			counts[it.Class.Name]++
+		}
+	}
+	if err := m.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return counts, lost
+}
+
+func transports(t *testing.T) []Transport {
+	out := []Transport{Perf}
+	if _, err := chooseTransport(Ringbuf); err == nil {
+		out = append(out, Ringbuf)
+	} else if kernelAtLeast(t, 5, 8) {
+		t.Fatalf("kernel 5.8+ without BPF ring buffers: %v", err)
+	}
+	return out
+}
+
+func kernelAtLeast(t *testing.T, major, minor int) bool {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var a, b int
+	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &a, &b)
+	return a > major || a == major && b >= minor
+}
+
+// TestGetpidExact: a child making exactly N getpid calls, filtered to its
+// thread, gives exactly N events, by our reader and by babeltrace2.
+func TestGetpidExact(t *testing.T) {
+	testenv.RequireRoot(t)
+	const n = 5000
+	for _, tr := range transports(t) {
+		t.Run(tr.String(), func(t *testing.T) {
+			c := startChild(t, "getpid", n)
+			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Transport: tr})
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			c.run(t)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			counts, lost := countEvents(t, dir)
+			if counts["syscalls:sys_enter_getpid"] != n || lost != 0 {
+				t.Fatalf("our reader: %v, %d lost; want %d events", counts, lost, n)
+			}
+			lines, discards := testenv.RunBT2(t, dir)
+			got := 0
+			for _, l := range lines {
+				if strings.Contains(l, "syscalls:sys_enter_getpid:") && strings.Contains(l, "common_pid = "+strconv.Itoa(c.tid)) {
+					got++
+				}
+			}
+			if got != n || len(lines) != n || len(discards) != 0 {
+				t.Fatalf("babeltrace2: %d matching of %d lines, discards %v; want %d\nfirst: %q", got, len(lines), discards, n, lines[0])
+			}
+		})
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	cases := map[string]Config{
+		"no events":     {Dir: dir},
+		"unknown event": {Dir: dir, Events: []string{"nosuch:event"}},
+		"bad pattern":   {Dir: dir, Events: []string{"sched:["}},
+		"ring size":     {Dir: dir, Events: []string{"sched:sched_switch"}, RingSize: 12345},
+		"subbuf size":   {Dir: dir, Events: []string{"sched:sched_switch"}, SubbufSize: 1000},
+		"one subbuf":    {Dir: dir, Events: []string{"sched:sched_switch"}, NSubbufs: 1},
+		"pid":           {Dir: dir, Events: []string{"sched:sched_switch"}, PIDs: []int{-1}},
+		"comm":          {Dir: dir, Events: []string{"sched:sched_switch"}, Comms: []string{"0123456789abcdefg"}},
+		"cgroup":        {Dir: dir, Events: []string{"sched:sched_switch"}, Cgroup: "/proc"},
+		"latency":       {Dir: dir, Events: []string{"sched:sched_switch"}, Latency: 10},
+		"no dir":        {Events: []string{"sched:sched_switch"}},
+		"global perf":   {Dir: dir, Events: []string{"sched:sched_switch"}, Global: true, Transport: Perf},
+	}
+	for name, cfg := range cases {
+		s, err := New(cfg)
+		if err == nil {
+			s.Close()
+			t.Errorf("%s: no error", name)
+			continue
+		}
+		if !errors.Is(err, ErrConfig) && !errors.Is(err, ErrUnknownEvent) {
+			t.Errorf("%s: error %v is neither ErrConfig nor ErrUnknownEvent", name, err)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Fatalf("%s: failed session left files: %v", name, entries)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("failed sessions left files: %v", entries)
+	}
+}

@@ -1,0 +1,131 @@
+package tracefs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/prometheus/procfs"
+)
+
+// FS is a mounted tracefs.
+type FS struct {
+	Root string
+}
+
+// ErrNotMounted is returned by Find when no tracefs is mounted.
+var ErrNotMounted = errors.New("tracefs is not mounted (mount -t tracefs tracefs /sys/kernel/tracing)")
+
+// Find returns the mounted tracefs: a tracefs mount, or the tracing
+// directory of a debugfs mount on kernels that only have that. It fails
+// with ErrNotMounted when there is neither.
+func Find() (FS, error) {
+	mounts, err := procfs.GetMounts()
+	if err != nil {
+		return FS{}, fmt.Errorf("tracefs: reading mounts: %w", err)
+	}
+	var debugfs string
+	for _, m := range mounts {
+		switch m.FSType {
+		case "tracefs":
+			if ok(m.MountPoint) {
+				return FS{Root: m.MountPoint}, nil
+			}
+		case "debugfs":
+			if debugfs == "" && ok(filepath.Join(m.MountPoint, "tracing")) {
+				debugfs = filepath.Join(m.MountPoint, "tracing")
+			}
+		}
+	}
+	if debugfs != "" {
+		return FS{Root: debugfs}, nil
+	}
+	return FS{}, ErrNotMounted
+}
+
+func ok(root string) bool {
+	_, err := os.Stat(filepath.Join(root, "events"))
+	return err == nil
+}
+
+// Event names one trace event.
+type Event struct{ System, Name string }
+
+// String returns "system:name".
+func (e Event) String() string { return e.System + ":" + e.Name }
+
+// ParseEvent splits "system:name". Either part may be a glob (path.Match
+// syntax); a bare name matches that name in every system.
+func ParseEvent(s string) (Event, error) {
+	sys, name, found := strings.Cut(s, ":")
+	if !found {
+		sys, name = "*", s
+	}
+	if name == "" || sys == "" {
+		return Event{}, fmt.Errorf("event %q: want system:name", s)
+	}
+	for _, p := range []string{sys, name} {
+		if strings.ContainsAny(p, "/") {
+			return Event{}, fmt.Errorf("event %q: bad character '/'", s)
+		}
+		if _, err := path.Match(p, ""); err != nil {
+			return Event{}, fmt.Errorf("event %q: bad pattern: %w", s, err)
+		}
+	}
+	return Event{System: sys, Name: name}, nil
+}
+
+// Events returns the events matching pattern ("sched:sched_switch",
+// "sched:*", "*:sys_enter_get*", "sched_switch"), sorted. A pattern that
+// matches nothing returns no events and no error.
+func (fs FS) Events(pattern string) ([]Event, error) {
+	p, err := ParseEvent(pattern)
+	if err != nil {
+		return nil, err
+	}
+	systems, err := os.ReadDir(filepath.Join(fs.Root, "events"))
+	if err != nil {
+		return nil, fmt.Errorf("tracefs: %w", err)
+	}
+	var out []Event
+	for _, s := range systems {
+		if !s.IsDir() {
+			continue
+		}
+		if m, _ := path.Match(p.System, s.Name()); !m {
+			continue
+		}
+		evs, err := os.ReadDir(filepath.Join(fs.Root, "events", s.Name()))
+		if err != nil {
+			return nil, fmt.Errorf("tracefs: %w", err)
+		}
+		for _, e := range evs {
+			if !e.IsDir() {
+				continue
+			}
+			if m, _ := path.Match(p.Name, e.Name()); m {
+				out = append(out, Event{System: s.Name(), Name: e.Name()})
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].System != out[j].System {
+			return out[i].System < out[j].System
+		}
+		return out[i].Name < out[j].Name
+	})
+	return out, nil
+}
+
+// Format reads and parses the format file of e.
+func (fs FS) Format(e Event) (*Format, error) {
+	data, err := os.ReadFile(filepath.Join(fs.Root, "events", e.System, e.Name, "format"))
+	if err != nil {
+		return nil, fmt.Errorf("tracefs: event %s: %w", e, err)
+	}
+	return ParseFormat(e.System, data)
+}

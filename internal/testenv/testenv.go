@@ -1,0 +1,79 @@
+// Package testenv holds what tests of several packages need from the
+// machine: root with BPF, tracefs, and babeltrace2 as the independent
+// reader of our traces. Without KCONSUME_STRICT (set by make test) a
+// missing requirement skips the test; with it, it fails.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// Strict reports whether missing requirements fail tests (make test).
+func Strict() bool { return os.Getenv("KCONSUME_STRICT") != "" }
+
+// Missing skips t, or fails it in strict mode, with the reason.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if Strict() {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// RequireRoot skips or fails t unless it runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Missing(t, "needs root (BPF, tracefs): run make test as root")
+	}
+}
+
+// BT2 returns babeltrace2's path, skipping or failing t without it.
+func BT2(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath("babeltrace2")
+	if err != nil {
+		Missing(t, "babeltrace2 is required (apt-get install babeltrace2): %v", err)
+	}
+	return p
+}
+
+var bt2Discard = regexp.MustCompile(`discarded (\d+) (events|packets) between \[([0-9:.]+)\] and \[([0-9:.]+)\] .*within stream "([^"]+)"`)
+
+// Discard is one "discarded N events/packets" warning of babeltrace2.
+type Discard struct {
+	Count      int
+	Kind       string // "events" or "packets"
+	Begin, End string // time of day, UTC
+	Stream     string // file name
+}
+
+// RunBT2 runs babeltrace2 on dir (cycles, no delta, UTC) and returns its
+// event lines and its discard warnings. A babeltrace2 error fails t.
+func RunBT2(t testing.TB, dir string) (lines []string, discards []Discard) {
+	t.Helper()
+	cmd := exec.Command(BT2(t), "--clock-cycles", "--no-delta", "--clock-gmt", dir)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("babeltrace2 %s: %v\n%s", dir, err, stderr.String())
+	}
+	for _, m := range bt2Discard.FindAllStringSubmatch(stderr.String(), -1) {
+		var n int
+		fmt.Sscan(m[1], &n)
+		discards = append(discards, Discard{Count: n, Kind: m[2], Begin: m[3], End: m[4], Stream: filepath.Base(m[5])})
+	}
+	lines = strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	if len(lines) == 1 && lines[0] == "" {
+		lines = nil
+	}
+	return lines, discards
+}
