@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * kconsume.bpf.c: the generic tracepoint recorder. One program is attached
- * to every requested tracepoint; it finds the event's layout by the record's
- * common_type (the trace event id, include/linux/trace_events.h:struct
- * trace_entry) and copies the whole record, common fields and the dynamic
- * area behind __data_loc/__rel_loc fields included, into the ring.
+ * kconsume.bpf.c: the generic tracepoint recorder. It copies the whole
+ * trace record, the dynamic area behind __data_loc/__rel_loc fields
+ * included, into the ring.
+ *
+ * The record cannot tell which event it is: before BPF runs, the kernel
+ * overwrites its first 8 bytes, the common fields, with a pt_regs pointer
+ * (kernel/trace/trace_event_perf.c:perf_trace_run_bpf_submit, and
+ * kernel/trace/trace_syscalls.c:perf_call_bpf_enter for syscalls). So each
+ * attachment carries its event's key: the attach cookie on Linux 5.15+, or
+ * on older kernels a copy of the program per event whose key constant the
+ * loader patches (KC_KEY_PLACEHOLDER).
  */
 #include "kconsume.h"
 #include "filter.h"
@@ -19,43 +25,52 @@
  * its length (include/trace/stages/stage5_get_offsets.h).
  */
 struct kc_tp_info {
-	__u32 key;  /* class key written into kc_rec.key */
-	__u16 id;   /* trace event id (common_type) */
+	__u16 id;   /* trace event id, written back as common_type */
 	__u16 size; /* bytes of the fixed part, common fields included */
 	__u16 ndyn; /* entries used in dyn */
 	__u16 dyn[KC_MAX_DYN]; /* field offsets, KC_DYN_REL set for __rel_loc */
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1); /* set to the number of attached tracepoints */
-	__type(key, __u32);     /* trace event id, or a KC_KEY_SYSCALL key */
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* set to the number of events at load */
+	__type(key, __u32);     /* event key: the relayfmt class id */
 	__type(value, struct kc_tp_info);
 } kc_tp_info_map SEC(".maps");
 
-/* Keys of syscall events in kc_tp_info_map, apart from trace event ids. */
-#define KC_KEY_SYSCALL (1u << 31)
-#define KC_KEY_EXIT (1u << 30)
+/* Use bpf_get_attach_cookie (5.15+) for the event key. */
+const volatile __u32 kc_use_cookie = 0;
 
-/*
- * kc_record copies the trace record at ctx. For syscall events the kernel
- * hands BPF a record whose first 8 bytes hold a pt_regs pointer instead of
- * the common fields (kernel/trace/trace_syscalls.c:perf_call_bpf_enter), so
- * they are rebuilt: common_type from the event, common_pid from the task;
- * common_flags and common_preempt_count are not known there and read 0.
- */
-static __always_inline int kc_record(void *ctx, __u32 tkey, int syscall)
+/* The loader replaces this 64-bit immediate by the event's key. */
+#define KC_KEY_PLACEHOLDER 0x6b634b4559ULL
+
+static __always_inline __u32 kc_event_key(void *ctx)
 {
+	__u64 key;
+
+	if (kc_use_cookie)
+		return bpf_get_attach_cookie(ctx);
+	asm volatile("%0 = 0x6b634b4559 ll" : "=r"(key));
+	return key;
+}
+
+SEC("tracepoint")
+int kc_tracepoint(void *ctx)
+{
+	struct trace_entry *ent;
 	struct kc_cpu_state *st;
 	struct kc_scratch *s;
 	struct kc_tp_info *info;
-	__u32 size;
+	__u32 key, size;
 	int i;
 
-	info = bpf_map_lookup_elem(&kc_tp_info_map, &tkey);
+	if (!kc_running || !kc_pass())
+		return 0;
+	key = kc_event_key(ctx);
+	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	if (!info)
 		return 0;
-	s = kc_emit_begin(info->key, &st);
+	s = kc_emit_begin(key, &st);
 	if (!s)
 		return 0;
 	size = info->size;
@@ -82,54 +97,17 @@ static __always_inline int kc_record(void *ctx, __u32 tkey, int syscall)
 	barrier_var(size);
 	size &= KC_PAYLOAD_MASK;
 	bpf_probe_read_kernel(s->data, size, ctx);
-	if (syscall) {
-		struct trace_entry *ent = (void *)s->data;
-
-		ent->type = info->id;
-		ent->flags = 0;
-		ent->preempt_count = 0;
-		ent->pid = (__u32)bpf_get_current_pid_tgid();
-	}
+	/*
+	 * Rebuild the common fields that can be known here; common_flags and
+	 * common_preempt_count cannot, and the consumer leaves them out.
+	 */
+	ent = (void *)s->data;
+	ent->type = info->id;
+	ent->flags = 0;
+	ent->preempt_count = 0;
+	ent->pid = (__u32)bpf_get_current_pid_tgid();
 	kc_emit_end(ctx, s, st, size);
 	return 0;
-}
-
-SEC("tracepoint")
-int kc_tracepoint(void *ctx)
-{
-	__u16 type = 0;
-
-	if (!kc_running || !kc_pass())
-		return 0;
-	bpf_probe_read_kernel(&type, sizeof(type), ctx);
-	return kc_record(ctx, type, 0);
-}
-
-/*
- * struct syscall_tp_t of perf_call_bpf_enter/exit: the nr follows the regs.
- * Only these 12 bytes may be read directly: attaching fails with EACCES
- * when a program reads past the event's fields (perf_event_set_bpf_prog),
- * and getpid has no field after the nr.
- */
-struct kc_syscall_ctx {
-	__u64 regs;
-	__s32 nr;
-};
-
-SEC("tracepoint")
-int kc_sys_enter(struct kc_syscall_ctx *ctx)
-{
-	if (!kc_running || !kc_pass())
-		return 0;
-	return kc_record(ctx, KC_KEY_SYSCALL | (__u32)ctx->nr, 1);
-}
-
-SEC("tracepoint")
-int kc_sys_exit(struct kc_syscall_ctx *ctx)
-{
-	if (!kc_running || !kc_pass())
-		return 0;
-	return kc_record(ctx, KC_KEY_SYSCALL | KC_KEY_EXIT | (__u32)ctx->nr, 1);
 }
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

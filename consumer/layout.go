@@ -38,6 +38,11 @@ type op struct {
 	elem int // seq: element size
 }
 
+// unknowable are the common fields BPF cannot see: the kernel overwrites
+// them before the program runs (see bpf/kconsume.bpf.c). The recorder
+// rebuilds common_type and common_pid.
+var unknowable = map[string]bool{"common_flags": true, "common_preempt_count": true}
+
 // maxDyn mirrors KC_MAX_DYN in bpf/kconsume.bpf.c.
 const maxDyn = 8
 
@@ -49,6 +54,9 @@ const dynRel = 0x8000
 func newLayout(f *tracefs.Format) (*layout, error) {
 	l := &layout{name: f.FullName(), fixed: f.FixedSize()}
 	for _, fl := range f.All() {
+		if unknowable[fl.Name] {
+			continue
+		}
 		switch fl.Loc {
 		case tracefs.Inline:
 			l.fields = append(l.fields, inlineField(fl))

@@ -266,8 +266,15 @@ func (s *Session) drainPerf(st *stream, cutoff uint64) {
 			s.emit(st, w.pop())
 		}
 		if raw == nil {
+			// perf's count is a subset of the recorder's own lost counter
+			// (every failed bpf_perf_event_output is counted there too),
+			// which placeLossesOf may have placed already: place only what
+			// is new, here, where perf says it happened.
 			p.lost += lost
-			w.push(entry{ts: w.last(), lost: lost})
+			if p.lost > s.lostSeen[p.cpu] {
+				w.push(entry{ts: w.last(), lost: p.lost - s.lostSeen[p.cpu]})
+				s.lostSeen[p.cpu] = p.lost
+			}
 			continue
 		}
 		if len(raw) < recHdrLen {

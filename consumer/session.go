@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,7 +46,8 @@ var (
 type CPUStats struct {
 	CPU int
 	// Emitted records left the BPF program into the ring; KernelLost
-	// failed to (ring full); PerfLost were reported lost by perf.
+	// failed to (ring full). PerfLost is the part of KernelLost that perf
+	// also reported with lost records (perf transport).
 	Emitted    uint64
 	KernelLost uint64
 	PerfLost   uint64
@@ -59,7 +61,7 @@ type CPUStats struct {
 
 // Discarded returns the records of this CPU lost at any layer.
 func (s CPUStats) Discarded() uint64 {
-	return s.KernelLost + s.PerfLost + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
+	return s.KernelLost + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
 }
 
 // stream is one output stream and the state of draining into it.
@@ -102,6 +104,7 @@ type Session struct {
 	started   atomic.Bool
 	looping   atomic.Bool
 	online    []bool // perf: CPUs online at the last hotplug check
+	useCookie bool   // event keys come from attach cookies
 	lastPlug  time.Time
 }
 
@@ -135,7 +138,7 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	s, err := newSession(cfg)
+	s, err := newSession(cfg, len(formats))
 	if err != nil {
 		return nil, err
 	}
@@ -183,9 +186,9 @@ func resolveEvents(fs tracefs.FS, patterns []string) ([]*tracefs.Format, error) 
 	return out, nil
 }
 
-// newSession loads the BPF objects and maps the rings; no event is
-// attached yet.
-func newSession(cfg Config) (_ *Session, err error) {
+// newSession loads the BPF objects for nevents events and maps the rings;
+// no event is attached yet.
+func newSession(cfg Config, nevents int) (_ *Session, err error) {
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
@@ -206,7 +209,7 @@ func newSession(cfg Config) (_ *Session, err error) {
 	if s.clockID, err = checkClock(cfg.Clock); err != nil {
 		return nil, err
 	}
-	if err := s.load(); err != nil {
+	if err := s.load(nevents); err != nil {
 		return nil, err
 	}
 	if err := s.openRings(); err != nil {
@@ -298,8 +301,18 @@ func clockDesc(c Clock, id int32) relayfmt.Clock {
 	return relayfmt.Clock{Name: names[c], Description: "kernel " + names[c] + " clock", Offset: off}
 }
 
-// load creates the maps and the program of the chosen transport.
-func (s *Session) load() error {
+// noCookie makes the loader patch a program copy per event even where the
+// kernel has attach cookies, so tests exercise both ways on one kernel.
+var noCookie = false
+
+// keyPlaceholder is KC_KEY_PLACEHOLDER of bpf/kconsume.bpf.c.
+const keyPlaceholder = 0x6b634b4559
+
+// load creates the maps and the programs of the chosen transport for
+// nevents events: one program told each event's key by the attach cookie,
+// or on kernels before 5.15 one program copy per event with its key
+// patched in.
+func (s *Session) load(nevents int) error {
 	var spec *ebpf.CollectionSpec
 	var err error
 	if s.transport == Perf {
@@ -312,7 +325,19 @@ func (s *Session) load() error {
 	}
 	cfg := s.cfg
 	spec.Maps[gen.RingbufMapKcState].MaxEntries = uint32(s.ncpu)
-	spec.Maps[gen.RingbufMapKcTpInfoMap].MaxEntries = 4096
+	spec.Maps[gen.RingbufMapKcTpInfoMap].MaxEntries = uint32(max(nevents, 1))
+	s.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
+	if !s.useCookie {
+		base := spec.Programs[gen.RingbufProgKcTracepoint]
+		delete(spec.Programs, gen.RingbufProgKcTracepoint)
+		for i := 0; i < nevents; i++ {
+			ps, err := patchKey(base, uint32(i))
+			if err != nil {
+				return err
+			}
+			spec.Programs[ps.Name] = ps
+		}
+	}
 	if s.transport == Ringbuf {
 		rings := spec.Maps[gen.RingbufMapKcRings]
 		rings.MaxEntries = uint32(s.ncpu)
@@ -326,6 +351,7 @@ func (s *Session) load() error {
 		gen.RingbufVarKcFilterPid:    boolU32(len(cfg.PIDs) > 0),
 		gen.RingbufVarKcFilterCgroup: boolU32(cfg.Cgroup != ""),
 		gen.RingbufVarKcFilterComm:   boolU32(len(cfg.Comms) > 0),
+		gen.RingbufVarKcUseCookie:    boolU32(s.useCookie),
 	}
 	if s.transport == Ringbuf {
 		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
@@ -347,6 +373,25 @@ func (s *Session) load() error {
 	}
 	s.lostSeen = make([]uint64, s.ncpu)
 	return s.setFilters()
+}
+
+// patchKey returns a copy of the recorder program with key in place of
+// its one KC_KEY_PLACEHOLDER immediate.
+func patchKey(base *ebpf.ProgramSpec, key uint32) (*ebpf.ProgramSpec, error) {
+	ps := base.Copy()
+	ps.Name = "kc_tp_" + strconv.Itoa(int(key))
+	n := 0
+	for i := range ps.Instructions {
+		ins := &ps.Instructions[i]
+		if ins.OpCode.IsDWordLoad() && ins.Constant == keyPlaceholder && ins.Reference() == "" {
+			ins.Constant = int64(key)
+			n++
+		}
+	}
+	if n != 1 {
+		return nil, fmt.Errorf("recorder program has %d key placeholders, want 1", n)
+	}
+	return ps, nil
 }
 
 func boolU32(b bool) uint32 {
@@ -452,36 +497,33 @@ func (s *Session) watch(fd, stream int) error {
 }
 
 // addTracepoints defines a class per event, tells the recorder each
-// event's layout and attaches it.
+// event's layout and attaches it; event i gets key i, its class id.
 func (s *Session) addTracepoints(formats []*tracefs.Format) error {
 	info := s.coll.Maps[gen.RingbufMapKcTpInfoMap]
-	for _, f := range formats {
+	for i, f := range formats {
 		l, err := newLayout(f)
 		if err != nil {
 			return err
-		}
-		prog, key := s.coll.Programs[gen.RingbufProgKcTracepoint], f.ID
-		sysKey, exit, isSys, err := syscallEvent(f)
-		if err != nil {
-			return err
-		}
-		if isSys {
-			key, prog = sysKey, s.coll.Programs[gen.RingbufProgKcSysEnter]
-			if exit {
-				prog = s.coll.Programs[gen.RingbufProgKcSysExit]
-			}
 		}
 		cls, err := s.ch.AddEventClass(f.FullName(), l.fields)
 		if err != nil {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
 		}
+		if cls.ID != uint32(i) {
+			return fmt.Errorf("event %s: class id %d, want %d", f.FullName(), cls.ID, i)
+		}
 		s.setLayout(cls.ID, l)
-		ti := gen.RingbufKcTpInfo{Key: cls.ID, Id: uint16(f.ID), Size: uint16(l.fixed), Ndyn: uint16(len(l.dyn))}
+		ti := gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(l.fixed), Ndyn: uint16(len(l.dyn))}
 		copy(ti.Dyn[:], l.dyn)
-		if err := info.Put(key, ti); err != nil {
+		if err := info.Put(uint32(i), ti); err != nil {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
 		}
-		lk, err := link.Tracepoint(f.System, f.Name, prog, nil)
+		var lk link.Link
+		if s.useCookie {
+			lk, err = link.Tracepoint(f.System, f.Name, s.coll.Programs[gen.RingbufProgKcTracepoint], &link.TracepointOptions{Cookie: uint64(i)})
+		} else {
+			lk, err = link.Tracepoint(f.System, f.Name, s.coll.Programs["kc_tp_"+strconv.Itoa(i)], nil)
+		}
 		if err != nil {
 			return fmt.Errorf("attaching to %s: %w", f.FullName(), err)
 		}

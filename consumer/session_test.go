@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -28,9 +30,20 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// closeBase is the first fd the "close" child closes: far above any open
+// fd, so each close fails fast with EBADF and its fd argument numbers the
+// event.
+const closeBase = 1 << 20
+
+// childComm is the command name the child gives itself.
+const childComm = "kc-test-child"
+
 func child(mode string) int {
 	runtime.LockOSThread()
 	n, _ := strconv.Atoi(os.Getenv("KC_CHILD_N"))
+	if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&append([]byte(childComm), 0)[0])), 0, 0, 0); err != nil {
+		return 5
+	}
 	fmt.Println(unix.Gettid())
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return 3
@@ -39,6 +52,14 @@ func child(mode string) int {
 	case "getpid":
 		for i := 0; i < n; i++ {
 			syscall.Getpid()
+		}
+	case "close":
+		for i := 0; i < n; i++ {
+			_ = unix.Close(closeBase + i)
+		}
+	case "sleep":
+		for i := 0; i < n; i++ {
+			time.Sleep(time.Millisecond)
 		}
 	default:
 		return 4
@@ -169,10 +190,28 @@ func kernelAtLeast(t *testing.T, major, minor int) bool {
 func TestGetpidExact(t *testing.T) {
 	testenv.RequireRoot(t)
 	const n = 5000
+	type variant struct {
+		name     string
+		tr       Transport
+		global   bool
+		noCookie bool
+	}
+	var vs []variant
 	for _, tr := range transports(t) {
-		t.Run(tr.String(), func(t *testing.T) {
+		vs = append(vs, variant{tr.String(), tr, false, false}, variant{tr.String() + "/patched", tr, false, true})
+		if tr == Ringbuf {
+			vs = append(vs, variant{"ringbuf/global", tr, true, false})
+		}
+	}
+	for _, v := range vs {
+		t.Run(v.name, func(t *testing.T) {
+			noCookie = v.noCookie
+			defer func() { noCookie = false }()
 			c := startChild(t, "getpid", n)
-			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Transport: tr})
+			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Transport: v.tr, Global: v.global})
+			if s.useCookie == v.noCookie && kernelAtLeast(t, 5, 15) {
+				t.Fatalf("useCookie %v on a 5.15+ kernel with noCookie %v", s.useCookie, v.noCookie)
+			}
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
 			}

@@ -41,12 +41,10 @@ type PerfKcScratch struct {
 
 type PerfKcTpInfo struct {
 	_    structs.HostLayout
-	Key  uint32
 	Id   uint16
 	Size uint16
 	Ndyn uint16
 	Dyn  [8]uint16
-	_    [2]byte
 }
 
 // Names of all BPF objects in the ELF.
@@ -60,8 +58,6 @@ const (
 	PerfMapKcScratchMap   = "kc_scratch_map"
 	PerfMapKcState        = "kc_state"
 	PerfMapKcTpInfoMap    = "kc_tp_info_map"
-	PerfProgKcSysEnter    = "kc_sys_enter"
-	PerfProgKcSysExit     = "kc_sys_exit"
 	PerfProgKcTracepoint  = "kc_tracepoint"
 	PerfVarKcClock        = "kc_clock"
 	PerfVarKcFilterCgroup = "kc_filter_cgroup"
@@ -69,6 +65,7 @@ const (
 	PerfVarKcFilterPid    = "kc_filter_pid"
 	PerfVarKcGlobal       = "kc_global"
 	PerfVarKcRunning      = "kc_running"
+	PerfVarKcUseCookie    = "kc_use_cookie"
 	PerfVarKcWakeupBytes  = "kc_wakeup_bytes"
 )
 
@@ -114,8 +111,6 @@ type PerfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type PerfProgramSpecs struct {
-	KcSysEnter   *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
-	KcSysExit    *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
 	KcTracepoint *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
@@ -142,6 +137,7 @@ type PerfVariableSpecs struct {
 	KcFilterPid    *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 }
 
@@ -196,6 +192,7 @@ type PerfVariables struct {
 	KcFilterPid    *ebpf.Variable `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
+	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 }
 
@@ -203,15 +200,11 @@ type PerfVariables struct {
 //
 // It can be passed to LoadPerfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type PerfPrograms struct {
-	KcSysEnter   *ebpf.Program `ebpf:"kc_sys_enter"`
-	KcSysExit    *ebpf.Program `ebpf:"kc_sys_exit"`
 	KcTracepoint *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
 func (p *PerfPrograms) Close() error {
 	return _PerfClose(
-		p.KcSysEnter,
-		p.KcSysExit,
 		p.KcTracepoint,
 	)
 }

@@ -43,12 +43,10 @@ type RingbufKcScratch struct {
 
 type RingbufKcTpInfo struct {
 	_    structs.HostLayout
-	Key  uint32
 	Id   uint16
 	Size uint16
 	Ndyn uint16
 	Dyn  [8]uint16
-	_    [2]byte
 }
 
 // Names of all BPF objects in the ELF.
@@ -62,8 +60,6 @@ const (
 	RingbufMapKcScratchMap   = "kc_scratch_map"
 	RingbufMapKcState        = "kc_state"
 	RingbufMapKcTpInfoMap    = "kc_tp_info_map"
-	RingbufProgKcSysEnter    = "kc_sys_enter"
-	RingbufProgKcSysExit     = "kc_sys_exit"
 	RingbufProgKcTracepoint  = "kc_tracepoint"
 	RingbufVarKcClock        = "kc_clock"
 	RingbufVarKcFilterCgroup = "kc_filter_cgroup"
@@ -71,6 +67,7 @@ const (
 	RingbufVarKcFilterPid    = "kc_filter_pid"
 	RingbufVarKcGlobal       = "kc_global"
 	RingbufVarKcRunning      = "kc_running"
+	RingbufVarKcUseCookie    = "kc_use_cookie"
 	RingbufVarKcWakeupBytes  = "kc_wakeup_bytes"
 )
 
@@ -116,8 +113,6 @@ type RingbufSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufProgramSpecs struct {
-	KcSysEnter   *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
-	KcSysExit    *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
 	KcTracepoint *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
@@ -144,6 +139,7 @@ type RingbufVariableSpecs struct {
 	KcFilterPid    *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 }
 
@@ -198,6 +194,7 @@ type RingbufVariables struct {
 	KcFilterPid    *ebpf.Variable `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
+	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 }
 
@@ -205,15 +202,11 @@ type RingbufVariables struct {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufPrograms struct {
-	KcSysEnter   *ebpf.Program `ebpf:"kc_sys_enter"`
-	KcSysExit    *ebpf.Program `ebpf:"kc_sys_exit"`
 	KcTracepoint *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
 func (p *RingbufPrograms) Close() error {
 	return _RingbufClose(
-		p.KcSysEnter,
-		p.KcSysExit,
 		p.KcTracepoint,
 	)
 }
