@@ -104,6 +104,25 @@ struct {
 } kc_rings SEC(".maps");
 #endif
 
+#ifndef KC_PERF
+/*
+ * kc_wakeup_flags returns the submit flags for a record of size bytes:
+ * wake the consumer only when this record makes the unread data cross the
+ * watermark, one wakeup per batch and never one per record (by default the
+ * kernel wakes on every record written into a ring the consumer had caught
+ * up with, kernel/bpf/ringbuf.c:bpf_ringbuf_commit). Below the watermark
+ * the consumer's latency timer picks the data up.
+ */
+static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size)
+{
+	__u64 avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
+
+	if (avail < kc_wakeup_bytes && avail + size + 8 >= kc_wakeup_bytes)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+#endif
+
 static __always_inline __u64 kc_now(void)
 {
 	if (kc_clock == KC_CLOCK_TAI)
@@ -160,23 +179,11 @@ static __always_inline long kc_emit_end(void *ctx, struct kc_scratch *s, struct 
 	{
 		__u32 idx = kc_global ? 0 : s->hdr.cpu;
 		void *ring = bpf_map_lookup_elem(&kc_rings, &idx);
-		__u64 flags = BPF_RB_NO_WAKEUP, avail;
-
 		if (!ring) {
 			st->lost++;
 			return -2; /* -ENOENT: no ring for this CPU */
 		}
-		/*
-		 * Wake the consumer only when this record makes the unread data
-		 * cross the watermark: one wakeup per batch, never one per record
-		 * (the default wakes on every record written into an empty ring,
-		 * kernel/bpf/ringbuf.c:bpf_ringbuf_commit). Below the watermark
-		 * the consumer's latency timer picks the data up.
-		 */
-		avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
-		if (avail < kc_wakeup_bytes && avail + size + 8 >= kc_wakeup_bytes)
-			flags = BPF_RB_FORCE_WAKEUP;
-		err = bpf_ringbuf_output(ring, s, size, flags);
+		err = bpf_ringbuf_output(ring, s, size, kc_wakeup_flags(ring, size));
 	}
 #endif
 	if (err)

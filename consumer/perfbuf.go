@@ -91,48 +91,49 @@ func (p *perfRing) head() uint64 { return atomic.LoadUint64(p.headPtr()) }
 // release hands ring space before pos back to the kernel.
 func (p *perfRing) release(pos uint64) { atomic.StoreUint64(p.tailPtr(), pos) }
 
-// next returns the record at the tail and moves past it: a sample's raw
-// bytes, or the count of a lost record; ok is false at head.
-func (p *perfRing) next(head uint64) (raw []byte, lost uint64, pos uint64, ok bool) {
+// next returns the record at the tail and moves past it: where a sample's
+// raw bytes start (in data, or with wrapBit in a wrap copy) and their
+// length, or the count of a lost record; ok is false at head.
+func (p *perfRing) next(head uint64) (off, n uint32, lost, pos uint64, ok bool) {
 	for p.tail+8 <= head {
 		pos = p.tail
-		off := pos & p.mask
-		typ := binary.NativeEndian.Uint32(p.data[off:])
-		size := uint64(binary.NativeEndian.Uint16(p.data[off+6:]))
+		o := pos & p.mask
+		typ := binary.NativeEndian.Uint32(p.data[o:])
+		size := uint64(binary.NativeEndian.Uint16(p.data[o+6:]))
 		if size < 8 {
 			// A corrupt header would loop forever; skip to head.
 			p.tail = head
-			return nil, 0, 0, false
+			return 0, 0, 0, 0, false
 		}
 		p.tail += size
-		var rec []byte
-		if off+size <= p.size {
-			rec = p.data[off : off+size]
-		} else {
-			b := p.wrap[(pos/p.size)&1][:0]
-			b = append(b, p.data[off:]...)
-			b = append(b, p.data[:size-(p.size-off)]...)
-			p.wrap[(pos/p.size)&1] = b
-			rec = b
+		rec, base := p.data[o:], uint32(o)
+		if o+size > p.size {
+			i := (pos / p.size) & 1
+			b := p.wrap[i][:0]
+			b = append(b, p.data[o:]...)
+			b = append(b, p.data[:size-(p.size-o)]...)
+			p.wrap[i] = b
+			rec, base = b, wrapBit|uint32(i)*wrapIdx
 		}
+		rec = rec[:size]
 		switch typ {
 		case perfRecordSample:
 			if len(rec) < 12 {
 				continue
 			}
-			n := int(binary.NativeEndian.Uint32(rec[8:]))
-			if 12+n > len(rec) {
+			n := binary.NativeEndian.Uint32(rec[8:])
+			if 12+uint64(n) > size {
 				continue
 			}
-			return rec[12 : 12+n], 0, pos, true
+			return base + 12, n, 0, pos, true
 		case perfRecordLost:
 			if len(rec) < 24 {
 				continue
 			}
-			return nil, binary.NativeEndian.Uint64(rec[16:]), pos, true
+			return 0, 0, binary.NativeEndian.Uint64(rec[16:]), pos, true
 		}
 	}
-	return nil, 0, 0, false
+	return 0, 0, 0, 0, false
 }
 
 func (p *perfRing) skipAll() {
@@ -189,7 +190,7 @@ func (s *Session) openPerfCPU(cpu int) error {
 	if st.pr != nil {
 		st.pr.close()
 	}
-	st.pr = p
+	st.pr, st.data = p, p.data
 	return nil
 }
 
@@ -258,30 +259,33 @@ func (s *Session) drainPerf(st *stream, cutoff uint64) {
 	p, w := st.pr, st.win
 	head := p.head()
 	for {
-		raw, lost, pos, ok := p.next(head)
+		off, n, lost, pos, ok := p.next(head)
 		if !ok {
 			break
 		}
 		if w.full() {
 			s.emit(st, w.pop())
 		}
-		if raw == nil {
+		if n == 0 {
 			// perf's count is a subset of the recorder's own lost counter
 			// (every failed bpf_perf_event_output is counted there too),
 			// which placeLossesOf may have placed already: place only what
 			// is new, here, where perf says it happened.
 			p.lost += lost
 			if p.lost > s.lostSeen[p.cpu] {
-				w.push(entry{ts: w.last(), lost: p.lost - s.lostSeen[p.cpu]})
+				w.push(entry{ts: w.last(), pos: p.lost - s.lostSeen[p.cpu]})
 				s.lostSeen[p.cpu] = p.lost
 			}
 			continue
 		}
-		if len(raw) < recHdrLen {
+		e := entry{pos: pos, off: off, n: n}
+		if n < uint32(recHdrLen) {
 			st.invalid++
+			_ = s.ch.Discard(st.idx, 1)
 			continue
 		}
-		w.push(entry{ts: binary.LittleEndian.Uint64(raw), pos: pos, rec: raw})
+		e.ts = binary.LittleEndian.Uint64(st.record(e))
+		w.push(e)
 	}
 	s.placeLossesOf(st)
 	for w.n > 0 && w.front().ts <= cutoff {

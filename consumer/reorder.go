@@ -1,13 +1,21 @@
 package consumer
 
 // entry is a record waiting in a reorder window: still in its ring (or in
-// a wrap copy), released only once it has been written out.
+// a wrap copy), released only once it has been written out. It holds no
+// pointer, so moving entries costs no write barrier and 24 bytes.
 type entry struct {
-	ts   uint64
-	pos  uint64 // ring position, to know how far the ring may be released
-	rec  []byte // kc_rec header and payload; nil for a loss notice
-	lost uint64 // loss notice: records lost at this point
+	ts  uint64
+	pos uint64 // ring position, to know how far the ring may be released; a loss notice's count
+	off uint32 // where the record starts in its stream's data (wrapBit set: in a wrap copy)
+	n   uint32 // record bytes, kc_rec header included; 0 for a loss notice
 }
+
+// wrapBit marks an entry whose record was copied out of a perf ring
+// because it wrapped around the end; wrapIdx picks the copy buffer.
+const (
+	wrapBit = 1 << 31
+	wrapIdx = 1 << 30
+)
 
 // window holds the newest records of one output stream sorted by time, so
 // that a record that reached the ring late (a nested interrupt reserving
@@ -56,7 +64,6 @@ func (w *window) front() *entry { return &w.buf[w.head] }
 // pop removes the oldest entry.
 func (w *window) pop() entry {
 	e := w.buf[w.head]
-	w.buf[w.head] = entry{}
 	w.head = (w.head + 1) & w.mask
 	w.n--
 	return e
@@ -67,7 +74,7 @@ func (w *window) pop() entry {
 func (w *window) minPos() (pos uint64, ok bool) {
 	for i := 0; i < w.n; i++ {
 		e := &w.buf[(w.head+i)&w.mask]
-		if e.rec == nil {
+		if e.n == 0 {
 			continue
 		}
 		if !ok || e.pos < pos {

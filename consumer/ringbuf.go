@@ -63,29 +63,29 @@ func newRingbuf(fd int, size int) (*ringbuf, error) {
 	return r, nil
 }
 
-// next returns the record at the local consumer position and moves past
-// it, or ok false when the ring holds no finished record. A discarded
-// record (bpf_ringbuf_discard) comes back with skip set and no data. The
+// next returns where the record at the local consumer position starts in
+// data and its length, and moves past it; ok is false when the ring holds
+// no finished record. A discarded record (bpf_ringbuf_discard) comes back
+// with skip set. The
 // producer publishes with a release store of the header after the data
 // (bpf_ringbuf_commit), so the acquire load of the header orders the reads
 // of the data after it.
-func (r *ringbuf) next(prod uint64) (rec []byte, pos uint64, skip, ok bool) {
+func (r *ringbuf) next(prod uint64) (off, n uint32, pos uint64, skip, ok bool) {
 	if r.cons >= prod {
-		return nil, 0, false, false
+		return 0, 0, 0, false, false
 	}
 	pos = r.cons
-	off := pos & r.mask
-	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.data[off])))
+	o := pos & r.mask
+	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.data[o])))
 	if hdr&rbBusy != 0 {
-		return nil, 0, false, false
+		return 0, 0, 0, false, false
 	}
-	n := uint64(hdr &^ (rbBusy | rbDisc))
-	r.cons += (n + rbHdrLen + 7) &^ 7
+	n = hdr &^ (rbBusy | rbDisc)
+	r.cons += (uint64(n) + rbHdrLen + 7) &^ 7
 	if hdr&rbDisc != 0 {
-		return nil, pos, true, true
+		return 0, 0, pos, true, true
 	}
-	start := off + rbHdrLen
-	return r.data[start : start+n : start+n], pos, false, true
+	return uint32(o + rbHdrLen), n, pos, false, true
 }
 
 // producer returns the producer position (acquire).
@@ -102,7 +102,7 @@ func (r *ringbuf) skipAll() {
 	for {
 		prod := r.producer()
 		for {
-			if _, _, _, ok := r.next(prod); !ok {
+			if _, _, _, _, ok := r.next(prod); !ok {
 				break
 			}
 		}

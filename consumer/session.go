@@ -7,8 +7,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,7 +68,8 @@ func (s CPUStats) Discarded() uint64 {
 
 // stream is one output stream and the state of draining into it.
 type stream struct {
-	idx     int // buffer index in the channel (the CPU; 0 in global mode)
+	idx     int    // buffer index in the channel (the CPU; 0 in global mode)
+	data    []byte // the ring's data area, where entries point
 	win     *window
 	scratch []byte
 	wakeups uint64
@@ -105,6 +108,8 @@ type Session struct {
 	looping   atomic.Bool
 	online    []bool // perf: CPUs online at the last hotplug check
 	useCookie bool   // event keys come from attach cookies
+	loopTID   atomic.Int32
+	final     []CPUStats // counts at Close
 	lastPlug  time.Time
 }
 
@@ -138,7 +143,7 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	s, err := newSession(cfg, len(formats))
+	s, err := newSession(cfg, len(formats), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -186,9 +191,16 @@ func resolveEvents(fs tracefs.FS, patterns []string) ([]*tracefs.Format, error) 
 	return out, nil
 }
 
+// loadOpts replaces the recorder by another object built on kconsume.h
+// (the bench producer), with values for its own variables.
+type loadOpts struct {
+	spec *ebpf.CollectionSpec
+	vars map[string]any
+}
+
 // newSession loads the BPF objects for nevents events and maps the rings;
 // no event is attached yet.
-func newSession(cfg Config, nevents int) (_ *Session, err error) {
+func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error) {
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
@@ -209,7 +221,7 @@ func newSession(cfg Config, nevents int) (_ *Session, err error) {
 	if s.clockID, err = checkClock(cfg.Clock); err != nil {
 		return nil, err
 	}
-	if err := s.load(nevents); err != nil {
+	if err := s.load(nevents, opts); err != nil {
 		return nil, err
 	}
 	if err := s.openRings(); err != nil {
@@ -312,12 +324,17 @@ const keyPlaceholder = 0x6b634b4559
 // nevents events: one program told each event's key by the attach cookie,
 // or on kernels before 5.15 one program copy per event with its key
 // patched in.
-func (s *Session) load(nevents int) error {
+func (s *Session) load(nevents int, opts *loadOpts) error {
 	var spec *ebpf.CollectionSpec
 	var err error
-	if s.transport == Perf {
+	set := map[string]any{}
+	switch {
+	case opts != nil:
+		spec = opts.spec
+		maps.Copy(set, opts.vars)
+	case s.transport == Perf:
 		spec, err = gen.LoadPerf()
-	} else {
+	default:
 		spec, err = gen.LoadRingbuf()
 	}
 	if err != nil {
@@ -325,9 +342,15 @@ func (s *Session) load(nevents int) error {
 	}
 	cfg := s.cfg
 	spec.Maps[gen.RingbufMapKcState].MaxEntries = uint32(s.ncpu)
-	spec.Maps[gen.RingbufMapKcTpInfoMap].MaxEntries = uint32(max(nevents, 1))
-	s.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
-	if !s.useCookie {
+	if m := spec.Maps[gen.RingbufMapKcTpInfoMap]; m != nil {
+		m.MaxEntries = uint32(max(nevents, 1))
+		s.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
+		set[gen.RingbufVarKcUseCookie] = boolU32(s.useCookie)
+		set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
+		set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
+		set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
+	}
+	if m := spec.Maps[gen.RingbufMapKcTpInfoMap]; m != nil && !s.useCookie {
 		base := spec.Programs[gen.RingbufProgKcTracepoint]
 		delete(spec.Programs, gen.RingbufProgKcTracepoint)
 		for i := 0; i < nevents; i++ {
@@ -345,19 +368,17 @@ func (s *Session) load(nevents int) error {
 	} else {
 		spec.Maps[gen.PerfMapKcPerf].MaxEntries = uint32(s.ncpu)
 	}
-	set := map[string]any{
-		gen.RingbufVarKcClock:        uint32(cfg.Clock),
-		gen.RingbufVarKcGlobal:       boolU32(cfg.Global),
-		gen.RingbufVarKcFilterPid:    boolU32(len(cfg.PIDs) > 0),
-		gen.RingbufVarKcFilterCgroup: boolU32(cfg.Cgroup != ""),
-		gen.RingbufVarKcFilterComm:   boolU32(len(cfg.Comms) > 0),
-		gen.RingbufVarKcUseCookie:    boolU32(s.useCookie),
-	}
+	set[gen.RingbufVarKcClock] = uint32(cfg.Clock)
+	set[gen.RingbufVarKcGlobal] = boolU32(cfg.Global)
 	if s.transport == Ringbuf {
 		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
 	}
 	for name, v := range set {
-		if err := spec.Variables[name].Set(v); err != nil {
+		vs := spec.Variables[name]
+		if vs == nil {
+			return fmt.Errorf("BPF object has no variable %s", name)
+		}
+		if err := vs.Set(v); err != nil {
 			return fmt.Errorf("setting %s: %w", name, err)
 		}
 	}
@@ -372,6 +393,9 @@ func (s *Session) load(nevents int) error {
 		return fmt.Errorf("mapping kc_state: %w", err)
 	}
 	s.lostSeen = make([]uint64, s.ncpu)
+	if opts != nil {
+		return nil
+	}
 	return s.setFilters()
 }
 
@@ -478,6 +502,7 @@ func (s *Session) openRings() error {
 		if st.rb, err = newRingbuf(m.FD(), s.cfg.RingSize); err != nil {
 			return err
 		}
+		st.data = st.rb.data
 		if err := s.watch(m.FD(), i); err != nil {
 			return err
 		}
@@ -646,6 +671,7 @@ func (s *Session) Snapshot() error {
 }
 
 // Stats returns per-CPU counters.
+// After Close it returns the final counts.
 func (s *Session) Stats() ([]CPUStats, error) {
 	var out []CPUStats
 	err := s.do(func() error {
@@ -653,6 +679,9 @@ func (s *Session) Stats() ([]CPUStats, error) {
 		out = s.stats()
 		return nil
 	})
+	if errors.Is(err, ErrClosed) && s.final != nil {
+		return s.final, nil
+	}
 	return out, err
 }
 
@@ -705,8 +734,14 @@ func (s *Session) startLoop() {
 // every ring.
 func (s *Session) loop() {
 	defer close(s.done)
+	// One thread keeps the rings' cache lines and gives the drainer's CPU
+	// time an owner to measure.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	s.loopTID.Store(int32(unix.Gettid()))
 	events := make([]unix.EpollEvent, len(s.streams)+1)
-	timeout := int(s.cfg.Latency / time.Millisecond)
+	latency := int(s.cfg.Latency / time.Millisecond)
+	timeout := latency
 	var buf [8]byte
 	for {
 		n, err := unix.EpollWait(s.epfd, events, timeout)
@@ -727,7 +762,12 @@ func (s *Session) loop() {
 				s.loopErr = err
 			}
 		}
-		s.drainAll(s.cutoff())
+		// A ring still holding a good part of a watermark is drained again
+		// at once: no new crossing would wake us for it.
+		timeout = latency
+		if s.drainAll(s.cutoff()) {
+			timeout = 0
+		}
 		for {
 			select {
 			case c := <-s.cmds:
@@ -763,15 +803,23 @@ func (s *Session) cutoff() uint64 {
 }
 
 // drainAll drains every ring and writes out the waiting records stamped
-// before cutoff.
-func (s *Session) drainAll(cutoff uint64) {
+// before cutoff. It reports whether a ring still holds a quarter of the
+// wakeup watermark or more.
+func (s *Session) drainAll(cutoff uint64) (more bool) {
 	for _, st := range s.streams {
+		var left uint64
 		if st.rb != nil {
 			s.drainRingbuf(st, cutoff)
+			left = st.rb.producer() - st.rb.cons
 		} else if st.pr != nil {
 			s.drainPerf(st, cutoff)
+			left = st.pr.head() - st.pr.tail
+		}
+		if left >= uint64(s.cfg.Watermark)/4 {
+			more = true
 		}
 	}
+	return more
 }
 
 // drainRingbuf walks st's ring in place. Each record enters the stream's
@@ -786,22 +834,24 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 		if r.cons >= prod {
 			break
 		}
+		data := r.data
 		for {
-			rec, pos, skip, ok := r.next(prod)
+			off, n, pos, skip, ok := r.next(prod)
 			if !ok {
 				break
 			}
 			if skip {
 				continue
 			}
-			if len(rec) < recHdrLen {
+			if n < uint32(recHdrLen) || uint64(n) > r.size {
 				st.invalid++
+				_ = s.ch.Discard(st.idx, 1)
 				continue
 			}
 			if w.full() {
 				s.emit(st, w.pop())
 			}
-			w.push(entry{ts: binary.LittleEndian.Uint64(rec), pos: pos, rec: rec})
+			w.push(entry{ts: binary.LittleEndian.Uint64(data[off:]), pos: pos, off: off, n: n})
 		}
 		if r.busyAt() {
 			break
@@ -846,18 +896,28 @@ func (s *Session) pushLoss(st *stream, n uint64) {
 	if st.win.full() {
 		s.emit(st, st.win.pop())
 	}
-	st.win.push(entry{ts: st.win.last(), lost: n})
+	st.win.push(entry{ts: st.win.last(), pos: n})
+}
+
+// record returns the bytes of a waiting entry's record.
+func (st *stream) record(e entry) []byte {
+	if e.off&wrapBit != 0 {
+		b := st.pr.wrap[(e.off/wrapIdx)&1]
+		o := e.off &^ (wrapBit | wrapIdx)
+		return b[o : o+e.n]
+	}
+	return st.data[e.off : e.off+e.n : e.off+e.n]
 }
 
 // emit writes one waiting entry into the channel. Records the channel
 // cannot take are counted there (dropped, invalid) and reported in the
 // stream; a record this consumer cannot decode counts as invalid.
 func (s *Session) emit(st *stream, e entry) {
-	if e.rec == nil {
-		_ = s.ch.Discard(st.idx, e.lost)
+	if e.n == 0 {
+		_ = s.ch.Discard(st.idx, e.pos)
 		return
 	}
-	rec := e.rec
+	rec := st.record(e)
 	key := binary.LittleEndian.Uint32(rec[8:])
 	n := int(binary.LittleEndian.Uint16(rec[12:]))
 	cpu := int(binary.LittleEndian.Uint16(rec[14:]))
@@ -921,6 +981,10 @@ func (s *Session) Close() error {
 		}
 		if s.ch != nil {
 			errs = append(errs, s.ch.Close())
+			if s.stateMem != nil {
+				s.placeLosses()
+				s.final = s.stats()
+			}
 		}
 		s.release()
 		s.closeErr = errors.Join(errs...)

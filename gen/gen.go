@@ -3,9 +3,11 @@
 // clang. Regenerate with `make generate`; CI checks they are current.
 //
 // Ringbuf and Perf are the same recorder (bpf/kconsume.bpf.c) built for the
-// two transports; Bench is the full-speed producer of bpf/bench.bpf.c.
+// two transports; Bench and BenchPerf are the full-speed producers of
+// bpf/bench.bpf.c for each transport.
 package gen
 
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" -target bpfel -go-package gen -type kc_rec -type kc_cpu_state -type kc_tp_info Ringbuf ../bpf/kconsume.bpf.c -- -I../bpf -I../bpf/include
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -DKC_PERF" -target bpfel -go-package gen Perf ../bpf/kconsume.bpf.c -- -I../bpf -I../bpf/include
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" -target bpfel -go-package gen Bench ../bpf/bench.bpf.c -- -I../bpf -I../bpf/include
+//go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -DKC_PERF" -target bpfel -go-package gen BenchPerf ../bpf/bench.bpf.c -- -I../bpf -I../bpf/include
