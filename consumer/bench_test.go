@@ -38,6 +38,17 @@ type rig struct {
 // drains with drainAll on its own goroutine.
 func newRig(tb testing.TB, tr Transport, payload, ringSize int, mode relayfmt.Mode, sink relayfmt.Sink, loop bool) *rig {
 	tb.Helper()
+	return newRigCfg(tb, tr, payload, Config{Sink: sink, Mode: mode, SubbufSize: 256 << 10, NSubbufs: 4, RingSize: ringSize, Transport: tr}, loop)
+}
+
+// newRigGlobal is a rig in global mode (one ring for all CPUs) writing
+// to sink with the drainer running.
+func newRigGlobal(tb testing.TB, sink relayfmt.Sink) *rig {
+	return newRigCfg(tb, Ringbuf, 64, Config{Sink: sink, Global: true, RingSize: 16 << 20, Transport: Ringbuf}, true)
+}
+
+func newRigCfg(tb testing.TB, tr Transport, payload int, cfg Config, loop bool) *rig {
+	tb.Helper()
 	testenv.RequireRoot(tb)
 	var spec *ebpf.CollectionSpec
 	var err error
@@ -51,10 +62,9 @@ func newRig(tb testing.TB, tr Transport, payload, ringSize int, mode relayfmt.Mo
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if sink == nil {
-		sink = &relayfmt.DiscardSink{}
+	if cfg.Sink == nil {
+		cfg.Sink = &relayfmt.DiscardSink{}
 	}
-	cfg := Config{Sink: sink, Mode: mode, SubbufSize: 256 << 10, NSubbufs: 4, RingSize: ringSize, Transport: tr}
 	if err := cfg.setDefaults(); err != nil {
 		tb.Fatal(err)
 	}
