@@ -1,6 +1,5 @@
 // Command kconsume records kernel events into relay-format CTF traces and
-// reads them back. This build has the offline commands: report, recover,
-// version.
+// reads them back: record, list, report, stats, recover, version.
 package main
 
 import (
@@ -20,7 +19,10 @@ var version = "dev"
 const usage = `usage: kconsume COMMAND [ARGS]
 
 Commands:
+  record        record tracepoints into a trace directory (root)
+  list          list the tracepoints that can be recorded
   report DIR    print a trace's events merged by time, losses inline
+  stats DIR     count a trace's events and losses per stream and event
   recover DIR   cut crash-damaged stream files back to their last whole packet
   version       print the version
 
@@ -40,6 +42,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	var err error
 	switch args[0] {
+	case "record":
+		err = record(args[1:], stdout, stderr)
+	case "list":
+		err = list(args[1:], stdout, stderr)
+	case "stats":
+		err = statsCmd(args[1:], stdout, stderr)
 	case "report":
 		err = report(args[1:], stdout, stderr)
 	case "recover":
@@ -53,9 +61,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var ue usageError
+	var ee exitError
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &ee):
+		return ee.code
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, &ue):

@@ -1,0 +1,490 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// listFlag is a flag that may repeat and takes comma-separated lists.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(s string) error {
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// sizeFlag takes a byte count with an optional K, M or G suffix (powers of
+// 1024): 4K, 256K, 1M.
+type sizeFlag int
+
+func (s *sizeFlag) String() string { return strconv.Itoa(int(*s)) }
+
+func (s *sizeFlag) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = sizeFlag(n)
+	return nil
+}
+
+func parseSize(v string) (int, error) {
+	mult := 1
+	t := strings.ToUpper(strings.TrimSpace(v))
+	t = strings.TrimSuffix(t, "IB")
+	t = strings.TrimSuffix(t, "B")
+	switch {
+	case strings.HasSuffix(t, "K"):
+		mult, t = 1<<10, t[:len(t)-1]
+	case strings.HasSuffix(t, "M"):
+		mult, t = 1<<20, t[:len(t)-1]
+	case strings.HasSuffix(t, "G"):
+		mult, t = 1<<30, t[:len(t)-1]
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil || n <= 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("size %q: want a positive number with an optional K, M or G suffix (4K, 256K, 1M)", v)
+	}
+	return n * mult, nil
+}
+
+const recordSynopsis = `record -o DIR -e EVENT[,EVENT...] [flags] [-- COMMAND ARGS...]
+
+Records tracepoints into DIR until Ctrl-C/SIGTERM, --duration, or the
+COMMAND's exit (kconsume then exits with its status). EVENT is
+system:name, a glob (sched:*) or a bare name; see kconsume list.`
+
+func record(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("record", recordSynopsis, "kconsume record -o /tmp/t -e sched:sched_switch,syscalls:sys_enter_getpid --duration 5s", stderr)
+	var (
+		events, comms  listFlag
+		pids           listFlag
+		out            = fs.String("o", "", "output `directory` (created; must be empty unless --force)")
+		cgroup         = fs.String("cgroup", "", "record only tasks in this cgroup v2 `directory` and below")
+		subbuf         = sizeFlag(consumer.DefaultSubbufSize)
+		nsub           = fs.Int("n-subbufs", consumer.DefaultNSubbufs, "sub-buffers per CPU, at least 2")
+		mode           = fs.String("mode", "discard", "when sub-buffers are full: discard new records, or overwrite the oldest (flight recorder)")
+		global         = fs.Bool("global", false, "one buffer and one stream file for all CPUs")
+		transport      = fs.String("transport", "auto", "auto, ringbuf (Linux 5.8+) or perf")
+		clock          = fs.String("clock", "mono", "mono, boot (5.8+) or tai (6.1+)")
+		duration       = fs.Duration("duration", 0, "stop after this long (0: until Ctrl-C or the command's exit)")
+		ring           = sizeFlag(consumer.DefaultRingSize)
+		latency        = fs.Duration("latency", consumer.DefaultLatency, "longest a record waits in a ring before the consumer picks it up")
+		force          = fs.Bool("force", false, "replace a trace already in the output directory")
+		session        = fs.String("session", "", "session `name` for kconsume ctl (default: the output directory's name)")
+		quiet          = fs.Bool("q", false, "no live status line")
+	)
+	fs.Var(&events, "e", "`event`s to record (repeat or separate with commas)")
+	fs.Var(&pids, "pid", "record only these thread or process `id`s (repeat or commas)")
+	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
+	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
+	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	cfg := consumer.Config{
+		Events:     events,
+		Cgroup:     *cgroup,
+		Comms:      comms,
+		SubbufSize: int(subbuf),
+		NSubbufs:   *nsub,
+		Global:     *global,
+		RingSize:   int(ring),
+		Latency:    *latency,
+	}
+	if *out == "" {
+		return usageError{errors.New("-o DIR is required")}
+	}
+	if len(events) == 0 {
+		return usageError{errors.New("-e EVENT is required (see kconsume list)")}
+	}
+	for _, p := range pids {
+		n, err := strconv.Atoi(p)
+		if err != nil || n <= 0 {
+			return usageError{fmt.Errorf("--pid %q: not a process id", p)}
+		}
+		cfg.PIDs = append(cfg.PIDs, n)
+	}
+	var err error
+	if cfg.Mode, err = parseMode(*mode); err != nil {
+		return usageError{err}
+	}
+	if cfg.Transport, err = parseTransport(*transport); err != nil {
+		return usageError{err}
+	}
+	if cfg.Clock, err = parseClock(*clock); err != nil {
+		return usageError{err}
+	}
+	if *duration < 0 {
+		return usageError{fmt.Errorf("--duration %v is negative", *duration)}
+	}
+	if err := checkGeometry(cfg); err != nil {
+		return usageError{err}
+	}
+	if err := checkPrivileges(); err != nil {
+		return err
+	}
+	if err := prepareDir(*out, *force); err != nil {
+		return err
+	}
+	cfg.Dir = *out
+	name := *session
+	if name == "" {
+		name = filepath.Base(filepath.Clean(*out))
+	}
+	cfg.Env = map[string]string{"session": name}
+
+	s, err := consumer.New(cfg)
+	if err != nil {
+		if errors.Is(err, consumer.ErrConfig) || errors.Is(err, consumer.ErrUnknownEvent) {
+			return usageError{err}
+		}
+		return err
+	}
+	r := &recorder{s: s, stdout: stdout, stderr: stderr, start: time.Now(), live: !*quiet && isTerminal(os.Stderr)}
+	return r.run(fs.Args(), *duration)
+}
+
+func parseMode(m string) (relayfmt.Mode, error) {
+	switch m {
+	case "discard":
+		return relayfmt.NoOverwrite, nil
+	case "overwrite":
+		return relayfmt.Overwrite, nil
+	}
+	return 0, fmt.Errorf("--mode %q: want discard or overwrite", m)
+}
+
+func parseTransport(t string) (consumer.Transport, error) {
+	for _, v := range []consumer.Transport{consumer.Auto, consumer.Ringbuf, consumer.Perf} {
+		if v.String() == t {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("--transport %q: want auto, ringbuf or perf", t)
+}
+
+func parseClock(c string) (consumer.Clock, error) {
+	for _, v := range []consumer.Clock{consumer.Mono, consumer.Boot, consumer.TAI} {
+		if v.String() == c {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("--clock %q: want mono, boot or tai", c)
+}
+
+// checkGeometry refuses sizes before anything is loaded, saying why.
+func checkGeometry(cfg consumer.Config) error {
+	page := os.Getpagesize()
+	if cfg.SubbufSize%page != 0 || cfg.SubbufSize < relayfmt.MinSubbufSize || cfg.SubbufSize > relayfmt.MaxSubbufSize {
+		return fmt.Errorf("--subbuf-size %d: must be a multiple of the %d-byte page from %d to %d", cfg.SubbufSize, page, relayfmt.MinSubbufSize, relayfmt.MaxSubbufSize)
+	}
+	if cfg.NSubbufs < 2 || cfg.NSubbufs > relayfmt.MaxSubbufs {
+		return fmt.Errorf("--n-subbufs %d: must be 2..%d (one sub-buffer cannot be written while another is read)", cfg.NSubbufs, relayfmt.MaxSubbufs)
+	}
+	if cfg.RingSize < page || cfg.RingSize&(cfg.RingSize-1) != 0 {
+		return fmt.Errorf("--ring-size %d: must be a power of two of at least %d", cfg.RingSize, page)
+	}
+	ncpu := 1
+	if !cfg.Global {
+		ncpu = possibleCPUs()
+	}
+	need := uint64(ncpu) * (uint64(cfg.NSubbufs)*uint64(cfg.SubbufSize) + uint64(cfg.RingSize))
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err == nil {
+		avail := (uint64(si.Freeram) + uint64(si.Bufferram)) * uint64(si.Unit)
+		if need > avail {
+			return fmt.Errorf("buffers need %d MiB (%d CPUs x (%d x %d + ring %d)), more than the %d MiB of free memory", need>>20, ncpu, cfg.NSubbufs, cfg.SubbufSize, cfg.RingSize, avail>>20)
+		}
+	}
+	return nil
+}
+
+func possibleCPUs() int {
+	b, err := os.ReadFile("/sys/devices/system/cpu/possible")
+	if err != nil {
+		return 1
+	}
+	s := strings.TrimSpace(string(b))
+	if i := strings.LastIndexAny(s, "-,"); i >= 0 {
+		s = s[i+1:]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 1
+	}
+	return n + 1
+}
+
+// Capability bits (include/uapi/linux/capability.h).
+const (
+	capSysAdmin = 21
+	capPerfmon  = 38
+	capBPF      = 39
+)
+
+// checkPrivileges fails with one line when the process can neither load
+// BPF programs nor open tracepoints.
+func checkPrivileges() error {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return nil // let the kernel say no
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return nil
+			}
+			has := func(c uint) bool { return caps&(1<<c) != 0 }
+			if has(capSysAdmin) || has(capBPF) && has(capPerfmon) {
+				return nil
+			}
+			return errors.New("needs root, or CAP_BPF and CAP_PERFMON, to load BPF programs and attach to tracepoints")
+		}
+	}
+	return nil
+}
+
+// prepareDir creates dir, or accepts an empty one; a directory holding
+// files is refused unless force, which removes a previous trace's files
+// only. A symlink is refused: the trace would land elsewhere.
+func prepareDir(dir string, force bool) error {
+	fi, err := os.Lstat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("output directory: %w", err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("output directory: %w", err)
+	case fi.Mode()&os.ModeSymlink != 0:
+		return usageError{fmt.Errorf("output directory %s is a symlink: give the real path", dir)}
+	case !fi.IsDir():
+		return usageError{fmt.Errorf("output %s exists and is not a directory", dir)}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("output directory: %w", err)
+	}
+	if len(entries) == 0 {
+		return nil
+	}
+	if !force {
+		return usageError{fmt.Errorf("output directory %s is not empty (use --force to replace the trace in it)", dir)}
+	}
+	for _, e := range entries {
+		n := e.Name()
+		if n == "metadata" || n == ".metadata.tmp" || strings.HasPrefix(n, "trace") && isTraceName(n) {
+			if err := os.Remove(filepath.Join(dir, n)); err != nil {
+				return fmt.Errorf("--force: %w", err)
+			}
+			continue
+		}
+		return usageError{fmt.Errorf("output directory %s holds %s, which is not part of a trace: not removing it", dir, n)}
+	}
+	return nil
+}
+
+func isTraceName(n string) bool {
+	rest := strings.TrimPrefix(n, "trace")
+	if rest == "" {
+		return true
+	}
+	_, err := strconv.Atoi(rest)
+	return err == nil
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// recorder runs a session to its end and reports on it.
+type recorder struct {
+	s              *consumer.Session
+	stdout, stderr io.Writer
+	start          time.Time
+	live           bool
+	lastRecords    uint64
+	lastTick       time.Time
+}
+
+// run records until a signal, the duration, the command's exit or a
+// channel failure (a full disk), then closes the session so every file is
+// whole, and prints the summary. It returns the command's exit status as
+// an exitError when the command failed.
+func (r *recorder) run(command []string, duration time.Duration) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, duration)
+		defer cancel()
+	}
+	if err := r.s.Start(); err != nil {
+		r.s.Close()
+		return err
+	}
+	var cmd *exec.Cmd
+	cmdDone := make(chan error, 1)
+	if len(command) > 0 {
+		cmd = exec.Command(command[0], command[1:]...)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			r.s.Close()
+			return fmt.Errorf("starting %s: %w", command[0], err)
+		}
+		go func() { cmdDone <- cmd.Wait() }()
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	r.lastTick = r.start
+	var cmdErr, failure error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case cmdErr = <-cmdDone:
+			cmd = nil
+			break loop
+		case <-tick.C:
+			if err := r.s.Channel().Err(); err != nil {
+				failure = err
+				break loop
+			}
+			if r.live {
+				r.status()
+			}
+		}
+	}
+	if r.live {
+		fmt.Fprint(r.stderr, "\r\033[K")
+	}
+	if cmd != nil {
+		// Stopped by a signal or the duration: the command goes on.
+		fmt.Fprintf(r.stderr, "kconsume record: stopped; %s (pid %d) keeps running\n", cmd.Path, cmd.Process.Pid)
+	}
+	closeErr := r.s.Close()
+	stats, _ := r.s.Stats()
+	r.summary(stats)
+	if failure == nil {
+		failure = closeErr
+	}
+	if failure != nil {
+		if errors.Is(failure, syscall.ENOSPC) {
+			return fmt.Errorf("disk full: recording stopped; every file in the trace is whole and readable: %w", failure)
+		}
+		return fmt.Errorf("recording stopped: %w", failure)
+	}
+	var ee *exec.ExitError
+	if errors.As(cmdErr, &ee) {
+		return exitError{ee.ExitCode()}
+	}
+	return cmdErr
+}
+
+// exitError carries the traced command's exit status out of run.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }
+
+func totals(stats []consumer.CPUStats) (records, bytes, discarded uint64) {
+	for _, c := range stats {
+		records += c.Channel.Records
+		bytes += c.Channel.Bytes
+		discarded += c.Discarded()
+	}
+	return
+}
+
+// status rewrites the live line on the terminal.
+func (r *recorder) status() {
+	stats, err := r.s.Stats()
+	if err != nil {
+		return
+	}
+	records, bytes, discarded := totals(stats)
+	now := time.Now()
+	rate := float64(records-r.lastRecords) / now.Sub(r.lastTick).Seconds()
+	r.lastRecords, r.lastTick = records, now
+	fmt.Fprintf(r.stderr, "\r\033[K%s  %s events/s  %s written  %d discarded", now.Sub(r.start).Truncate(time.Second), human(rate), humanBytes(bytes), discarded)
+}
+
+// summary prints per-CPU counts, losses by layer and advice.
+func (r *recorder) summary(stats []consumer.CPUStats) {
+	w := r.stdout
+	records, bytes, discarded := totals(stats)
+	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded)
+	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "dropped", "overwritten", "invalid", "reordered")
+	var kernel, dropped, over uint64
+	for _, c := range stats {
+		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge, c.Reordered)
+		kernel += c.KernelLost
+		dropped += c.Channel.Dropped
+		over += c.Channel.Overwritten
+	}
+	if kernel > 0 {
+		fmt.Fprintf(w, "advice: %d events were lost in the kernel because the ring was full: raise --ring-size or lower --latency\n", kernel)
+	}
+	if dropped > 0 {
+		fmt.Fprintf(w, "advice: %d events were dropped because every sub-buffer was full: raise --subbuf-size or --n-subbufs, or write to a faster disk\n", dropped)
+	}
+	if over > 0 {
+		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", over)
+	}
+}
+
+func human(v float64) string {
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.1fG", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.1fM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func humanBytes(b uint64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
