@@ -79,22 +79,22 @@ system:name, a glob (sched:*) or a bare name; see kconsume list.`
 func record(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("record", recordSynopsis, "kconsume record -o /tmp/t -e sched:sched_switch,syscalls:sys_enter_getpid --duration 5s", stderr)
 	var (
-		events, comms  listFlag
-		pids           listFlag
-		out            = fs.String("o", "", "output `directory` (created; must be empty unless --force)")
-		cgroup         = fs.String("cgroup", "", "record only tasks in this cgroup v2 `directory` and below")
-		subbuf         = sizeFlag(consumer.DefaultSubbufSize)
-		nsub           = fs.Int("n-subbufs", consumer.DefaultNSubbufs, "sub-buffers per CPU, at least 2")
-		mode           = fs.String("mode", "discard", "when sub-buffers are full: discard new records, or overwrite the oldest (flight recorder)")
-		global         = fs.Bool("global", false, "one buffer and one stream file for all CPUs")
-		transport      = fs.String("transport", "auto", "auto, ringbuf (Linux 5.8+) or perf")
-		clock          = fs.String("clock", "mono", "mono, boot (5.8+) or tai (6.1+)")
-		duration       = fs.Duration("duration", 0, "stop after this long (0: until Ctrl-C or the command's exit)")
-		ring           = sizeFlag(consumer.DefaultRingSize)
-		latency        = fs.Duration("latency", consumer.DefaultLatency, "longest a record waits in a ring before the consumer picks it up")
-		force          = fs.Bool("force", false, "replace a trace already in the output directory")
-		session        = fs.String("session", "", "session `name` for kconsume ctl (default: the output directory's name)")
-		quiet          = fs.Bool("q", false, "no live status line")
+		events, comms listFlag
+		pids          listFlag
+		out           = fs.String("o", "", "output `directory` (created; must be empty unless --force)")
+		cgroup        = fs.String("cgroup", "", "record only tasks in this cgroup v2 `directory` and below")
+		subbuf        = sizeFlag(consumer.DefaultSubbufSize)
+		nsub          = fs.Int("n-subbufs", consumer.DefaultNSubbufs, "sub-buffers per CPU, at least 2")
+		mode          = fs.String("mode", "discard", "when sub-buffers are full: discard new records, or overwrite the oldest (flight recorder)")
+		global        = fs.Bool("global", false, "one buffer and one stream file for all CPUs")
+		transport     = fs.String("transport", "auto", "auto, ringbuf (Linux 5.8+) or perf")
+		clock         = fs.String("clock", "mono", "mono, boot (5.8+) or tai (6.1+)")
+		duration      = fs.Duration("duration", 0, "stop after this long (0: until Ctrl-C or the command's exit)")
+		ring          = sizeFlag(consumer.DefaultRingSize)
+		latency       = fs.Duration("latency", consumer.DefaultLatency, "longest a record waits in a ring before the consumer picks it up")
+		force         = fs.Bool("force", false, "replace a trace already in the output directory")
+		session       = fs.String("session", "", "session `name` for kconsume ctl (default: the output directory's name)")
+		quiet         = fs.Bool("q", false, "no live status line")
 	)
 	fs.Var(&events, "e", "`event`s to record (repeat or separate with commas)")
 	fs.Var(&pids, "pid", "record only these thread or process `id`s (repeat or commas)")

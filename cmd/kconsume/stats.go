@@ -64,7 +64,9 @@ func statsCmd(args []string, stdout, stderr io.Writer) error {
 	for n := range total.byClass {
 		names = append(names, n)
 	}
-	sort.Slice(names, func(i, j int) bool { return total.byClass[names[i]] > total.byClass[names[j]] || total.byClass[names[i]] == total.byClass[names[j]] && names[i] < names[j] })
+	sort.Slice(names, func(i, j int) bool {
+		return total.byClass[names[i]] > total.byClass[names[j]] || total.byClass[names[i]] == total.byClass[names[j]] && names[i] < names[j]
+	})
 	for _, n := range names {
 		fmt.Fprintf(stdout, "%12d  %s\n", total.byClass[n], n)
 	}
