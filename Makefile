@@ -25,6 +25,9 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench 'Write|ReadMerge' -benchmem -count 5 ./relayfmt/ | tee bench.out
 	$(GO) test -run '^$$' -bench 'VsBabeltrace2' -benchtime 7x ./relayfmt/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'Drain' -benchtime 200x -count 5 ./consumer/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'Concurrent' -benchtime 2000x -count 5 ./consumer/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'TracepointCost' -benchtime 2000000x ./consumer/ | tee -a bench.out
 
 # Runs each fuzz target for FUZZTIME (the checked-in corpus runs in make test).
 fuzz:

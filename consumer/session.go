@@ -623,6 +623,28 @@ func (s *Session) Flush() error {
 	})
 }
 
+// FlushCPU is Flush for one CPU's buffer.
+func (s *Session) FlushCPU(cpu int) error {
+	if s.cfg.Global {
+		return ErrNeedsPerCPU
+	}
+	if cpu < 0 || cpu >= s.ncpu {
+		return fmt.Errorf("cpu %d: %w", cpu, ErrNoSuchCPU)
+	}
+	return s.do(func() error {
+		st := s.streams[cpu]
+		if st.rb != nil {
+			s.drainRingbuf(st, ^uint64(0))
+		} else if st.pr != nil {
+			s.drainPerf(st, ^uint64(0))
+		}
+		return s.ch.FlushCPU(cpu)
+	})
+}
+
+// Config returns the session's configuration with defaults filled in.
+func (s *Session) Config() Config { return s.cfg }
+
 // Reset drops everything not yet written: ring contents, waiting
 // records, open and (overwrite mode) retained sub-buffers.
 func (s *Session) Reset() error {

@@ -41,6 +41,13 @@ const childComm = "kc-test-child"
 func child(mode string) int {
 	runtime.LockOSThread()
 	n, _ := strconv.Atoi(os.Getenv("KC_CHILD_N"))
+	if c, err := strconv.Atoi(os.Getenv("KC_CHILD_CPU")); err == nil {
+		var set unix.CPUSet
+		set.Set(c)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			return 6
+		}
+	}
 	if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&append([]byte(childComm), 0)[0])), 0, 0, 0); err != nil {
 		return 5
 	}
@@ -74,12 +81,13 @@ type tracedChild struct {
 	tid   int
 }
 
-func startChild(t *testing.T, mode string, n int) *tracedChild {
+func startChild(t *testing.T, mode string, n int, env ...string) *tracedChild {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	// No async preemption or GC: the Go runtime must make no syscall that
 	// the test counts.
 	cmd.Env = append(os.Environ(), "KC_CHILD="+mode, "KC_CHILD_N="+strconv.Itoa(n), "GODEBUG=asyncpreemptoff=1", "GOGC=off")
+	cmd.Env = append(cmd.Env, env...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

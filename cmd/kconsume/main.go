@@ -20,6 +20,7 @@ const usage = `usage: kconsume COMMAND [ARGS]
 
 Commands:
   record        record tracepoints into a trace directory (root)
+  ctl           drive a running record: start, stop, flush, snapshot, reset, status
   list          list the tracepoints that can be recorded
   report DIR    print a trace's events merged by time, losses inline
   stats DIR     count a trace's events and losses per stream and event
@@ -46,6 +47,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = record(args[1:], stdout, stderr)
 	case "list":
 		err = list(args[1:], stdout, stderr)
+	case "ctl":
+		err = ctl(args[1:], stdout, stderr)
 	case "stats":
 		err = statsCmd(args[1:], stdout, stderr)
 	case "report":

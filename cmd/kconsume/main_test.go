@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -146,4 +148,104 @@ func TestRecordDiskFull(t *testing.T) {
 		t.Fatalf("stats after disk full: exit %d\n%s%s", code, st, stderr)
 	}
 	testenv.RunBT2(t, out)
+}
+
+// TestCtl drives a running record through kconsume ctl and the control
+// files, checks a second record with the same name is refused, and that
+// a stale control directory is replaced.
+func TestCtl(t *testing.T) {
+	testenv.RequireRoot(t)
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
+	// A killed session's leftovers: replaced, not refused.
+	stale := filepath.Join(controlRoot, "web")
+	if err := os.MkdirAll(stale, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{".lock", "state", "junk"} {
+		if err := os.WriteFile(filepath.Join(stale, f), []byte("99999\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(t.TempDir(), "t")
+	done := make(chan int, 1)
+	var recOut string
+	go func() {
+		code, o, e := runCmd("record", "-q", "-o", out, "--session", "web", "-e", "sched:sched_switch", "--duration", "4s")
+		recOut = o + e
+		done <- code
+	}()
+	dir := filepath.Join(controlRoot, "web")
+	waitFor(t, func() bool { _, err := os.Stat(filepath.Join(dir, "ctl.sock")); return err == nil })
+	if _, err := os.Stat(filepath.Join(dir, "junk")); err == nil {
+		t.Fatal("stale control directory not replaced")
+	}
+	readFile := func(name string) string {
+		b, _ := os.ReadFile(filepath.Join(dir, name))
+		return strings.TrimSpace(string(b))
+	}
+	waitFor(t, func() bool { return readFile("state") == "running" })
+	if readFile("nr_sub") != "8" || readFile("sub_size") != "262144" || readFile("dropped") != "0" {
+		t.Fatalf("control files: nr_sub %q sub_size %q dropped %q", readFile("nr_sub"), readFile("sub_size"), readFile("dropped"))
+	}
+	if fi, _ := os.Stat(dir); fi.Mode().Perm() != 0o700 {
+		t.Fatalf("control directory mode %v, want root-only", fi.Mode().Perm())
+	}
+	code, st, stderr := runCmd("ctl", "status")
+	if code != 0 || !strings.Contains(st, "state running") || !strings.Contains(st, "nr_sub 8") {
+		t.Fatalf("ctl status: exit %d\n%s%s", code, st, stderr)
+	}
+	// echo stop > state
+	if err := os.WriteFile(filepath.Join(dir, "state"), []byte("stop\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return readFile("state") == "stopped" })
+	if _, st, _ := runCmd("ctl", "--session", "web", "status"); !strings.Contains(st, "state stopped") {
+		t.Fatalf("after echo stop > state: %s", st)
+	}
+	for _, c := range [][]string{{"start"}, {"--cpu", "0", "stop"}, {"--cpu", "0", "start"}, {"flush"}, {"--cpu", "0", "reset"}} {
+		if code, _, stderr := runCmd(append([]string{"ctl"}, c...)...); code != 0 {
+			t.Fatalf("ctl %v: exit %d: %s", c, code, stderr)
+		}
+	}
+	if _, st, _ := runCmd("ctl", "status"); !strings.Contains(st, "state running") {
+		t.Fatalf("after ctl start: %s", st)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"ctl", "snapshot"}, 1, "overwrite"},
+		{[]string{"ctl", "--cpu", "99", "stop"}, 1, "no such CPU"},
+		{[]string{"ctl", "jump"}, 2, "unknown command"},
+		{[]string{"ctl", "--session", "nosuch", "status"}, 1, "not running"},
+		{[]string{"record", "-q", "-o", out + "2", "--session", "web", "-e", "sched:sched_switch"}, 2, "is running"},
+	} {
+		code, _, stderr := runCmd(c.args...)
+		if code != c.code || !strings.Contains(stderr, c.want) {
+			t.Errorf("%v: exit %d, %q; want %d mentioning %q", c.args, code, stderr, c.code, c.want)
+		}
+	}
+	if code := <-done; code != 0 {
+		t.Fatalf("record: exit %d\n%s", code, recOut)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("control directory left after record ended: %v", err)
+	}
+	if code, _, stderr := runCmd("ctl", "status"); code != 1 || !strings.Contains(stderr, "no session") {
+		t.Fatalf("ctl with no session: exit %d %q", code, stderr)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("timed out waiting")
 }

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/internal/control"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -149,14 +150,28 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if err := checkPrivileges(); err != nil {
 		return err
 	}
-	if err := prepareDir(*out, *force); err != nil {
-		return err
-	}
-	cfg.Dir = *out
 	name := *session
 	if name == "" {
 		name = filepath.Base(filepath.Clean(*out))
 	}
+	if err := control.CheckName(name); err != nil {
+		return usageError{err}
+	}
+	// The session's name is taken first: a second record with the same
+	// name must not touch the first one's output.
+	h := &handler{}
+	srv, err := control.Serve(controlRoot, name, h)
+	if err != nil {
+		if errors.Is(err, control.ErrRunning) {
+			return usageError{fmt.Errorf("%w: stop it first or pick another --session", err)}
+		}
+		return err
+	}
+	defer srv.Close()
+	if err := prepareDir(*out, *force); err != nil {
+		return err
+	}
+	cfg.Dir = *out
 	cfg.Env = map[string]string{"session": name}
 
 	s, err := consumer.New(cfg)
@@ -166,7 +181,8 @@ func record(args []string, stdout, stderr io.Writer) error {
 		}
 		return err
 	}
-	r := &recorder{s: s, stdout: stdout, stderr: stderr, start: time.Now(), live: !*quiet && isTerminal(os.Stderr)}
+	h.set(s)
+	r := &recorder{s: s, srv: srv, stdout: stdout, stderr: stderr, start: time.Now(), live: !*quiet && isTerminal(os.Stderr)}
 	return r.run(fs.Args(), *duration)
 }
 
@@ -329,6 +345,7 @@ func isTerminal(f *os.File) bool {
 // recorder runs a session to its end and reports on it.
 type recorder struct {
 	s              *consumer.Session
+	srv            *control.Server
 	stdout, stderr io.Writer
 	start          time.Time
 	live           bool
@@ -380,6 +397,7 @@ loop:
 				failure = err
 				break loop
 			}
+			_ = r.srv.Refresh()
 			if r.live {
 				r.status()
 			}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/internal/control"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// controlRoot is where control directories go; tests point it elsewhere.
+var controlRoot = control.DefaultRoot
+
+// ctlCommands are what kconsume ctl and the control socket accept.
+var ctlCommands = []string{"start", "stop", "flush", "snapshot", "rewind", "reset", "status"}
+
+// handler carries out control commands on a recording session.
+type handler struct {
+	mu sync.Mutex
+	s  *consumer.Session
+}
+
+func (h *handler) session() (*consumer.Session, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.s == nil {
+		return nil, errors.New("session is starting")
+	}
+	return h.s, nil
+}
+
+func (h *handler) set(s *consumer.Session) {
+	h.mu.Lock()
+	h.s = s
+	h.mu.Unlock()
+}
+
+// Do runs one control command; cpu < 0 means every CPU.
+func (h *handler) Do(cmd string, cpu int) (string, error) {
+	s, err := h.session()
+	if err != nil {
+		return "", err
+	}
+	all := cpu < 0
+	switch cmd {
+	case "start":
+		if all {
+			return "", s.Start()
+		}
+		return "", s.StartCPU(cpu)
+	case "stop":
+		if all {
+			return "", s.Stop()
+		}
+		return "", s.StopCPU(cpu)
+	case "flush":
+		if all {
+			return "", s.Flush()
+		}
+		return "", s.FlushCPU(cpu)
+	case "reset":
+		if all {
+			return "", s.Reset()
+		}
+		return "", s.ResetCPU(cpu)
+	case "snapshot":
+		if !all {
+			return "", errors.New("snapshot acts on every CPU; drop --cpu")
+		}
+		if s.Config().Mode != relayfmt.Overwrite {
+			return "", errors.New("snapshot needs a session recording with --mode overwrite")
+		}
+		return "", s.Snapshot()
+	case "rewind":
+		return "", errors.New("rewind is not supported yet: use snapshot, which writes the retained sub-buffers from the oldest on")
+	case "status":
+		return h.status(s, cpu)
+	}
+	return "", fmt.Errorf("unknown command %q: want one of %s", cmd, strings.Join(ctlCommands, ", "))
+}
+
+func (h *handler) status(s *consumer.Session, cpu int) (string, error) {
+	stats, err := s.Stats()
+	if err != nil {
+		return "", err
+	}
+	cfg := s.Config()
+	var b strings.Builder
+	state := "stopped"
+	if s.Running() {
+		state = "running"
+	}
+	fmt.Fprintf(&b, "state %s\nmode %s\ntransport %s\nnr_sub %d\nsub_size %d\n", state, cfg.Mode, s.Transport(), cfg.NSubbufs, cfg.SubbufSize)
+	fmt.Fprintf(&b, "%-5s %8s %12s %12s %12s\n", "cpu", "enabled", "events", "dropped", "ring-lost")
+	for _, c := range stats {
+		if cpu >= 0 && c.CPU != cpu {
+			continue
+		}
+		fmt.Fprintf(&b, "%-5d %8v %12d %12d %12d\n", c.CPU, !c.Disabled, c.Channel.Records, c.Discarded(), c.KernelLost)
+	}
+	return b.String(), nil
+}
+
+// Files returns the control directory's read files.
+func (h *handler) Files() map[string]string {
+	s, err := h.session()
+	if err != nil {
+		return map[string]string{"state": "stopped", "dropped": "0", "nr_sub": "0", "sub_size": "0"}
+	}
+	state := "stopped"
+	if s.Running() {
+		state = "running"
+	}
+	var dropped uint64
+	if stats, err := s.Stats(); err == nil {
+		for _, c := range stats {
+			dropped += c.Discarded()
+		}
+	}
+	cfg := s.Config()
+	return map[string]string{
+		"state":    state,
+		"dropped":  strconv.FormatUint(dropped, 10),
+		"nr_sub":   strconv.Itoa(cfg.NSubbufs),
+		"sub_size": strconv.Itoa(cfg.SubbufSize),
+	}
+}
+
+const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|snapshot|rewind|reset|status
+
+Drives a running kconsume record from another shell. Without --session,
+the one running session. --cpu acts on one CPU's buffer.`
+
+func ctl(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("ctl", ctlSynopsis, "kconsume ctl --session web stop", stderr)
+	name := fs.String("session", "", "session `name` (see kconsume record --session)")
+	cpu := fs.Int("cpu", -1, "act on this CPU's buffer only")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() != 1 {
+		return usageError{fmt.Errorf("want one command (%s), got %d arguments", strings.Join(ctlCommands, ", "), fs.NArg())}
+	}
+	cmd := fs.Arg(0)
+	known := false
+	for _, c := range ctlCommands {
+		known = known || c == cmd
+	}
+	if !known {
+		return usageError{fmt.Errorf("unknown command %q: want one of %s", cmd, strings.Join(ctlCommands, ", "))}
+	}
+	if *cpu < -1 {
+		return usageError{fmt.Errorf("--cpu %d: not a CPU", *cpu)}
+	}
+	if *name == "" {
+		live, err := control.Sessions(controlRoot)
+		if err != nil {
+			return err
+		}
+		switch len(live) {
+		case 0:
+			return errors.New("no session is running")
+		case 1:
+			*name = live[0]
+		default:
+			return usageError{fmt.Errorf("%d sessions are running (%s): pick one with --session", len(live), strings.Join(live, ", "))}
+		}
+	}
+	out, err := control.Send(controlRoot, *name, cmd, *cpu)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, out)
+	return nil
+}

@@ -1,0 +1,116 @@
+package consumer
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+const dynFormat = `name: dyn
+ID: 7
+format:
+	field:unsigned short common_type;	offset:0;	size:2;	signed:0;
+	field:unsigned char common_flags;	offset:2;	size:1;	signed:0;
+	field:unsigned char common_preempt_count;	offset:3;	size:1;	signed:0;
+	field:int common_pid;	offset:4;	size:4;	signed:1;
+
+	field:__data_loc char[] name;	offset:8;	size:4;	signed:0;
+	field:u32 x;	offset:12;	size:4;	signed:0;
+	field:__rel_loc u16[] vals;	offset:16;	size:4;	signed:0;
+	field:u64 y;	offset:24;	size:8;	signed:0;
+
+print fmt: ""
+`
+
+// TestLayoutTranscode builds a raw record with a __data_loc string and a
+// __rel_loc array and checks the payload decodes to the same values in
+// the class the layout declares.
+func TestLayoutTranscode(t *testing.T) {
+	f, err := tracefs.ParseFormat("t", []byte(dynFormat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := newLayout(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.direct || len(l.dyn) != 2 || l.dyn[1] != 16|dynRel {
+		t.Fatalf("layout %+v", l)
+	}
+	raw := make([]byte, 32, 64)
+	binary.LittleEndian.PutUint16(raw[0:], 7)
+	binary.LittleEndian.PutUint32(raw[4:], 1234)
+	binary.LittleEndian.PutUint32(raw[12:], 0xabcdef)
+	binary.LittleEndian.PutUint64(raw[24:], 1<<40)
+	raw = append(raw, "hello\x00"...)                                // at 32, 6 bytes
+	binary.LittleEndian.PutUint32(raw[8:], 32|6<<16)                 // data_loc: absolute
+	raw = append(raw, 1, 0, 2, 0, 3, 0)                              // at 38, 3 x u16
+	binary.LittleEndian.PutUint32(raw[16:], uint32(38-(16+4))|6<<16) // rel_loc: from the field's end
+	payload, ok := l.transcode(nil, raw)
+	if !ok {
+		t.Fatal("transcode refused a good record")
+	}
+	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := cls.Decode(payload, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]relayfmt.Value{}
+	for _, v := range vals {
+		got[v.Field.Name] = v
+	}
+	if _, ok := got["common_flags"]; ok {
+		t.Error("common_flags is declared, but BPF cannot know it")
+	}
+	if got["common_type"].Uint(0) != 7 || got["common_pid"].Int(0) != 1234 || got["x"].Uint(0) != 0xabcdef || got["y"].Uint(0) != 1<<40 {
+		t.Errorf("scalars wrong: %v", vals)
+	}
+	if string(got["name"].Text()) != "hello" {
+		t.Errorf("name %q", got["name"].Text())
+	}
+	if v := got["vals"]; v.Len() != 3 || v.Uint(0) != 1 || v.Uint(2) != 3 {
+		t.Errorf("vals %v", v)
+	}
+	// A location past the record's end is refused.
+	bad := append([]byte(nil), raw...)
+	binary.LittleEndian.PutUint32(bad[8:], 60|10<<16)
+	if _, ok := l.transcode(nil, bad); ok {
+		t.Error("transcode took a location outside the record")
+	}
+	if _, ok := l.transcode(nil, raw[:20]); ok {
+		t.Error("transcode took a short record")
+	}
+}
+
+// FuzzTranscode: any raw record is transcoded into a payload its class
+// decodes, or refused; never a panic.
+func FuzzTranscode(f *testing.F) {
+	fm, err := tracefs.ParseFormat("t", []byte(dynFormat))
+	if err != nil {
+		f.Fatal(err)
+	}
+	l, err := newLayout(fm)
+	if err != nil {
+		f.Fatal(err)
+	}
+	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(make([]byte, 32))
+	f.Add(append(make([]byte, 32), "abc\x00"...))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		p, ok := l.transcode(nil, raw)
+		if !ok {
+			return
+		}
+		if _, err := cls.Decode(p, nil); err != nil {
+			t.Fatalf("transcoded payload does not decode: %v", err)
+		}
+	})
+}

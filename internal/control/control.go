@@ -1,0 +1,364 @@
+// Package control serves a running recording's control directory,
+// /run/kconsume/NAME/, in the manner of the kernel's trace control files:
+// state (reads "running" or "stopped"; "echo stop > state" and
+// "echo start > state" act), dropped (read), rewind (write), nr_sub and
+// sub_size (read); and a unix socket, ctl.sock, over which kconsume ctl
+// sends commands and gets replies.
+//
+// A live session holds an exclusive flock on .lock in its directory: a
+// directory whose lock is free was left by a killed session and is
+// replaced.
+package control
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultRoot is where control directories live.
+const DefaultRoot = "/run/kconsume"
+
+// Handler carries out commands for a session.
+type Handler interface {
+	// Do runs cmd (start, stop, flush, snapshot, rewind, reset, status) on
+	// every CPU, or on cpu alone when cpu >= 0, and returns the reply
+	// text.
+	Do(cmd string, cpu int) (string, error)
+	// Files returns the current content of the read files: state,
+	// dropped, nr_sub, sub_size.
+	Files() map[string]string
+}
+
+// ErrRunning is returned by Serve when a live session has the name.
+var ErrRunning = errors.New("a session with this name is running")
+
+// Server is one session's control directory.
+type Server struct {
+	dir  string
+	h    Handler
+	lock *os.File
+	ln   net.Listener
+	ino  int
+	stop int // eventfd that ends watch
+	wg   sync.WaitGroup
+	mu   sync.Mutex // serializes commands
+	once sync.Once
+	// last holds what Refresh wrote, so the inotify event of our own
+	// write is not taken for a user's.
+	last map[string]string
+}
+
+// Names of the files.
+const (
+	fileState   = "state"
+	fileDropped = "dropped"
+	fileRewind  = "rewind"
+	fileNrSub   = "nr_sub"
+	fileSubSize = "sub_size"
+	fileLock    = ".lock"
+	fileSocket  = "ctl.sock"
+)
+
+// CheckName accepts names usable as one path element.
+func CheckName(name string) error {
+	if name == "" || name == "." || name == ".." || len(name) > 64 || strings.ContainsAny(name, "/\x00") || strings.HasPrefix(name, ".") {
+		return fmt.Errorf("session name %q: want 1..64 characters, no '/', not starting with '.'", name)
+	}
+	return nil
+}
+
+// Serve creates root/name (root-only permissions), takes its lock, writes
+// the files and starts serving. It fails with ErrRunning when another live
+// session holds the name; a stale directory is replaced.
+func Serve(root, name string, h Handler) (*Server, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("control directory: %w", err)
+	}
+	dir := filepath.Join(root, name)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("control directory: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, fileLock), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("control directory: %w", err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(lock.Name())
+		lock.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("session %q (pid %s): %w", name, strings.TrimSpace(string(pid)), ErrRunning)
+		}
+		return nil, fmt.Errorf("control directory lock: %w", err)
+	}
+	// The lock is ours: whatever else is here is stale.
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if e.Name() != fileLock {
+			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		}
+	}
+	_ = lock.Truncate(0)
+	_, _ = lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	s := &Server{dir: dir, h: h, lock: lock, ino: -1, stop: -1, last: map[string]string{}}
+	fail := func(err error) (*Server, error) {
+		s.Close()
+		return nil, err
+	}
+	if err := s.Refresh(); err != nil {
+		return fail(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, fileRewind), nil, 0o200); err != nil {
+		return fail(fmt.Errorf("control directory: %w", err))
+	}
+	if s.ln, err = net.Listen("unix", filepath.Join(dir, fileSocket)); err != nil {
+		return fail(fmt.Errorf("control socket: %w", err))
+	}
+	if err := os.Chmod(filepath.Join(dir, fileSocket), 0o600); err != nil {
+		return fail(err)
+	}
+	if s.ino, err = unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK); err != nil {
+		return fail(fmt.Errorf("inotify: %w", err))
+	}
+	if s.stop, err = unix.Eventfd(0, unix.EFD_CLOEXEC); err != nil {
+		return fail(fmt.Errorf("eventfd: %w", err))
+	}
+	if _, err := unix.InotifyAddWatch(s.ino, dir, unix.IN_CLOSE_WRITE); err != nil {
+		return fail(fmt.Errorf("inotify: %w", err))
+	}
+	s.wg.Add(2)
+	go s.accept()
+	go s.watch()
+	return s, nil
+}
+
+// Dir returns the control directory.
+func (s *Server) Dir() string { return s.dir }
+
+// Refresh rewrites the read files with the handler's current values. Each
+// file is replaced by rename, so a reader never sees half a value.
+func (s *Server) Refresh() error {
+	files := s.h.Files()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, name := range []string{fileState, fileDropped, fileNrSub, fileSubSize} {
+		v := files[name] + "\n"
+		if s.last[name] == v {
+			continue
+		}
+		tmp := filepath.Join(s.dir, "."+name+".tmp")
+		if err := os.WriteFile(tmp, []byte(v), 0o600); err != nil {
+			return fmt.Errorf("control file %s: %w", name, err)
+		}
+		if err := os.Rename(tmp, filepath.Join(s.dir, name)); err != nil {
+			return fmt.Errorf("control file %s: %w", name, err)
+		}
+		s.last[name] = v
+	}
+	return nil
+}
+
+func (s *Server) do(cmd string, cpu int) (string, error) {
+	s.mu.Lock()
+	out, err := s.h.Do(cmd, cpu)
+	s.mu.Unlock()
+	_ = s.Refresh()
+	return out, err
+}
+
+// watch acts on writes to state and rewind.
+func (s *Server) watch() {
+	defer s.wg.Done()
+	buf := make([]byte, 4096)
+	fds := []unix.PollFd{{Fd: int32(s.ino), Events: unix.POLLIN}, {Fd: int32(s.stop), Events: unix.POLLIN}}
+	for {
+		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		n, err := unix.Read(s.ino, buf)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+				continue
+			}
+			return
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			nameBytes := buf[off+unix.SizeofInotifyEvent : off+unix.SizeofInotifyEvent+int(ev.Len)]
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+			if ev.Mask&unix.IN_IGNORED != 0 {
+				return
+			}
+			switch strings.TrimRight(string(nameBytes), "\x00") {
+			case fileState:
+				s.stateWritten()
+			case fileRewind:
+				_, _ = s.do("rewind", -1)
+			}
+		}
+	}
+}
+
+// stateWritten reads what a user wrote into state and acts on it.
+func (s *Server) stateWritten() {
+	b, err := os.ReadFile(filepath.Join(s.dir, fileState))
+	if err != nil {
+		return
+	}
+	v := strings.TrimSpace(string(b))
+	s.mu.Lock()
+	own := s.last[fileState] == v+"\n"
+	s.mu.Unlock()
+	if own {
+		return
+	}
+	switch v {
+	case "start", "running", "1":
+		_, _ = s.do("start", -1)
+	case "stop", "stopped", "0":
+		_, _ = s.do("stop", -1)
+	}
+	// Whatever was written, state shows the truth again.
+	s.mu.Lock()
+	delete(s.last, fileState)
+	s.mu.Unlock()
+	_ = s.Refresh()
+}
+
+// accept serves ctl.sock: one request line "CMD CPU", one reply: "ok" and
+// the reply text, or "error MESSAGE".
+func (s *Server) accept() {
+	defer s.wg.Done()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(time.Minute))
+			line, err := bufio.NewReader(c).ReadString('\n')
+			if err != nil {
+				return
+			}
+			f := strings.Fields(line)
+			cpu := -1
+			if len(f) == 2 {
+				cpu, err = strconv.Atoi(f[1])
+			}
+			if len(f) < 1 || len(f) > 2 || err != nil {
+				fmt.Fprintf(c, "error bad request %q\n", strings.TrimSpace(line))
+				return
+			}
+			out, err := s.do(f[0], cpu)
+			if err != nil {
+				fmt.Fprintf(c, "error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+				return
+			}
+			fmt.Fprintf(c, "ok\n%s", out)
+		}()
+	}
+}
+
+// Close stops serving and removes the directory.
+func (s *Server) Close() error {
+	var err error
+	s.once.Do(func() {
+		if s.ln != nil {
+			_ = s.ln.Close()
+		}
+		if s.stop >= 0 {
+			var one [8]byte
+			one[0] = 1
+			_, _ = unix.Write(s.stop, one[:])
+		}
+		entries, _ := os.ReadDir(s.dir)
+		for _, e := range entries {
+			if e.Name() != fileLock {
+				_ = os.RemoveAll(filepath.Join(s.dir, e.Name()))
+			}
+		}
+		_ = os.Remove(filepath.Join(s.dir, fileLock))
+		err = os.Remove(s.dir)
+		s.wg.Wait()
+		for _, fd := range []int{s.ino, s.stop} {
+			if fd >= 0 {
+				_ = unix.Close(fd)
+			}
+		}
+		_ = s.lock.Close()
+	})
+	return err
+}
+
+// Send sends one command to the named session and returns its reply.
+func Send(root, name, cmd string, cpu int) (string, error) {
+	c, err := net.DialTimeout("unix", filepath.Join(root, name, fileSocket), 5*time.Second)
+	if err != nil {
+		return "", fmt.Errorf("session %q is not running (%w)", name, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
+	if _, err := fmt.Fprintf(c, "%s %d\n", cmd, cpu); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(c)
+	status, err := r.ReadString('\n')
+	if err != nil {
+		return "", fmt.Errorf("session %q: no reply: %w", name, err)
+	}
+	if msg, ok := strings.CutPrefix(status, "error "); ok {
+		return "", errors.New(strings.TrimSpace(msg))
+	}
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return "", err
+	}
+	return string(body), nil
+}
+
+// Sessions returns the names of the live sessions under root: those whose
+// lock is held.
+func Sessions(root string) ([]string, error) {
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		f, err := os.Open(filepath.Join(root, e.Name(), fileLock))
+		if err != nil {
+			continue
+		}
+		if unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB) != nil {
+			out = append(out, e.Name())
+		}
+		f.Close()
+	}
+	return out, nil
+}
