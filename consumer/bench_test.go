@@ -321,6 +321,12 @@ func BenchmarkConcurrent(b *testing.B) {
 	b.ReportMetric(float64(emitted-emitted0)/elapsed.Seconds(), "rec/s")
 	b.ReportMetric(float64(lost), "lost")
 	b.ReportMetric(100*cpu.Seconds()/elapsed.Seconds(), "consumer-%cpu")
+	st, _ := r.s.Stats()
+	var wk uint64
+	for _, c := range st {
+		wk += c.Wakeups
+	}
+	b.ReportMetric(float64(wk)/elapsed.Seconds(), "wakeups/s")
 }
 
 // loopCPUTime returns the CPU time of the drainer thread so far.

@@ -86,7 +86,7 @@ type Config struct {
 	Clock     Clock
 
 	// RingSize is the size of each BPF ring buffer or perf ring in bytes, a
-	// power-of-two number of pages (default 1 MiB).
+	// power-of-two number of pages (default 4 MiB).
 	RingSize int
 	// Watermark is how many unread bytes make the producer wake the
 	// consumer (default RingSize/4). Below it, the consumer picks data up
@@ -108,7 +108,7 @@ type Config struct {
 const (
 	DefaultSubbufSize    = 256 << 10
 	DefaultNSubbufs      = 8
-	DefaultRingSize      = 1 << 20
+	DefaultRingSize      = 4 << 20
 	DefaultLatency       = time.Millisecond
 	DefaultReorderWindow = time.Millisecond
 	DefaultReorderMax    = 1024

@@ -832,12 +832,12 @@ func (s *Session) drainAll(cutoff uint64) (more bool) {
 		var left uint64
 		if st.rb != nil {
 			s.drainRingbuf(st, cutoff)
-			left = st.rb.producer() - st.rb.cons
+			left = st.rb.producer() - atomic.LoadUint64(st.rb.consPos)
 		} else if st.pr != nil {
 			s.drainPerf(st, cutoff)
 			left = st.pr.head() - st.pr.tail
 		}
-		if left >= uint64(s.cfg.Watermark)/4 {
+		if left >= uint64(s.cfg.Watermark)/8 {
 			more = true
 		}
 	}
