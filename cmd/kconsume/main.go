@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"flag"
 	"fmt"
@@ -106,56 +105,6 @@ func oneDir(fs *flag.FlagSet, args []string) (string, error) {
 		return "", usageError{fmt.Errorf("want one trace directory, got %d arguments", fs.NArg())}
 	}
 	return fs.Arg(0), nil
-}
-
-func report(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("report", "report DIR", "kconsume report /tmp/trace", stderr)
-	dir, err := oneDir(fs, args)
-	if err != nil {
-		return err
-	}
-	tr, err := relayfmt.Open(dir)
-	if err != nil {
-		return err
-	}
-	m, err := tr.Merge()
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	w := bufio.NewWriterSize(stdout, 1<<16)
-	var vals []relayfmt.Value
-	var line []byte
-	for m.Next() {
-		it := m.Item()
-		line = line[:0]
-		switch it.Kind {
-		case relayfmt.DiscardedEvents, relayfmt.DiscardedPackets:
-			what := "events"
-			if it.Kind == relayfmt.DiscardedPackets {
-				what = "packets"
-			}
-			line = fmt.Appendf(line, "%s cpu%d LOST %d %s between %s and %s\n", stamp(it.Time), it.CPU, it.Count, what, stamp(it.Begin), stamp(it.End))
-		default:
-			if vals, err = it.Fields(vals); err != nil {
-				return fmt.Errorf("%s: offset %d: %w", it.Stream, it.Offset, err)
-			}
-			line = fmt.Appendf(line, "%s cpu%d %s:", stamp(it.Time), it.CPU, it.Class.Name)
-			for _, v := range vals {
-				line = append(append(append(line, ' '), v.Field.Name...), '=')
-				line = relayfmt.AppendValue(line, v)
-			}
-			line = append(line, '\n')
-		}
-		if _, err := w.Write(line); err != nil {
-			return err
-		}
-	}
-	if err := m.Err(); err != nil {
-		w.Flush()
-		return fmt.Errorf("%w (kconsume recover %s cuts damaged files back to their last whole packet)", err, dir)
-	}
-	return w.Flush()
 }
 
 func stamp(ns uint64) string { return fmt.Sprintf("%d.%09d", ns/1e9, ns%1e9) }

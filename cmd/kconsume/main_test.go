@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -248,4 +250,82 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatal("timed out waiting")
+}
+
+// TestReportFilters runs report's filters on the golden trace and checks
+// each printed line against them; --json lines must be valid JSON with
+// the same events.
+func TestReportFilters(t *testing.T) {
+	golden := filepath.Join("..", "..", "relayfmt", "testdata", "golden", "basic")
+	code, all, stderr := runCmd("report", golden)
+	if code != 0 {
+		t.Fatalf("report: %d %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(all), "\n")
+	count := func(args ...string) []string {
+		t.Helper()
+		code, out, stderr := runCmd(append([]string{"report", golden}, args...)...)
+		if code != 0 {
+			t.Fatalf("report %v: exit %d: %s", args, code, stderr)
+		}
+		out = strings.TrimSpace(out)
+		if out == "" {
+			return nil
+		}
+		return strings.Split(out, "\n")
+	}
+	want := func(pred func(l string) bool) int {
+		n := 0
+		for _, l := range lines {
+			if pred(l) {
+				n++
+			}
+		}
+		return n
+	}
+	if got, w := len(count("-e", "sys1:*")), want(func(l string) bool { return strings.Contains(l, " sys1:") }); got != w || w == 0 {
+		t.Errorf("-e sys1:*: %d lines, want %d", got, w)
+	}
+	if got, w := len(count("-e", "event_5,event_6")), want(func(l string) bool {
+		return strings.Contains(l, ":event_5:") || strings.Contains(l, ":event_6:")
+	}); got != w || w == 0 {
+		t.Errorf("-e event_5,event_6: %d lines, want %d", got, w)
+	}
+	if got, w := len(count("--cpu", "1")), want(func(l string) bool { return strings.Contains(l, " cpu1 ") }); got != w || w == 0 {
+		t.Errorf("--cpu 1: %d lines, want %d", got, w)
+	}
+	window := count("--since", "+100ms", "--until", "0.5")
+	if len(window) == 0 || len(window) >= len(lines) {
+		t.Fatalf("--since/--until: %d of %d lines", len(window), len(lines))
+	}
+	for _, l := range window {
+		ts, _ := strconv.ParseFloat(strings.Fields(l)[0], 64)
+		if ts < 0.101001531-1e-9 || ts > 0.5 {
+			t.Fatalf("line outside the window: %s", l)
+		}
+	}
+	js := count("--json")
+	if len(js) != len(lines) {
+		t.Fatalf("--json: %d lines, text %d", len(js), len(lines))
+	}
+	lost := 0
+	for _, l := range js {
+		var obj map[string]any
+		if err := json.Unmarshal([]byte(l), &obj); err != nil {
+			t.Fatalf("not JSON: %s: %v", l, err)
+		}
+		if _, ok := obj["lost"]; ok {
+			lost++
+		} else if _, ok := obj["fields"].(map[string]any); !ok {
+			t.Fatalf("event without fields: %s", l)
+		}
+	}
+	if lost != want(func(l string) bool { return strings.Contains(l, " LOST ") }) {
+		t.Errorf("--json has %d losses", lost)
+	}
+	for _, bad := range [][]string{{"--since", "yesterday"}, {"--since", "+1s", "--until", "+1ms"}, {"-e", "["}, {"--bogus"}} {
+		if code, _, _ := runCmd(append([]string{"report", golden}, bad...)...); code != 2 {
+			t.Errorf("report %v: exit %d, want 2", bad, code)
+		}
+	}
 }
