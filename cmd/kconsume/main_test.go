@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -327,5 +330,43 @@ func TestReportFilters(t *testing.T) {
 		if code, _, _ := runCmd(append([]string{"report", golden}, bad...)...); code != 2 {
 			t.Errorf("report %v: exit %d, want 2", bad, code)
 		}
+	}
+}
+
+// TestMetrics scrapes --metrics while a record runs.
+func TestMetrics(t *testing.T) {
+	testenv.RequireRoot(t)
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := runCmd("record", "-q", "-o", filepath.Join(t.TempDir(), "t"), "-e", "sched:sched_switch", "--duration", "2s", "--metrics", addr)
+		done <- code
+	}()
+	var body string
+	waitFor(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode == 200 && strings.Contains(body, `kconsume_events_total{cpu="0"}`)
+	})
+	for _, want := range []string{"# TYPE kconsume_lost_total counter", `layer="kernel"`, "kconsume_running 1", "kconsume_emitted_total"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if code := <-done; code != 0 {
+		t.Fatalf("record: exit %d", code)
 	}
 }

@@ -96,6 +96,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		force         = fs.Bool("force", false, "replace a trace already in the output directory")
 		session       = fs.String("session", "", "session `name` for kconsume ctl (default: the output directory's name)")
 		quiet         = fs.Bool("q", false, "no live status line")
+		metrics       = fs.String("metrics", "", "serve the per-CPU counters in Prometheus text format at http://`addr`/metrics")
 	)
 	fs.Var(&events, "e", "`event`s to record (repeat or separate with commas)")
 	fs.Var(&pids, "pid", "record only these thread or process `id`s (repeat or commas)")
@@ -182,6 +183,15 @@ func record(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	h.set(s)
+	if *metrics != "" {
+		addr, stopMetrics, err := serveMetrics(*metrics, h)
+		if err != nil {
+			s.Close()
+			return usageError{err}
+		}
+		defer stopMetrics()
+		fmt.Fprintf(stderr, "kconsume record: metrics at http://%s/metrics\n", addr)
+	}
 	r := &recorder{s: s, srv: srv, stdout: stdout, stderr: stderr, start: time.Now(), live: !*quiet && isTerminal(os.Stderr)}
 	return r.run(fs.Args(), *duration)
 }
