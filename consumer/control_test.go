@@ -184,30 +184,12 @@ func TestDataLoc(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := relayfmt.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := tr.Merge()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	var vals []relayfmt.Value
 	found := false
-	for m.Next() {
-		if vals, err = m.Item().Fields(vals); err != nil {
-			t.Fatal(err)
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if string(field(vals, "filename").Text()) == os.Args[0] {
+			found = true
 		}
-		for _, v := range vals {
-			if v.Field.Name == "filename" && string(v.Text()) == os.Args[0] {
-				found = true
-			}
-		}
-	}
-	if err := m.Err(); err != nil {
-		t.Fatal(err)
-	}
+	})
 	if !found {
 		t.Fatalf("no sched_process_exec with filename %q", os.Args[0])
 	}

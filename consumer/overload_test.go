@@ -15,35 +15,14 @@ import (
 // in dir, in merged order, and the discarded count of our reader.
 func closeFDs(t *testing.T, dir string) (fds []int, lost uint64) {
 	t.Helper()
-	tr, err := relayfmt.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := tr.Merge()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	var vals []relayfmt.Value
-	for m.Next() {
-		it := m.Item()
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
 		switch it.Kind {
 		case relayfmt.DiscardedEvents:
 			lost += it.Count
 		case relayfmt.EventItem:
-			if vals, err = it.Fields(vals); err != nil {
-				t.Fatal(err)
-			}
-			for _, v := range vals {
-				if v.Field.Name == "fd" {
-					fds = append(fds, int(v.Uint(0))-closeBase)
-				}
-			}
+			fds = append(fds, int(field(vals, "fd").Uint(0))-closeBase)
 		}
-	}
-	if err := m.Err(); err != nil {
-		t.Fatal(err)
-	}
+	})
 	return fds, lost
 }
 
@@ -181,45 +160,24 @@ func TestSchedSwitch(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := relayfmt.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := tr.Merge()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	var vals []relayfmt.Value
 	total, mine := 0, 0
-	for m.Next() {
-		it := m.Item()
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
 		if it.Kind != relayfmt.EventItem {
 			t.Fatalf("unexpected notice %+v", it)
 		}
-		if vals, err = it.Fields(vals); err != nil {
-			t.Fatal(err)
-		}
-		f := map[string]relayfmt.Value{}
-		for _, v := range vals {
-			f[v.Field.Name] = v
-		}
 		total++
-		if f["common_pid"].Int(0) != f["prev_pid"].Int(0) {
-			t.Fatalf("event %d: common_pid %d != prev_pid %d", total, f["common_pid"].Int(0), f["prev_pid"].Int(0))
+		if field(vals, "common_pid").Int(0) != field(vals, "prev_pid").Int(0) {
+			t.Fatalf("event %d: common_pid %d != prev_pid %d", total, field(vals, "common_pid").Int(0), field(vals, "prev_pid").Int(0))
 		}
 		for _, side := range []string{"prev", "next"} {
-			if int(f[side+"_pid"].Int(0)) == c.tid {
+			if int(field(vals, side+"_pid").Int(0)) == c.tid {
 				mine++
-				if got := string(f[side+"_comm"].Text()); got != comm {
+				if got := string(field(vals, side+"_comm").Text()); got != comm {
 					t.Fatalf("%s_comm %q for pid %d, /proc says %q", side, got, c.tid, comm)
 				}
 			}
 		}
-	}
-	if err := m.Err(); err != nil {
-		t.Fatal(err)
-	}
+	})
 	if mine < 200 {
 		t.Fatalf("%d switches of the child (of %d), want at least 200 (it slept 200 times)", mine, total)
 	}

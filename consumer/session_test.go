@@ -138,8 +138,10 @@ func newTestSession(t *testing.T, cfg Config) (*Session, string) {
 	return s, cfg.Dir
 }
 
-// countEvents reads dir with our reader: events by name and discarded.
-func countEvents(t *testing.T, dir string) (map[string]int, uint64) {
+// walkTrace reads dir with our reader in merged order, failing t if time
+// goes back, and calls fn for every item with its decoded fields (nil for
+// a notice).
+func walkTrace(t *testing.T, dir string, fn func(it *relayfmt.Item, vals []relayfmt.Value)) {
 	t.Helper()
 	tr, err := relayfmt.Open(dir)
 	if err != nil {
@@ -150,8 +152,7 @@ func countEvents(t *testing.T, dir string) (map[string]int, uint64) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	counts := map[string]int{}
-	var lost uint64
+	var vals []relayfmt.Value
 	var last uint64
 	for m.Next() {
 		it := m.Item()
@@ -159,17 +160,43 @@ func countEvents(t *testing.T, dir string) (map[string]int, uint64) {
 			t.Fatalf("merged trace goes back in time: %d after %d", it.Time, last)
 		}
 		last = it.Time
-		if it.Kind == relayfmt.DiscardedEvents {
-			lost += it.Count
+		if it.Kind != relayfmt.EventItem {
+			fn(it, nil)
 			continue
 		}
-		if it.Kind == relayfmt.EventItem {
-			counts[it.Class.Name]++
+		if vals, err = it.Fields(vals); err != nil {
+			t.Fatal(err)
 		}
+		fn(it, vals)
 	}
 	if err := m.Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// field returns the value of the named field, or a zero Value.
+func field(vals []relayfmt.Value, name string) relayfmt.Value {
+	for _, v := range vals {
+		if v.Field.Name == name {
+			return v
+		}
+	}
+	return relayfmt.Value{}
+}
+
+// countEvents reads dir with our reader: events by name and discarded.
+func countEvents(t *testing.T, dir string) (map[string]int, uint64) {
+	t.Helper()
+	counts := map[string]int{}
+	var lost uint64
+	walkTrace(t, dir, func(it *relayfmt.Item, _ []relayfmt.Value) {
+		switch it.Kind {
+		case relayfmt.DiscardedEvents:
+			lost += it.Count
+		case relayfmt.EventItem:
+			counts[it.Class.Name]++
+		}
+	})
 	return counts, lost
 }
 
