@@ -379,6 +379,7 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 		r.s.Close()
 		return err
 	}
+	_ = r.srv.Refresh()
 	var cmd *exec.Cmd
 	cmdDone := make(chan error, 1)
 	if len(command) > 0 {

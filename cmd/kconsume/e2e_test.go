@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+)
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// kconsumeBin builds the command once per test binary, as a user would
+// run it.
+func kconsumeBin(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kconsume-e2e")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "kconsume")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = err
+			t.Logf("%s", out)
+		}
+	})
+	if binErr != nil {
+		t.Fatalf("building kconsume: %v", binErr)
+	}
+	return binPath
+}
+
+// shell runs a command line in sh and returns its output and exit code.
+func shell(t *testing.T, line string) (string, int) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", line)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+// TestE2EControlFromShell runs the built binary: record in the background,
+// then from a shell: cat state and dropped, echo stop > state, ctl status,
+// and kconsume report on the finished trace.
+func TestE2EControlFromShell(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := kconsumeBin(t)
+	out := filepath.Join(t.TempDir(), "t")
+	name := "e2e" + strings.ReplaceAll(filepath.Base(filepath.Dir(out)), "/", "")
+	rec := exec.Command(bin, "record", "-o", out, "--session", name, "-e", "sched:sched_switch", "--duration", "3s")
+	var recOut bytes.Buffer
+	rec.Stdout, rec.Stderr = &recOut, &recOut
+	if err := rec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctl := filepath.Join("/run/kconsume", name)
+	waitFor(t, func() bool { _, err := os.Stat(filepath.Join(ctl, "ctl.sock")); return err == nil })
+	// state reads stopped while the session loads, running once the gate opens.
+	waitFor(t, func() bool { o, _ := shell(t, "cat "+ctl+"/state"); return strings.TrimSpace(o) == "running" })
+	if o, code := shell(t, "cat "+ctl+"/dropped"); code != 0 || strings.TrimSpace(o) != "0" {
+		t.Fatalf("cat dropped: %q", o)
+	}
+	if _, code := shell(t, "echo stop > "+ctl+"/state"); code != 0 {
+		t.Fatal("echo stop > state failed")
+	}
+	waitFor(t, func() bool { o, _ := shell(t, "cat "+ctl+"/state"); return strings.TrimSpace(o) == "stopped" })
+	if o, code := shell(t, bin+" ctl --session "+name+" status"); code != 0 || !strings.Contains(o, "state stopped") {
+		t.Fatalf("ctl status: %d %s", code, o)
+	}
+	if err := rec.Wait(); err != nil {
+		t.Fatalf("record: %v\n%s", err, recOut.String())
+	}
+	if o, code := shell(t, bin+" report "+out+" | head -1"); code != 0 || !strings.Contains(o, "sched:sched_switch:") {
+		t.Fatalf("report: %d %q", code, o)
+	}
+}
+
+// TestE2EKillRecover: SIGKILL a recording; kconsume recover makes the
+// files readable by babeltrace2.
+func TestE2EKillRecover(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := kconsumeBin(t)
+	out := filepath.Join(t.TempDir(), "t")
+	rec := exec.Command(bin, "record", "-q", "-o", out, "-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K")
+	var recOut bytes.Buffer
+	rec.Stdout, rec.Stderr = &recOut, &recOut
+	if err := rec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = rec.Wait(); close(exited) }()
+	// Let sub-buffers reach the disk, then kill it mid-write.
+	waitFor(t, func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("record exited early: %s", recOut.String())
+		default:
+		}
+		m, _ := filepath.Glob(filepath.Join(out, "trace*"))
+		for _, f := range m {
+			if fi, err := os.Stat(f); err == nil && fi.Size() >= 3*4096 {
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(100 * time.Millisecond)
+	_ = rec.Process.Signal(syscall.SIGKILL)
+	<-exited
+	if o, code := shell(t, bin+" recover "+out); code != 0 {
+		t.Fatalf("recover: %d %s", code, o)
+	}
+	testenv.RunBT2(t, out)
+	if o, code := shell(t, bin+" stats "+out); code != 0 {
+		t.Fatalf("stats after recover: %d %s", code, o)
+	}
+	// The killed session's control directory is stale: a new record with
+	// the same name replaces it.
+	out2 := filepath.Join(t.TempDir(), "t")
+	if o, code := shell(t, bin+" record -q -o "+out2+" --session t -e sched:sched_switch --duration 100ms"); code != 0 {
+		t.Fatalf("record after a killed session: %d %s", code, o)
+	}
+}
+
+// TestE2ENotRoot: without privileges, one line and exit 1.
+func TestE2ENotRoot(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := kconsumeBin(t)
+	// nobody must be able to run the binary from its temp directory.
+	if err := os.Chmod(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "record", "-o", filepath.Join(os.TempDir(), "kc-nobody"), "-e", "sched:sched_switch")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 1 {
+		t.Fatalf("as nobody: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "CAP_BPF") {
+		t.Fatalf("as nobody, want one line naming CAP_BPF: %q", out)
+	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
