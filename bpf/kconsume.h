@@ -52,7 +52,8 @@ struct kc_cpu_state {
 	__u64 lost;     /* reserve or output failures: records lost in the kernel */
 	__u32 disabled; /* consumer's per-CPU record disable */
 	__u32 pad0;
-	__u64 pad[5];
+	__u64 wakeups;  /* forced wakeups of the consumer (watermark crossings) */
+	__u64 pad[4];
 };
 
 /* Set before load (rodata); the verifier prunes the branches not taken. */
@@ -113,12 +114,14 @@ struct {
  * up with, kernel/bpf/ringbuf.c:bpf_ringbuf_commit). Below the watermark
  * the consumer's latency timer picks the data up.
  */
-static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size)
+static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size, struct kc_cpu_state *st)
 {
 	__u64 avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
 
-	if (avail < kc_wakeup_bytes && avail + size + 8 >= kc_wakeup_bytes)
+	if (avail < kc_wakeup_bytes && avail + size + 8 >= kc_wakeup_bytes) {
+		st->wakeups++;
 		return BPF_RB_FORCE_WAKEUP;
+	}
 	return BPF_RB_NO_WAKEUP;
 }
 #endif
@@ -183,7 +186,7 @@ static __always_inline long kc_emit_end(void *ctx, struct kc_scratch *s, struct 
 			st->lost++;
 			return -2; /* -ENOENT: no ring for this CPU */
 		}
-		err = bpf_ringbuf_output(ring, s, size, kc_wakeup_flags(ring, size));
+		err = bpf_ringbuf_output(ring, s, size, kc_wakeup_flags(ring, size, st));
 	}
 #endif
 	if (err)

@@ -301,6 +301,15 @@ func BenchmarkConcurrent(b *testing.B) {
 			}
 		}
 	}()
+	// The drainer on CPU 0, the producer on CPU 1: a drainer woken onto
+	// the producer's CPU would wait out a whole bpf_loop run, which keeps
+	// preemption off for milliseconds.
+	waitLoop(b, r.s)
+	var c0 unix.CPUSet
+	c0.Set(0)
+	if err := unix.SchedSetaffinity(int(r.s.loopTID.Load()), &c0); err != nil {
+		b.Fatal(err)
+	}
 	cpu0 := r.s.loopCPUTime()
 	start := time.Now()
 	_, emitted0 := r.lost()
@@ -327,6 +336,21 @@ func BenchmarkConcurrent(b *testing.B) {
 		wk += c.Wakeups
 	}
 	b.ReportMetric(float64(wk)/elapsed.Seconds(), "wakeups/s")
+	var forced uint64
+	for cpu := 0; cpu < r.s.ncpu; cpu++ {
+		forced += atomic.LoadUint64(&r.s.cpuState(cpu).Wakeups)
+	}
+	b.ReportMetric(float64(forced)/elapsed.Seconds(), "forced-wakeups/s")
+}
+
+// waitLoop waits until the drainer thread has started.
+func waitLoop(tb testing.TB, s *Session) {
+	for i := 0; s.loopTID.Load() == 0; i++ {
+		if i > 1000 {
+			tb.Fatal("drainer did not start")
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // loopCPUTime returns the CPU time of the drainer thread so far.

@@ -258,8 +258,16 @@ func parseCPUList(s string) ([]bool, error) {
 func (s *Session) drainPerf(st *stream, cutoff uint64) {
 	p, w := st.pr, st.win
 	head := p.head()
+	// Release every sixteenth of the ring, as drainRingbuf does. A record
+	// that starts before stop is whole: data_head only moves past whole
+	// records.
+	stop := min(head, p.tail+p.size/16)
 	for {
-		off, n, lost, pos, ok := p.next(head)
+		if p.tail >= stop && stop < head {
+			s.releasePerf(st)
+			stop = min(head, p.tail+p.size/16)
+		}
+		off, n, lost, pos, ok := p.next(stop)
 		if !ok {
 			break
 		}
@@ -291,9 +299,15 @@ func (s *Session) drainPerf(st *stream, cutoff uint64) {
 	for w.n > 0 && w.front().ts <= cutoff {
 		s.emit(st, w.pop())
 	}
-	if pos, ok := w.minPos(); ok {
-		p.release(pos)
+	s.releasePerf(st)
+}
+
+// releasePerf hands back the perf ring space before the oldest record
+// still waiting in the window, or all that was read.
+func (s *Session) releasePerf(st *stream) {
+	if pos, ok := st.win.minPos(); ok {
+		st.pr.release(pos)
 	} else {
-		p.release(p.tail)
+		st.pr.release(st.pr.tail)
 	}
 }

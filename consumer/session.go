@@ -851,8 +851,12 @@ func (s *Session) drainAll(cutoff uint64) (more bool) {
 func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	r, w := st.rb, st.win
 	limit := r.cons + r.size // one lap per call, so other rings get their turn
+	// Release space every sixteenth of the ring: a producer writing while
+	// we drain sees the consumer position and must not find the ring full
+	// because a whole lap was read before the first release.
+	batch := r.size / 16
 	for r.cons < limit {
-		prod := r.producer()
+		prod := min(r.producer(), r.cons+batch)
 		if r.cons >= prod {
 			break
 		}
@@ -875,18 +879,25 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 			}
 			w.push(entry{ts: binary.LittleEndian.Uint64(data[off:]), pos: pos, off: off, n: n})
 		}
-		if r.busyAt() {
-			break
+		s.releaseRingbuf(st)
+		if r.cons < prod || r.busyAt() {
+			break // a record still being written
 		}
 	}
 	s.placeLossesOf(st)
 	for w.n > 0 && w.front().ts <= cutoff {
 		s.emit(st, w.pop())
 	}
-	if p, ok := w.minPos(); ok {
-		r.release(p)
+	s.releaseRingbuf(st)
+}
+
+// releaseRingbuf hands back the ring space before the oldest record still
+// waiting in the window, or all that was read.
+func (s *Session) releaseRingbuf(st *stream) {
+	if p, ok := st.win.minPos(); ok {
+		st.rb.release(p)
 	} else {
-		r.release(r.cons)
+		st.rb.release(st.rb.cons)
 	}
 }
 

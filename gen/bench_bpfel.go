@@ -19,7 +19,8 @@ type BenchKcCpuState struct {
 	Lost     uint64
 	Disabled uint32
 	Pad0     uint32
-	Pad      [5]uint64
+	Wakeups  uint64
+	Pad      [4]uint64
 }
 
 type BenchKcScratch struct {
