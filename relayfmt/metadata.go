@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/rand"
 	"fmt"
-	"strconv"
 )
 
 // FormatVersion is written to the metadata's env block as kconsume_format;
@@ -112,7 +111,7 @@ env {
 	global = %d;
 `, formatUUID(m.UUID), FormatVersion, m.SubbufSize, m.NSubbufs, b2i(m.Global))
 	for _, k := range sortedKeys(m.Env) {
-		fmt.Fprintf(&b, "\t%s = %s;\n", k, strconv.Quote(m.Env[k]))
+		fmt.Fprintf(&b, "\t%s = %s;\n", k, tsdlQuote(m.Env[k]))
 	}
 	freq := m.Clock.freq()
 	offS, offNs := m.Clock.Offset/1e9, m.Clock.Offset%1e9
@@ -161,7 +160,7 @@ stream {
 	id = 0;
 	event.header := struct event_header_compact;
 	packet.context := struct packet_context;
-`, clk, strconv.Quote(m.Clock.Description), freq, offS, uint64(offNs)*freq/1e9, clk, clk)
+`, clk, tsdlQuote(m.Clock.Description), freq, offS, uint64(offNs)*freq/1e9, clk, clk)
 	if m.Global {
 		b.WriteString("\tevent.context := struct {\n\t\tuint32_t _cpu;\n\t} align(8);\n")
 	}
@@ -170,7 +169,7 @@ stream {
 		if c == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "\nevent {\n\tname = %s;\n\tid = %d;\n\tstream_id = 0;\n\tfields := struct {\n", strconv.Quote(c.Name), c.ID)
+		fmt.Fprintf(&b, "\nevent {\n\tname = %s;\n\tid = %d;\n\tstream_id = 0;\n\tfields := struct {\n", tsdlQuote(c.Name), c.ID)
 		for _, f := range c.Fields {
 			b.WriteString("\t\t")
 			writeField(&b, &f)
@@ -213,3 +212,10 @@ func b2i(b bool) int {
 	}
 	return 0
 }
+
+// tsdlQuote writes s as a TSDL string literal. TSDL readers differ in the
+// escapes they know (ours takes a backslash before any byte, babeltrace2 C
+// escapes), so only printable ASCII without quotes or backslashes is
+// written and other bytes become '?': what is written reads back the same
+// everywhere.
+func tsdlQuote(s string) string { return `"` + sanitize(s) + `"` }
