@@ -160,7 +160,7 @@ stream {
 	id = 0;
 	event.header := struct event_header_compact;
 	packet.context := struct packet_context;
-`, clk, tsdlQuote(m.Clock.Description), freq, offS, uint64(offNs)*freq/1e9, clk, clk)
+`, clk, tsdlQuote(m.Clock.Description), freq, offS, mulDiv(uint64(offNs), freq, 1e9, false), clk, clk)
 	if m.Global {
 		b.WriteString("\tevent.context := struct {\n\t\tuint32_t _cpu;\n\t} align(8);\n")
 	}

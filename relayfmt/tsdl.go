@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -643,10 +644,10 @@ func (m *Metadata) applyClock(es []entry) error {
 		}
 	}
 	c.Freq = freq
-	c.Offset = offS*1e9 + int64(off*1e9/freq)
-	if freq != 1e9 { // avoid the overflow of off*1e9 for coarse clocks
-		c.Offset = offS*1e9 + int64(float64(off)*1e9/float64(freq))
-	}
+	// Rounded up, so that the writer's rounding down gives the same
+	// cycles back (exactly when freq <= 1 GHz, and stably after one
+	// rewrite when the clock is finer than a nanosecond).
+	c.Offset = offS*1e9 + int64(mulDiv(off, 1e9, freq, true))
 	return nil
 }
 
@@ -825,3 +826,14 @@ func checkGeometry(subbufSize, nSubbufs int) error {
 }
 
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
+
+// mulDiv returns a*b/c rounded down, or up when ceil is set, computed in
+// 128 bits. The quotient must fit in 64 bits.
+func mulDiv(a, b, c uint64, ceil bool) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	q, r := bits.Div64(hi, lo, c)
+	if ceil && r != 0 {
+		q++
+	}
+	return q
+}
