@@ -108,6 +108,9 @@ type EventClass struct {
 	// field other sequences use as their length, the slot it fills; else -1.
 	lenSlot []int
 	nslots  int
+	// fsize[i] is field i's size when it is fixed and fills no length
+	// slot, or -1.
+	fsize []int
 }
 
 // maxStackSlots length fields are tracked without allocating.
@@ -201,6 +204,18 @@ func NewEventClass(id uint32, name string, fields []Field) (*EventClass, error) 
 			return nil, fmt.Errorf("event %q: field %q: unknown kind %d", name, f.Name, f.Kind)
 		}
 	}
+	// A field of fixed size that no sequence takes its length from is
+	// sized without a call: most fields of most events.
+	c.fsize = make([]int, len(c.Fields))
+	for i, f := range c.Fields {
+		c.fsize[i] = -1
+		switch {
+		case f.Kind == Scalar && c.lenSlot[i] < 0:
+			c.fsize[i] = f.Elem.Size()
+		case f.Kind == Array:
+			c.fsize[i] = f.Len * f.Elem.Size()
+		}
+	}
 	return c, nil
 }
 
@@ -238,11 +253,17 @@ func (c *EventClass) walk(b []byte, dst []Value, keep bool) ([]Value, int, error
 	if c.nslots > maxStackSlots {
 		slots = make([]uint64, c.nslots)
 	}
+	if len(c.fsize) != len(c.Fields) || len(c.lenSlot) != len(c.Fields) {
+		return dst, 0, fmt.Errorf("event %q: class not made by NewEventClass", c.Name)
+	}
 	off := 0
 	for i := range c.Fields {
-		n, err := c.fieldSize(i, b[off:], slots)
-		if err != nil {
-			return dst, 0, err
+		n := c.fsize[i]
+		if n < 0 || len(b)-off < n {
+			var err error
+			if n, err = c.fieldSize(i, b[off:], slots); err != nil {
+				return dst, 0, err
+			}
 		}
 		if keep {
 			raw := b[off : off+n]
