@@ -261,7 +261,7 @@ func bt2Path(t testing.TB) string {
 	return p
 }
 
-var bt2Discard = regexp.MustCompile(`discarded (\d+) (events|packets) between \[([0-9:.]+)\] and \[([0-9:.]+)\] .*within stream "([^"]+)"`)
+var bt2Discard = regexp.MustCompile(`discarded (\d+) (events?|packets?) between \[([0-9:.]+)\] and \[([0-9:.]+)\] .*within stream "([^"]+)"`)
 
 // runBT2 returns babeltrace2's event lines and its discard warnings in the
 // form noticeLine uses.
@@ -275,7 +275,7 @@ func runBT2(t testing.TB, dir string) (lines, notices []string) {
 		t.Fatalf("babeltrace2 %s: %v\n%s", dir, err, stderr.String())
 	}
 	for _, m := range bt2Discard.FindAllStringSubmatch(stderr.String(), -1) {
-		notices = append(notices, fmt.Sprintf("%s %s [%s,%s] %s", m[1], m[2], m[3], m[4], filepath.Base(m[5])))
+		notices = append(notices, fmt.Sprintf("%s %s [%s,%s] %s", m[1], strings.TrimSuffix(m[2], "s")+"s", m[3], m[4], filepath.Base(m[5])))
 	}
 	lines = strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
 	if len(lines) == 1 && lines[0] == "" {

@@ -45,7 +45,7 @@ func BT2(t testing.TB) string {
 	return p
 }
 
-var bt2Discard = regexp.MustCompile(`discarded (\d+) (events|packets) between \[([0-9:.]+)\] and \[([0-9:.]+)\] .*within stream "([^"]+)"`)
+var bt2Discard = regexp.MustCompile(`discarded (\d+) (events?|packets?) between \[([0-9:.]+)\] and \[([0-9:.]+)\] .*within stream "([^"]+)"`)
 
 // Discard is one "discarded N events/packets" warning of babeltrace2.
 type Discard struct {
@@ -69,7 +69,7 @@ func RunBT2(t testing.TB, dir string) (lines []string, discards []Discard) {
 	for _, m := range bt2Discard.FindAllStringSubmatch(stderr.String(), -1) {
 		var n int
 		fmt.Sscan(m[1], &n)
-		discards = append(discards, Discard{Count: n, Kind: m[2], Begin: m[3], End: m[4], Stream: filepath.Base(m[5])})
+		discards = append(discards, Discard{Count: n, Kind: strings.TrimSuffix(m[2], "s") + "s", Begin: m[3], End: m[4], Stream: filepath.Base(m[5])})
 	}
 	lines = strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
 	if len(lines) == 1 && lines[0] == "" {
