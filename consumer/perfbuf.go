@@ -91,9 +91,15 @@ func (p *perfRing) head() uint64 { return atomic.LoadUint64(p.headPtr()) }
 // release hands ring space before pos back to the kernel.
 func (p *perfRing) release(pos uint64) { atomic.StoreUint64(p.tailPtr(), pos) }
 
+// badSample is next's length for a sample whose raw size does not fit its
+// record: it is consumed and must be counted, not decoded.
+const badSample = ^uint32(0)
+
 // next returns the record at the tail and moves past it: where a sample's
 // raw bytes start (in data, or with wrapBit in a wrap copy) and their
-// length, or the count of a lost record; ok is false at head.
+// length (badSample for a malformed one), or the count of a lost record;
+// ok is false at head. Record types other than samples and losses are
+// skipped.
 func (p *perfRing) next(head uint64) (off, n uint32, lost, pos uint64, ok bool) {
 	for p.tail+8 <= head {
 		pos = p.tail
@@ -118,16 +124,16 @@ func (p *perfRing) next(head uint64) (off, n uint32, lost, pos uint64, ok bool) 
 		rec = rec[:size]
 		switch typ {
 		case perfRecordSample:
-			if len(rec) < 12 {
-				continue
+			if size < 12 {
+				return 0, badSample, 0, pos, true
 			}
 			n := binary.NativeEndian.Uint32(rec[8:])
 			if 12+uint64(n) > size {
-				continue
+				return 0, badSample, 0, pos, true
 			}
 			return base + 12, n, 0, pos, true
 		case perfRecordLost:
-			if len(rec) < 24 {
+			if size < 24 {
 				continue
 			}
 			return 0, 0, binary.NativeEndian.Uint64(rec[16:]), pos, true
@@ -264,12 +270,16 @@ func (s *Session) drainPerf(st *stream, cutoff uint64) {
 	stop := min(head, p.tail+p.size/16)
 	for {
 		if p.tail >= stop && stop < head {
-			s.releasePerf(st)
+			p.release(w.releasePos(p.tail))
 			stop = min(head, p.tail+p.size/16)
 		}
 		off, n, lost, pos, ok := p.next(stop)
 		if !ok {
 			break
+		}
+		if n == badSample {
+			s.undecodable(st)
+			continue
 		}
 		if w.full() {
 			s.emit(st, w.pop())
@@ -288,8 +298,7 @@ func (s *Session) drainPerf(st *stream, cutoff uint64) {
 		}
 		e := entry{pos: pos, off: off, n: n}
 		if n < uint32(recHdrLen) {
-			st.invalid++
-			_ = s.ch.Discard(st.idx, 1)
+			s.undecodable(st)
 			continue
 		}
 		e.ts = binary.LittleEndian.Uint64(st.record(e))
@@ -299,15 +308,5 @@ func (s *Session) drainPerf(st *stream, cutoff uint64) {
 	for w.n > 0 && w.front().ts <= cutoff {
 		s.emit(st, w.pop())
 	}
-	s.releasePerf(st)
-}
-
-// releasePerf hands back the perf ring space before the oldest record
-// still waiting in the window, or all that was read.
-func (s *Session) releasePerf(st *stream) {
-	if pos, ok := st.win.minPos(); ok {
-		st.pr.release(pos)
-	} else {
-		st.pr.release(st.pr.tail)
-	}
+	p.release(w.releasePos(p.tail))
 }

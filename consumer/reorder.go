@@ -69,19 +69,18 @@ func (w *window) pop() entry {
 	return e
 }
 
-// minPos returns the lowest ring position of a waiting record, or ok
-// false when none waits: the ring may be released up to it.
-func (w *window) minPos() (pos uint64, ok bool) {
+// releasePos returns how far the ring may be released: to the lowest
+// ring position of a waiting record, or to read (all that was read) when
+// none waits.
+func (w *window) releasePos(read uint64) uint64 {
+	pos, ok := read, false
 	for i := 0; i < w.n; i++ {
 		e := &w.buf[(w.head+i)&w.mask]
-		if e.n == 0 {
-			continue
-		}
-		if !ok || e.pos < pos {
+		if e.n != 0 && (!ok || e.pos < pos) {
 			pos, ok = e.pos, true
 		}
 	}
-	return pos, ok
+	return pos
 }
 
 // last returns the newest timestamp in the window, or 0.

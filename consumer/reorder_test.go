@@ -45,13 +45,13 @@ func TestWindowOrder(t *testing.T) {
 	}
 }
 
-func TestWindowMinPos(t *testing.T) {
+func TestWindowReleasePos(t *testing.T) {
 	w := newWindow(8)
 	w.push(entry{ts: 5, pos: 100, n: 1})
 	w.push(entry{ts: 3, pos: 200, n: 1})
 	w.push(entry{ts: 4, pos: 7}) // loss notice: no ring position
-	if p, ok := w.minPos(); !ok || p != 100 {
-		t.Fatalf("minPos %d %v, want 100", p, ok)
+	if p := w.releasePos(999); p != 100 {
+		t.Fatalf("releasePos %d, want 100", p)
 	}
 	if w.last() != 5 {
 		t.Fatalf("last %d", w.last())
@@ -59,8 +59,8 @@ func TestWindowMinPos(t *testing.T) {
 	for w.n > 0 {
 		w.pop()
 	}
-	if _, ok := w.minPos(); ok {
-		t.Fatal("minPos of an empty window")
+	if p := w.releasePos(42); p != 42 {
+		t.Fatalf("releasePos of an empty window %d, want 42 (all that was read)", p)
 	}
 }
 

@@ -66,10 +66,9 @@ func newRingbuf(fd int, size int) (*ringbuf, error) {
 // next returns where the record at the local consumer position starts in
 // data and its length, and moves past it; ok is false when the ring holds
 // no finished record. A discarded record (bpf_ringbuf_discard) comes back
-// with skip set. The
-// producer publishes with a release store of the header after the data
-// (bpf_ringbuf_commit), so the acquire load of the header orders the reads
-// of the data after it.
+// with skip set. The producer publishes with a release store of the header
+// after the data (bpf_ringbuf_commit), so the acquire load of the header
+// orders the reads of the data after it.
 func (r *ringbuf) next(prod uint64) (off, n uint32, pos uint64, skip, ok bool) {
 	if r.cons >= prod {
 		return 0, 0, 0, false, false
@@ -97,25 +96,16 @@ func (r *ringbuf) release(pos uint64) {
 	atomic.StoreUint64(r.consPos, pos)
 }
 
-// skipAll drops everything the ring holds now (reset).
+// skipAll drops everything the ring holds now (reset), up to a record
+// still being written.
 func (r *ringbuf) skipAll() {
+	prod := r.producer()
 	for {
-		prod := r.producer()
-		for {
-			if _, _, _, _, ok := r.next(prod); !ok {
-				break
-			}
-		}
-		if r.cons >= prod || r.busyAt() {
+		if _, _, _, _, ok := r.next(prod); !ok {
 			break
 		}
 	}
 	r.release(r.cons)
-}
-
-func (r *ringbuf) busyAt() bool {
-	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.data[r.cons&r.mask])))
-	return hdr&rbBusy != 0
 }
 
 func (r *ringbuf) close() {

@@ -55,27 +55,31 @@ type CPUStats struct {
 	PerfLost   uint64
 	// Channel is the CPU's relayfmt buffer (in global mode, the one
 	// buffer is reported on CPU 0).
-	Channel   relayfmt.Stats
-	Reordered uint64 // records written before a record that reached the ring earlier
-	Wakeups   uint64 // times the consumer was woken for this ring
-	Disabled  bool   // recording stopped on this CPU alone
+	Channel relayfmt.Stats
+	// Undecodable records reached the consumer but could not be decoded
+	// (a corrupt header or a dynamic field pointing outside its record);
+	// they are written into the stream as discarded.
+	Undecodable uint64
+	Reordered   uint64 // records written before a record that reached the ring earlier
+	Wakeups     uint64 // times the consumer was woken for this ring
+	Disabled    bool   // recording stopped on this CPU alone
 }
 
 // Discarded returns the records of this CPU lost at any layer.
 func (s CPUStats) Discarded() uint64 {
-	return s.KernelLost + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
+	return s.KernelLost + s.Undecodable + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
 }
 
 // stream is one output stream and the state of draining into it.
 type stream struct {
-	idx     int    // buffer index in the channel (the CPU; 0 in global mode)
-	data    []byte // the ring's data area, where entries point
-	win     *window
-	scratch []byte
-	wakeups uint64
-	invalid uint64 // records the consumer could not decode
-	rb      *ringbuf
-	pr      *perfRing
+	idx         int    // buffer index in the channel (the CPU; 0 in global mode)
+	data        []byte // the ring's data area, where entries point
+	win         *window
+	scratch     []byte
+	wakeups     uint64
+	undecodable uint64 // records the consumer could not decode
+	rb          *ringbuf
+	pr          *perfRing
 }
 
 // Session is a running recording: BPF programs attached, rings mapped, a
@@ -606,9 +610,21 @@ func (s *Session) StopCPU(cpu int) error { return s.setCPU(cpu, 1) }
 // StartCPU resumes recording on cpu after StopCPU.
 func (s *Session) StartCPU(cpu int) error { return s.setCPU(cpu, 0) }
 
-func (s *Session) setCPU(cpu int, disabled uint32) error {
+// checkCPU fails for a CPU that does not exist, or, when perStream is
+// set, in global mode, where CPUs share one buffer.
+func (s *Session) checkCPU(cpu int, perStream bool) error {
+	if perStream && s.cfg.Global {
+		return ErrNeedsPerCPU
+	}
 	if cpu < 0 || cpu >= s.ncpu {
 		return fmt.Errorf("cpu %d: %w", cpu, ErrNoSuchCPU)
+	}
+	return nil
+}
+
+func (s *Session) setCPU(cpu int, disabled uint32) error {
+	if err := s.checkCPU(cpu, false); err != nil {
+		return err
 	}
 	atomic.StoreUint32(&s.cpuState(cpu).Disabled, disabled)
 	return nil
@@ -625,11 +641,8 @@ func (s *Session) Flush() error {
 
 // FlushCPU is Flush for one CPU's buffer.
 func (s *Session) FlushCPU(cpu int) error {
-	if s.cfg.Global {
-		return ErrNeedsPerCPU
-	}
-	if cpu < 0 || cpu >= s.ncpu {
-		return fmt.Errorf("cpu %d: %w", cpu, ErrNoSuchCPU)
+	if err := s.checkCPU(cpu, true); err != nil {
+		return err
 	}
 	return s.do(func() error {
 		st := s.streams[cpu]
@@ -659,11 +672,8 @@ func (s *Session) Reset() error {
 
 // ResetCPU is Reset for one CPU's buffer (ftrace's reset_cpu).
 func (s *Session) ResetCPU(cpu int) error {
-	if s.cfg.Global {
-		return ErrNeedsPerCPU
-	}
-	if cpu < 0 || cpu >= s.ncpu {
-		return fmt.Errorf("cpu %d: %w", cpu, ErrNoSuchCPU)
+	if err := s.checkCPU(cpu, true); err != nil {
+		return err
 	}
 	return s.do(func() error {
 		s.resetStream(s.streams[cpu])
@@ -697,7 +707,6 @@ func (s *Session) Snapshot() error {
 func (s *Session) Stats() ([]CPUStats, error) {
 	var out []CPUStats
 	err := s.do(func() error {
-		s.placeLosses()
 		out = s.stats()
 		return nil
 	})
@@ -721,6 +730,7 @@ func (s *Session) stats() []CPUStats {
 	for _, st := range s.streams {
 		o := &out[st.idx]
 		o.Channel, _ = s.ch.StatsCPU(st.idx)
+		o.Undecodable = st.undecodable
 		o.Reordered = st.win.reordered
 		o.Wakeups = st.wakeups
 		if st.pr != nil {
@@ -844,10 +854,10 @@ func (s *Session) drainAll(cutoff uint64) (more bool) {
 	return more
 }
 
-// drainRingbuf walks st's ring in place. Each record enters the stream's
-// reorder window; when the window is full its oldest record is written.
-// The ring is released once, at the end, up to the oldest record still
-// waiting.
+// drainRingbuf walks st's ring in place, at most one lap. Each record
+// enters the stream's reorder window; when the window is full its oldest
+// record is written. Ring space is released once per batch of a sixteenth
+// of the ring, up to the oldest record still waiting.
 func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	r, w := st.rb, st.win
 	limit := r.cons + r.size // one lap per call, so other rings get their turn
@@ -870,8 +880,7 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 				continue
 			}
 			if n < uint32(recHdrLen) || uint64(n) > r.size {
-				st.invalid++
-				_ = s.ch.Discard(st.idx, 1)
+				s.undecodable(st)
 				continue
 			}
 			if w.full() {
@@ -879,34 +888,16 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 			}
 			w.push(entry{ts: binary.LittleEndian.Uint64(data[off:]), pos: pos, off: off, n: n})
 		}
-		s.releaseRingbuf(st)
-		if r.cons < prod || r.busyAt() {
-			break // a record still being written
+		r.release(w.releasePos(r.cons))
+		if r.cons < prod {
+			break // stopped at a record still being written
 		}
 	}
 	s.placeLossesOf(st)
 	for w.n > 0 && w.front().ts <= cutoff {
 		s.emit(st, w.pop())
 	}
-	s.releaseRingbuf(st)
-}
-
-// releaseRingbuf hands back the ring space before the oldest record still
-// waiting in the window, or all that was read.
-func (s *Session) releaseRingbuf(st *stream) {
-	if p, ok := st.win.minPos(); ok {
-		st.rb.release(p)
-	} else {
-		st.rb.release(st.rb.cons)
-	}
-}
-
-// placeLosses puts the kernel-side losses counted since the last look
-// into every stream.
-func (s *Session) placeLosses() {
-	for _, st := range s.streams {
-		s.placeLossesOf(st)
-	}
+	r.release(w.releasePos(r.cons))
 }
 
 // placeLossesOf puts the kernel-side losses of st's CPUs into its window
@@ -932,6 +923,13 @@ func (s *Session) pushLoss(st *stream, n uint64) {
 	st.win.push(entry{ts: st.win.last(), pos: n})
 }
 
+// undecodable counts a record the consumer cannot decode and writes it
+// into the stream as discarded at this place.
+func (s *Session) undecodable(st *stream) {
+	st.undecodable++
+	_ = s.ch.Discard(st.idx, 1)
+}
+
 // record returns the bytes of a waiting entry's record.
 func (st *stream) record(e entry) []byte {
 	if e.off&wrapBit != 0 {
@@ -944,7 +942,7 @@ func (st *stream) record(e entry) []byte {
 
 // emit writes one waiting entry into the channel. Records the channel
 // cannot take are counted there (dropped, invalid) and reported in the
-// stream; a record this consumer cannot decode counts as invalid.
+// stream; a record this consumer cannot decode counts as undecodable.
 func (s *Session) emit(st *stream, e entry) {
 	if e.n == 0 {
 		_ = s.ch.Discard(st.idx, e.pos)
@@ -958,8 +956,7 @@ func (s *Session) emit(st *stream, e entry) {
 		cpu = st.idx
 	}
 	if recHdrLen+n > len(rec) || uint64(key) >= uint64(len(s.layouts)) || s.layouts[key] == nil {
-		st.invalid++
-		_ = s.ch.Discard(st.idx, 1)
+		s.undecodable(st)
 		return
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
@@ -967,16 +964,14 @@ func (s *Session) emit(st *stream, e entry) {
 	var payload []byte
 	if l.direct {
 		if n < l.fixed {
-			st.invalid++
-			_ = s.ch.Discard(st.idx, 1)
+			s.undecodable(st)
 			return
 		}
 		payload = raw[:l.fixed]
 	} else {
 		var ok bool
 		if st.scratch, ok = l.transcode(st.scratch[:0], raw); !ok {
-			st.invalid++
-			_ = s.ch.Discard(st.idx, 1)
+			s.undecodable(st)
 			return
 		}
 		payload = st.scratch
@@ -1015,7 +1010,6 @@ func (s *Session) Close() error {
 		if s.ch != nil {
 			errs = append(errs, s.ch.Close())
 			if s.stateMem != nil {
-				s.placeLosses()
 				s.final = s.stats()
 			}
 		}

@@ -70,7 +70,7 @@ func promText(running bool, stats []consumer.CPUStats) []byte {
 		for _, l := range []struct {
 			layer string
 			n     uint64
-		}{{"kernel", c.KernelLost}, {"dropped", c.Channel.Dropped}, {"overwritten", c.Channel.Overwritten}, {"invalid", c.Channel.Invalid + c.Channel.TooLarge}} {
+		}{{"kernel", c.KernelLost}, {"dropped", c.Channel.Dropped}, {"overwritten", c.Channel.Overwritten}, {"invalid", c.Channel.Invalid + c.Channel.TooLarge + c.Undecodable}} {
 			fmt.Fprintf(&b, "kconsume_lost_total{cpu=\"%d\",layer=%q} %d\n", c.CPU, l.layer, l.n)
 		}
 	}
