@@ -65,7 +65,7 @@ func newRigCfg(tb testing.TB, tr Transport, payload int, cfg Config, loop bool) 
 	if cfg.Sink == nil {
 		cfg.Sink = &relayfmt.DiscardSink{}
 	}
-	if err := cfg.setDefaults(); err != nil {
+	if err := cfg.Check(); err != nil {
 		tb.Fatal(err)
 	}
 	s, err := newSession(cfg, 1, &loadOpts{spec: spec, vars: map[string]any{

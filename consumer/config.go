@@ -6,6 +6,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -113,12 +116,20 @@ const (
 	DefaultReorderWindow = time.Millisecond
 	DefaultReorderMax    = 1024
 	MaxCommLen           = 15 // TASK_COMM_LEN - 1
+	// MaxRingSize keeps ring offsets within the 32 bits the reorder
+	// window stores (a ring is mapped twice).
+	MaxRingSize = 1 << 30
 )
 
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("bad configuration")
 
-func (c *Config) setDefaults() error {
+// Check fills in the defaults and validates the configuration before
+// anything is loaded: the sub-buffer geometry (relayfmt.CheckGeometry),
+// the ring size, the buffers against free memory, watermark, latency,
+// reorder window, transport, clock, filters and output. Its error wraps
+// ErrConfig and says why. New calls it; callers may call it earlier.
+func (c *Config) Check() error {
 	if c.SubbufSize == 0 {
 		c.SubbufSize = DefaultSubbufSize
 	}
@@ -128,9 +139,15 @@ func (c *Config) setDefaults() error {
 	if c.RingSize == 0 {
 		c.RingSize = DefaultRingSize
 	}
+	if err := relayfmt.CheckGeometry(c.SubbufSize, c.NSubbufs); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
 	page := os.Getpagesize()
-	if c.RingSize < page || c.RingSize&(c.RingSize-1) != 0 {
-		return fmt.Errorf("%w: ring size %d is not a power of two of at least %d bytes", ErrConfig, c.RingSize, page)
+	if c.RingSize < page || c.RingSize&(c.RingSize-1) != 0 || c.RingSize > MaxRingSize {
+		return fmt.Errorf("%w: ring size %d is not a power of two from %d to %d bytes", ErrConfig, c.RingSize, page, MaxRingSize)
+	}
+	if err := c.checkMemory(); err != nil {
+		return err
 	}
 	if c.Watermark == 0 {
 		c.Watermark = c.RingSize / 4
@@ -171,6 +188,29 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Dir == "" && c.Sink == nil {
 		return fmt.Errorf("%w: no output directory", ErrConfig)
+	}
+	return nil
+}
+
+// checkMemory refuses buffers that do not fit in free memory: per stream,
+// NSubbufs sub-buffers and a ring.
+func (c *Config) checkMemory() error {
+	streams := 1
+	if !c.Global {
+		n, err := ebpf.PossibleCPU()
+		if err != nil {
+			return fmt.Errorf("possible CPUs: %w", err)
+		}
+		streams = n
+	}
+	need := uint64(streams) * (uint64(c.NSubbufs)*uint64(c.SubbufSize) + uint64(c.RingSize))
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return nil // the kernel will say no if it must
+	}
+	if avail := (uint64(si.Freeram) + uint64(si.Bufferram)) * uint64(si.Unit); need > avail {
+		return fmt.Errorf("%w: buffers need %d MiB (%d streams x (%d x %d + ring %d)), more than the %d MiB of free memory",
+			ErrConfig, need>>20, streams, c.NSubbufs, c.SubbufSize, c.RingSize, avail>>20)
 	}
 	return nil
 }

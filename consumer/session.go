@@ -128,7 +128,7 @@ type command struct {
 // tracepoint, ErrNotSupported when the kernel lacks a needed feature, or
 // the kernel's error when loading or attaching fails.
 func New(cfg Config) (*Session, error) {
-	if err := cfg.setDefaults(); err != nil {
+	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
 	if len(cfg.Events) == 0 {

@@ -154,7 +154,7 @@ type buffer struct {
 // a bad geometry (the error says why) or if the sink cannot write the
 // metadata.
 func NewChannel(cfg Config, sink Sink) (*Channel, error) {
-	if err := checkGeometry(cfg.SubbufSize, cfg.NSubbufs); err != nil {
+	if err := CheckGeometry(cfg.SubbufSize, cfg.NSubbufs); err != nil {
 		return nil, fmt.Errorf("channel: %w", err)
 	}
 	if sink == nil {

@@ -610,7 +610,7 @@ func (m *Metadata) applyEnv(es []entry) error {
 		return fmt.Errorf("env global = %d, want 0 or 1", global)
 	}
 	m.Global = global == 1
-	if err := checkGeometry(m.SubbufSize, m.NSubbufs); err != nil {
+	if err := CheckGeometry(m.SubbufSize, m.NSubbufs); err != nil {
 		return fmt.Errorf("env: %w", err)
 	}
 	return nil
@@ -811,16 +811,19 @@ func parseUUID(s string) ([16]byte, error) {
 	return u, nil
 }
 
-func checkGeometry(subbufSize, nSubbufs int) error {
+// CheckGeometry fails, saying why, unless subbufSize is a multiple of the
+// page size from MinSubbufSize to MaxSubbufSize and nSubbufs is within
+// MinSubbufs..MaxSubbufs.
+func CheckGeometry(subbufSize, nSubbufs int) error {
 	switch {
 	case subbufSize < MinSubbufSize || subbufSize > MaxSubbufSize:
 		return fmt.Errorf("sub-buffer size %d out of range %d..%d", subbufSize, MinSubbufSize, MaxSubbufSize)
 	case subbufSize%PageSize != 0:
 		return fmt.Errorf("sub-buffer size %d is not a multiple of the page size %d", subbufSize, PageSize)
 	case nSubbufs < MinSubbufs:
-		return fmt.Errorf("%d sub-buffers: at least %d are needed, so one can be written while another is read", nSubbufs, MinSubbufs)
+		return fmt.Errorf("%d sub-buffers: at least %d are needed, so one can be written while another is read (%d..%d)", nSubbufs, MinSubbufs, MinSubbufs, MaxSubbufs)
 	case nSubbufs > MaxSubbufs:
-		return fmt.Errorf("%d sub-buffers: at most %d", nSubbufs, MaxSubbufs)
+		return fmt.Errorf("%d sub-buffers: at most %d (%d..%d)", nSubbufs, MaxSubbufs, MinSubbufs, MaxSubbufs)
 	}
 	return nil
 }

@@ -145,7 +145,8 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if *duration < 0 {
 		return usageError{fmt.Errorf("--duration %v is negative", *duration)}
 	}
-	if err := checkGeometry(cfg); err != nil {
+	cfg.Dir = *out
+	if err := cfg.Check(); err != nil {
 		return usageError{err}
 	}
 	if err := checkPrivileges(); err != nil {
@@ -222,49 +223,6 @@ func parseClock(c string) (consumer.Clock, error) {
 		}
 	}
 	return 0, fmt.Errorf("--clock %q: want mono, boot or tai", c)
-}
-
-// checkGeometry refuses sizes before anything is loaded, saying why.
-func checkGeometry(cfg consumer.Config) error {
-	page := os.Getpagesize()
-	if cfg.SubbufSize%page != 0 || cfg.SubbufSize < relayfmt.MinSubbufSize || cfg.SubbufSize > relayfmt.MaxSubbufSize {
-		return fmt.Errorf("--subbuf-size %d: must be a multiple of the %d-byte page from %d to %d", cfg.SubbufSize, page, relayfmt.MinSubbufSize, relayfmt.MaxSubbufSize)
-	}
-	if cfg.NSubbufs < 2 || cfg.NSubbufs > relayfmt.MaxSubbufs {
-		return fmt.Errorf("--n-subbufs %d: must be 2..%d (one sub-buffer cannot be written while another is read)", cfg.NSubbufs, relayfmt.MaxSubbufs)
-	}
-	if cfg.RingSize < page || cfg.RingSize&(cfg.RingSize-1) != 0 {
-		return fmt.Errorf("--ring-size %d: must be a power of two of at least %d", cfg.RingSize, page)
-	}
-	ncpu := 1
-	if !cfg.Global {
-		ncpu = possibleCPUs()
-	}
-	need := uint64(ncpu) * (uint64(cfg.NSubbufs)*uint64(cfg.SubbufSize) + uint64(cfg.RingSize))
-	var si unix.Sysinfo_t
-	if err := unix.Sysinfo(&si); err == nil {
-		avail := (uint64(si.Freeram) + uint64(si.Bufferram)) * uint64(si.Unit)
-		if need > avail {
-			return fmt.Errorf("buffers need %d MiB (%d CPUs x (%d x %d + ring %d)), more than the %d MiB of free memory", need>>20, ncpu, cfg.NSubbufs, cfg.SubbufSize, cfg.RingSize, avail>>20)
-		}
-	}
-	return nil
-}
-
-func possibleCPUs() int {
-	b, err := os.ReadFile("/sys/devices/system/cpu/possible")
-	if err != nil {
-		return 1
-	}
-	s := strings.TrimSpace(string(b))
-	if i := strings.LastIndexAny(s, "-,"); i >= 0 {
-		s = s[i+1:]
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return 1
-	}
-	return n + 1
 }
 
 // Capability bits (include/uapi/linux/capability.h).
@@ -478,7 +436,7 @@ func (r *recorder) summary(stats []consumer.CPUStats) {
 		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge, c.Reordered)
+		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge+c.Undecodable, c.Reordered)
 		kernel += c.KernelLost
 		dropped += c.Channel.Dropped
 		over += c.Channel.Overwritten
