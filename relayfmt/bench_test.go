@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kconsume/kconsume/internal/testenv"
 )
 
 // BenchmarkWrite measures Channel.Write. "flight" is the writer alone:
@@ -164,7 +166,7 @@ func BenchmarkVsBabeltrace2(b *testing.B) {
 }
 
 func benchVsBT2(b *testing.B, mode string) {
-	bt2 := bt2Path(b)
+	bt2 := testenv.BT2(b)
 	dir, events := benchTrace(b, 2, 200_000)
 	devnull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {

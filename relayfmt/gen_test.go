@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kconsume/kconsume/internal/testenv"
 )
 
 // genEvent is one event a test wrote and the channel accepted.
@@ -247,39 +245,13 @@ func sameEvent(a, b genEvent) bool {
 	return a.cpu == b.cpu && a.ts == b.ts && a.id == b.id && string(a.payload) == string(b.payload)
 }
 
-// bt2Path returns babeltrace2's path. Without it the test is skipped, or
-// fails when KCONSUME_STRICT is set (make test sets it).
-func bt2Path(t testing.TB) string {
-	t.Helper()
-	p, err := exec.LookPath("babeltrace2")
-	if err != nil {
-		if os.Getenv("KCONSUME_STRICT") != "" {
-			t.Fatalf("babeltrace2 is required (apt-get install babeltrace2): %v", err)
-		}
-		t.Skipf("babeltrace2 not installed (apt-get install babeltrace2); make test requires it")
-	}
-	return p
-}
-
-var bt2Discard = regexp.MustCompile(`discarded (\d+) (events?|packets?) between \[([0-9:.]+)\] and \[([0-9:.]+)\] .*within stream "([^"]+)"`)
-
 // runBT2 returns babeltrace2's event lines and its discard warnings in the
 // form noticeLine uses.
 func runBT2(t testing.TB, dir string) (lines, notices []string) {
 	t.Helper()
-	cmd := exec.Command(bt2Path(t), "--clock-cycles", "--no-delta", "--clock-gmt", dir)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("babeltrace2 %s: %v\n%s", dir, err, stderr.String())
-	}
-	for _, m := range bt2Discard.FindAllStringSubmatch(stderr.String(), -1) {
-		notices = append(notices, fmt.Sprintf("%s %s [%s,%s] %s", m[1], strings.TrimSuffix(m[2], "s")+"s", m[3], m[4], filepath.Base(m[5])))
-	}
-	lines = strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
-	if len(lines) == 1 && lines[0] == "" {
-		lines = nil
+	lines, discards := testenv.RunBT2(t, dir)
+	for _, d := range discards {
+		notices = append(notices, fmt.Sprintf("%d %s [%s,%s] %s", d.Count, d.Kind, d.Begin, d.End, d.Stream))
 	}
 	return lines, notices
 }

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/kconsume/kconsume/internal/testenv"
 )
 
 func TestRecover(t *testing.T) {
@@ -53,7 +55,7 @@ func TestRecover(t *testing.T) {
 				tt.keep = before[tt.cutIn]
 			}
 			tt.damage(t, g.dir)
-			if err := exec.Command(bt2Path(t), g.dir).Run(); err == nil {
+			if err := exec.Command(testenv.BT2(t), g.dir).Run(); err == nil {
 				t.Fatal("babeltrace2 read the damaged trace: the damage is not realistic")
 			}
 			// A crash between writing and renaming the metadata leaves this.
