@@ -71,21 +71,18 @@ func newLayout(f *tracefs.Format) (*layout, error) {
 			}
 			l.dyn = append(l.dyn, d)
 			o := op{off: fl.Offset, rel: fl.Loc == tracefs.RelLoc}
-			es := fl.ElemSize()
-			if fl.IsChar() || es == 0 {
-				// Unknown element types are kept as bytes; char arrays as text.
-				if fl.IsChar() {
-					o.kind = opString
-					l.fields = append(l.fields, relayfmt.StringField(fl.Name))
-				} else {
-					o.kind, o.elem = opSeq, 1
-					l.fields = append(l.fields, relayfmt.ScalarField("_"+fl.Name+"_length", relayfmt.U32),
-						relayfmt.SequenceField(fl.Name, relayfmt.U8, "_"+fl.Name+"_length"))
-				}
+			if fl.IsChar() {
+				o.kind = opString
+				l.fields = append(l.fields, relayfmt.StringField(fl.Name))
 			} else {
-				o.kind, o.elem = opSeq, es
-				l.fields = append(l.fields, relayfmt.ScalarField("_"+fl.Name+"_length", relayfmt.U32),
-					relayfmt.SequenceField(fl.Name, intType(es, signedName(fl.Type)), "_"+fl.Name+"_length"))
+				// Elements of an unknown type are kept as bytes.
+				o.kind, o.elem = opSeq, 1
+				elem := relayfmt.U8
+				if es := fl.ElemSize(); es > 0 {
+					o.elem, elem = es, intType(es, signedName(fl.Type))
+				}
+				length := "_" + fl.Name + "_length"
+				l.fields = append(l.fields, relayfmt.ScalarField(length, relayfmt.U32), relayfmt.SequenceField(fl.Name, elem, length))
 			}
 			l.ops = append(l.ops, o)
 		}
