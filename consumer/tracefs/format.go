@@ -102,7 +102,10 @@ func (f *Format) FixedSize() int {
 const MaxRecordSize = 8192
 
 // ParseFormat parses the text of a tracefs format file. system is the
-// event's system (the file does not name it). It fails on a missing name or
+// event's system (the file does not name it). A field whose name repeats
+// an earlier one (5.10's regmap:regcache_sync has two "type") is renamed
+// NAME_2, NAME_3…, since a trace's metadata needs unique names. It fails
+// on a missing name or
 // ID, a field line it cannot read, or a layout that overlaps or runs past
 // MaxRecordSize.
 func ParseFormat(system string, data []byte) (*Format, error) {
@@ -158,6 +161,7 @@ func ParseFormat(system string, data []byte) (*Format, error) {
 	if f.Name == "" || !haveID {
 		return nil, fmt.Errorf("format: missing name or ID")
 	}
+	f.renameDuplicates()
 	if err := f.check(); err != nil {
 		return nil, fmt.Errorf("format of %s: %w", f.FullName(), err)
 	}
@@ -212,15 +216,32 @@ func parseDecl(decl string, fl *Field) error {
 	case strings.HasPrefix(d, "__rel_loc "):
 		fl.Loc, d = RelLoc, strings.TrimPrefix(d, "__rel_loc ")
 	}
+	// The array suffix goes first: its size may be an expression with
+	// spaces ("buf[32 + 2]", "saddr[sizeof(struct sockaddr_in6)]" on 5.10).
+	arr := ""
+	if strings.HasSuffix(d, "]") {
+		depth := 0
+		for j := len(d) - 1; j >= 0; j-- {
+			switch d[j] {
+			case ']':
+				depth++
+			case '[':
+				depth--
+			}
+			if depth == 0 {
+				d, arr = strings.TrimSpace(d[:j]), d[j:]
+				break
+			}
+		}
+		if arr == "" {
+			return fmt.Errorf("field %q: unbalanced brackets", decl)
+		}
+	}
 	i := strings.LastIndexAny(d, " *")
 	if i < 0 || i == len(d)-1 {
 		return fmt.Errorf("field %q: no name", decl)
 	}
 	typ, name := strings.TrimSpace(d[:i+1]), d[i+1:]
-	arr := ""
-	if j := strings.IndexByte(name, '['); j >= 0 {
-		name, arr = name[:j], name[j:]
-	}
 	if fl.Loc != Inline {
 		// "__data_loc char[] name": the brackets sit on the type.
 		typ = strings.TrimSpace(strings.TrimSuffix(typ, "[]"))
@@ -292,6 +313,21 @@ func typeSize(t string) int {
 		return 8
 	}
 	return 0
+}
+
+// renameDuplicates gives every repeated field name a _2, _3… suffix.
+func (f *Format) renameDuplicates() {
+	seen := map[string]bool{}
+	for _, list := range [][]Field{f.Common, f.Fields} {
+		for i := range list {
+			name := list[i].Name
+			for n := 2; seen[name]; n++ {
+				name = fmt.Sprintf("%s_%d", list[i].Name, n)
+			}
+			list[i].Name = name
+			seen[name] = true
+		}
+	}
 }
 
 func (f *Format) check() error {

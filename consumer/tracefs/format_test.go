@@ -77,6 +77,39 @@ func TestParseFormat(t *testing.T) {
 	}
 }
 
+// TestParseFormat510 reads 5.10's quirks: array sizes written as
+// expressions, and regmap:regcache_sync's two fields named "type".
+func TestParseFormat510(t *testing.T) {
+	text := `name: quirks
+ID: 7
+format:
+	field:unsigned short common_type;	offset:0;	size:2;	signed:0;
+
+	field:__data_loc char[] type;	offset:8;	size:4;	signed:1;
+	field:int type;	offset:12;	size:4;	signed:1;
+	field:__u8 buf[32 + 2];	offset:16;	size:34;	signed:0;
+	field:__u8 saddr[sizeof(struct sockaddr_in6)];	offset:50;	size:28;	signed:0;
+
+print fmt: "x"
+`
+	f, err := ParseFormat("s", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		name string
+		n    int
+	}{{"type", -1}, {"type_2", 0}, {"buf", 34}, {"saddr", 28}}
+	if len(f.Fields) != len(want) {
+		t.Fatalf("fields %+v", f.Fields)
+	}
+	for i, w := range want {
+		if f.Fields[i].Name != w.name || f.Fields[i].ArrayLen != w.n {
+			t.Errorf("field %d = %s[%d], want %s[%d]", i, f.Fields[i].Name, f.Fields[i].ArrayLen, w.name, w.n)
+		}
+	}
+}
+
 func TestParseFormatErrors(t *testing.T) {
 	base := "name: e\nID: 1\nformat:\n"
 	cases := map[string]string{
@@ -85,7 +118,7 @@ func TestParseFormatErrors(t *testing.T) {
 		"no size":    base + "\tfield:int a;\toffset:0;\n",
 		"no name":    base + "\tfield:int;\toffset:0;\tsize:4;\tsigned:1;\n",
 		"overlap":    base + "\tfield:int a;\toffset:0;\tsize:4;\tsigned:1;\n\tfield:int b;\toffset:2;\tsize:4;\tsigned:1;\n",
-		"duplicate":  base + "\tfield:int a;\toffset:0;\tsize:4;\tsigned:1;\n\tfield:int a;\toffset:4;\tsize:4;\tsigned:1;\n",
+		"unbalanced": base + "\tfield:char a]];\toffset:0;\tsize:4;\tsigned:1;\n",
 		"too large":  base + "\tfield:char a[9000];\toffset:0;\tsize:9000;\tsigned:0;\n",
 		"bad array":  base + "\tfield:int a[3];\toffset:0;\tsize:10;\tsigned:1;\n",
 		"loc size":   base + "\tfield:__data_loc char[] a;\toffset:0;\tsize:8;\tsigned:0;\n",
