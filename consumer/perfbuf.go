@@ -164,7 +164,7 @@ func (s *Session) openPerf() error {
 	if s.cfg.Global {
 		return fmt.Errorf("%w: global mode needs the ringbuf transport", ErrConfig)
 	}
-	online, err := onlineCPUs()
+	online, err := onlineCPUs(s.ncpu)
 	if err != nil {
 		return err
 	}
@@ -205,11 +205,11 @@ func (s *Session) openPerfCPU(cpu int) error {
 // when it returns (kernel/events/core.c:perf_event_exit_cpu_context).
 // The old ring is drained first, so nothing it held is lost.
 func (s *Session) checkHotplug() error {
-	online, err := onlineCPUs()
+	online, err := onlineCPUs(s.ncpu)
 	if err != nil {
 		return err
 	}
-	for cpu := 0; cpu < s.ncpu && cpu < len(online); cpu++ {
+	for cpu := 0; cpu < s.ncpu; cpu++ {
 		if online[cpu] && !s.online[cpu] {
 			st := s.streams[cpu]
 			if st.pr != nil {
@@ -224,13 +224,19 @@ func (s *Session) checkHotplug() error {
 	return nil
 }
 
-// onlineCPUs parses /sys/devices/system/cpu/online ("0-3,5").
-func onlineCPUs() ([]bool, error) {
+// onlineCPUs parses /sys/devices/system/cpu/online ("0-3,5") into at
+// least n flags: the list ends at the last online CPU, so a trailing
+// offline one is absent.
+func onlineCPUs(n int) ([]bool, error) {
 	b, err := os.ReadFile("/sys/devices/system/cpu/online")
 	if err != nil {
 		return nil, fmt.Errorf("online CPUs: %w", err)
 	}
-	return parseCPUList(strings.TrimSpace(string(b)))
+	on, err := parseCPUList(strings.TrimSpace(string(b)))
+	for len(on) < n {
+		on = append(on, false)
+	}
+	return on, err
 }
 
 func parseCPUList(s string) ([]bool, error) {

@@ -22,6 +22,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -329,6 +330,12 @@ const keyPlaceholder = 0x6b634b4559
 // or on kernels before 5.15 one program copy per event with its key
 // patched in.
 func (s *Session) load(nevents int, opts *loadOpts) error {
+	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK (64 KiB by
+	// default), which a few rings exceed; later ones use memcg
+	// accounting and this does nothing.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return fmt.Errorf("raising RLIMIT_MEMLOCK for BPF maps: %w", err)
+	}
 	var spec *ebpf.CollectionSpec
 	var err error
 	set := map[string]any{}
@@ -846,6 +853,14 @@ func (s *Session) drainAll(cutoff uint64) (more bool) {
 		} else if st.pr != nil {
 			s.drainPerf(st, cutoff)
 			left = st.pr.head() - st.pr.tail
+		} else if st.win != nil {
+			// A perf CPU without a ring (offline when the session
+			// opened, and not yet reopened): outputs there fail and the
+			// recorder counts them; they are placed all the same.
+			s.placeLossesOf(st)
+			for st.win.n > 0 && st.win.front().ts <= cutoff {
+				s.emit(st, st.win.pop())
+			}
 		}
 		if left >= uint64(s.cfg.Watermark)/8 {
 			more = true
