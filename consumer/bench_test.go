@@ -57,6 +57,7 @@ func newRigCfg(tb testing.TB, tr Transport, payload int, cfg Config, loop bool) 
 		spec, err = gen.LoadBenchPerf()
 		prog = gen.BenchPerfProgKcBenchPerf
 	} else {
+		testenv.RequireKernel(tb, 5, 17, "the bench producer's bpf_loop")
 		spec, err = gen.LoadBench()
 	}
 	if err != nil {

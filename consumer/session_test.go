@@ -41,19 +41,20 @@ const childComm = "kc-test-child"
 func child(mode string) int {
 	runtime.LockOSThread()
 	n, _ := strconv.Atoi(os.Getenv("KC_CHILD_N"))
-	if c, err := strconv.Atoi(os.Getenv("KC_CHILD_CPU")); err == nil {
-		var set unix.CPUSet
-		set.Set(c)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			return 6
-		}
-	}
 	if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&append([]byte(childComm), 0)[0])), 0, 0, 0); err != nil {
 		return 5
 	}
 	fmt.Println(unix.Gettid())
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return 3
+	}
+	// Pinned only now: the CPU may have been offline until the test said go.
+	if c, err := strconv.Atoi(os.Getenv("KC_CHILD_CPU")); err == nil {
+		var set unix.CPUSet
+		set.Set(c)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			return 6
+		}
 	}
 	switch mode {
 	case "getpid":
@@ -211,12 +212,7 @@ func transports(t *testing.T) []Transport {
 }
 
 func kernelAtLeast(t *testing.T, major, minor int) bool {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		t.Fatal(err)
-	}
-	var a, b int
-	fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &a, &b)
+	a, b, _ := testenv.KernelRelease()
 	return a > major || a == major && b >= minor
 }
 

@@ -21,9 +21,13 @@ var (
 )
 
 // kconsumeBin builds the command once per test binary, as a user would
-// run it.
+// run it, or returns $KCONSUME_BIN when set (vmtest builds it on the host:
+// a guest under TCG links slowly).
 func kconsumeBin(t *testing.T) string {
 	t.Helper()
+	if p := os.Getenv("KCONSUME_BIN"); p != "" {
+		return p
+	}
 	binOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "kconsume-e2e")
 		if err != nil {

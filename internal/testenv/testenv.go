@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // Strict reports whether missing requirements fail tests (make test).
@@ -76,4 +78,27 @@ func RunBT2(t testing.TB, dir string) (lines []string, discards []Discard) {
 		lines = nil
 	}
 	return lines, discards
+}
+
+// KernelRelease returns the running kernel's major and minor version.
+func KernelRelease() (major, minor int, release string) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return 0, 0, ""
+	}
+	release = unix.ByteSliceToString(u.Release[:])
+	fmt.Sscanf(release, "%d.%d", &major, &minor)
+	return major, minor, release
+}
+
+// RequireKernel skips t, even in strict mode, when the running kernel is
+// older than major.minor, the first with feature: only an honestly older
+// kernel may skip. On a newer kernel the test runs and a missing feature
+// fails it.
+func RequireKernel(t testing.TB, major, minor int, feature string) {
+	t.Helper()
+	ma, mi, rel := KernelRelease()
+	if ma < major || ma == major && mi < minor {
+		t.Skipf("%s needs Linux %d.%d; this kernel is %s", feature, major, minor, rel)
+	}
 }

@@ -1,0 +1,99 @@
+package consumer
+
+import (
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// inGuest reports whether the test runs inside a vmtest guest: the suite
+// sets KCONSUME_VMTEST and the guest's kernel command line carries the
+// run's nonce. Both must hold before a test may offline a CPU.
+func inGuest() bool {
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	return os.Getenv("KCONSUME_VMTEST") != "" && strings.Contains(string(cmdline), "vmtest.nonce=")
+}
+
+func setOnline(t *testing.T, cpu int, on bool) {
+	t.Helper()
+	v := "0"
+	if on {
+		v = "1"
+	}
+	p := "/sys/devices/system/cpu/cpu" + strconv.Itoa(cpu) + "/online"
+	if err := os.WriteFile(p, []byte(v), 0); err != nil {
+		t.Fatalf("cpu%d online=%s: %v", cpu, v, err)
+	}
+}
+
+// TestCPUHotplug offlines CPU 1 before the session starts, brings it back,
+// traces a child pinned to it, then traces again and offlines the CPU at
+// once, before the consumer may have drained it. Every event must reach
+// CPU 1's stream: the perf transport reopens the ring of a CPU that comes
+// back, and records left in an offline CPU's ring are still drained.
+func TestCPUHotplug(t *testing.T) {
+	if !inGuest() {
+		t.Skip("offlines a CPU: runs only inside a vmtest guest (make vmtest)")
+	}
+	testenv.RequireRoot(t)
+	online, err := onlineCPUs(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(online) < 2 || !online[1] {
+		t.Fatalf("needs CPU 1 online in the guest, have %v", online)
+	}
+	const n1, n2 = 3000, 2000
+	for _, tr := range transports(t) {
+		t.Run(tr.String(), func(t *testing.T) {
+			setOnline(t, 1, false)
+			t.Cleanup(func() { setOnline(t, 1, true) })
+			c1 := startChild(t, "getpid", n1, "KC_CHILD_CPU=1")
+			c2 := startChild(t, "getpid", n2, "KC_CHILD_CPU=1")
+			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c1.tid, c2.tid}, Transport: tr})
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			setOnline(t, 1, true)
+			// The perf transport looks for CPUs back online every 100 ms.
+			time.Sleep(300 * time.Millisecond)
+			c1.run(t)
+			c2.run(t)
+			setOnline(t, 1, false)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			st, err := s.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			per := map[uint32]int{}
+			var lost uint64
+			walkTrace(t, dir, func(it *relayfmt.Item, _ []relayfmt.Value) {
+				switch it.Kind {
+				case relayfmt.EventItem:
+					per[it.CPU]++
+				case relayfmt.DiscardedEvents:
+					lost += it.Count
+				}
+			})
+			if per[1] != n1+n2 || len(per) != 1 || lost != 0 {
+				t.Fatalf("events by CPU %v, %d lost; want %d on CPU 1; stats %+v", per, lost, n1+n2, st)
+			}
+			var emitted uint64
+			for _, c := range st {
+				if c.CPU == 1 {
+					emitted = c.Emitted
+				}
+			}
+			if emitted != n1+n2 {
+				t.Errorf("stats %+v, want %d emitted on CPU 1", st, n1+n2)
+			}
+		})
+	}
+}
