@@ -3,6 +3,7 @@ GO       ?= go
 BIN      := bin/kconsume
 FUZZTIME ?= 30s
 PKGS     := ./...
+KERNELS  ?= 5.10 6.1 6.12 newest
 
 .PHONY: all build test lint bench fuzz generate generate-check vmlinux vmtest clean
 
@@ -48,6 +49,12 @@ generate:
 # Fails when the committed generated code differs from a fresh generate.
 generate-check: generate
 	@test -z "$$(git status --porcelain -- gen consumer)" || { git status --short -- gen consumer; echo "generated code is stale or uncommitted: run make generate and commit"; exit 1; }
+
+# The privileged suite inside QEMU guests, one per kernel of vmtest.toml
+# (KERNELS picks some: make vmtest KERNELS=6.1). Tests are built on the
+# host; kernels come from Debian's archive into ~/.cache/kconsume/vmtest.
+vmtest:
+	$(GO) run ./vmtest/cmd/vmtest test -kernels "$(KERNELS)" $(PKGS)
 
 vmlinux:
 	bpftool btf dump file /sys/kernel/btf/vmlinux format c > bpf/include/vmlinux.h

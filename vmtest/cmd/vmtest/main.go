@@ -1,0 +1,239 @@
+// Command vmtest boots Debian kernels under QEMU and runs commands or the
+// Go test suite inside them, with the host's root shared read-only.
+//
+//	vmtest fetch 5.10 6.1                      download and unpack kernels
+//	vmtest run -kernel 6.1 -- CMD ARGS...      run a command in a guest
+//	go test -exec 'vmtest run -kernel 6.1' ./consumer/
+//	vmtest test [-kernels '5.10 6.1'] [PKGS]   the suite on a kernel matrix (vmtest.toml)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kconsume/kconsume/vmtest"
+)
+
+const usage = `usage: vmtest COMMAND [flags]
+
+Commands:
+  fetch KERNEL...          download and unpack Debian kernels (5.10, 6.1, 6.12, newest, a release)
+  run [flags] CMD ARGS...  boot a guest and run CMD in the current directory; exits with its status
+  test [flags] [PKGS]      build the packages' tests on the host and run them in a guest per kernel
+
+Run 'vmtest COMMAND -h' for the flags of a command.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var code int
+	var err error
+	switch os.Args[1] {
+	case "fetch":
+		err = fetch(ctx, os.Args[2:])
+	case "run":
+		code, err = run(ctx, os.Args[2:])
+	case "test":
+		code, err = test(ctx, os.Args[2:])
+	case "-h", "-help", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "vmtest: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	var ue usageError
+	switch {
+	case errors.As(err, &ue):
+		fmt.Fprintln(os.Stderr, "vmtest:", err)
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "vmtest:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+type usageError struct{ error }
+
+// guestFlags are the flags run and test share.
+type guestFlags struct {
+	cpus, mem  int
+	accel      string
+	timeout    time.Duration
+	kernelArgs string
+	cache      string
+}
+
+func (g *guestFlags) register(fs *flag.FlagSet) {
+	fs.IntVar(&g.cpus, "cpus", 2, "virtual CPUs")
+	fs.IntVar(&g.mem, "mem", 2048, "guest memory in MiB")
+	fs.StringVar(&g.accel, "accel", "auto", "tcg, kvm, or auto (KVM only if a probe boot works)")
+	fs.DurationVar(&g.timeout, "timeout", 20*time.Minute, "limit for one guest, boot included")
+	fs.StringVar(&g.kernelArgs, "append", "", "extra kernel command line arguments")
+	fs.StringVar(&g.cache, "cache", vmtest.DefaultCacheDir(), "kernel cache directory")
+}
+
+func (g *guestFlags) options(k *vmtest.Kernel) vmtest.Options {
+	return vmtest.Options{Kernel: k, CPUs: g.cpus, MemoryMB: g.mem, Accel: g.accel,
+		Timeout: g.timeout, KernelArgs: g.kernelArgs, Console: os.Stdout, CacheDir: g.cache}
+}
+
+func fetch(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("fetch", flag.ContinueOnError)
+	cache := fs.String("cache", vmtest.DefaultCacheDir(), "kernel cache directory")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: vmtest fetch [-cache DIR] KERNEL...\n\nexample: vmtest fetch 5.10 6.1 6.12 newest")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
+	if fs.NArg() == 0 {
+		return usageError{fmt.Errorf("fetch: name at least one kernel")}
+	}
+	c := &vmtest.Cache{Dir: *cache, Log: os.Stderr}
+	for _, spec := range fs.Args() {
+		k, err := c.Kernel(ctx, spec)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s\t%s\t%s\n", spec, k.Release, k.Image)
+	}
+	return nil
+}
+
+func run(ctx context.Context, args []string) (int, error) {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var g guestFlags
+	g.register(fs)
+	kernel := fs.String("kernel", "6.1", "Debian kernel series, release, newest, or a bzImage path")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: vmtest run [flags] [--] CMD ARGS...\n\nexample: vmtest run -kernel 5.10 -- uname -r\n         go test -exec 'vmtest run -kernel 6.1' ./consumer/")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 0, usageError{err}
+	}
+	if fs.NArg() == 0 {
+		return 0, usageError{fmt.Errorf("run: no command")}
+	}
+	c := &vmtest.Cache{Dir: g.cache, Log: os.Stderr}
+	k, err := c.Kernel(ctx, *kernel)
+	if err != nil {
+		return 0, err
+	}
+	return vmtest.Run(ctx, g.options(k), fs.Args())
+}
+
+// test builds the suite once and runs it in a guest per selected target.
+func test(ctx context.Context, args []string) (int, error) {
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	var g guestFlags
+	g.register(fs)
+	config := fs.String("config", "vmtest.toml", "kernel matrix")
+	kernels := fs.String("kernels", "", "space-separated targets or kernels to run (default: every target)")
+	runRe := fs.String("run", "", "run only tests matching this regular expression")
+	verbose := fs.Bool("v", false, "verbose test output")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: vmtest test [flags] [PACKAGES]\n\nexample: vmtest test -kernels '5.10 6.1' ./...")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 0, usageError{err}
+	}
+	cfg, err := vmtest.LoadConfig(*config)
+	if err != nil {
+		return 0, err
+	}
+	targets := cfg.Select(strings.Fields(*kernels))
+	if len(targets) == 0 {
+		return 0, usageError{fmt.Errorf("test: %s has no targets", *config)}
+	}
+	pkgs := fs.Args()
+	if len(pkgs) == 0 {
+		pkgs = []string{"./..."}
+	}
+	var testArgs []string
+	if *runRe != "" {
+		testArgs = append(testArgs, "-test.run="+*runRe)
+	}
+	if *verbose {
+		testArgs = append(testArgs, "-test.v")
+	}
+	// Kernels first: a download failure should not wait for the build.
+	c := &vmtest.Cache{Dir: g.cache, Log: os.Stderr}
+	ks := make([]*vmtest.Kernel, len(targets))
+	for i, t := range targets {
+		if ks[i], err = c.Kernel(ctx, t.Kernel); err != nil {
+			return 0, fmt.Errorf("target %s: %w", t.Name, err)
+		}
+	}
+	suite, err := vmtest.BuildSuite(ctx, "", pkgs, testArgs)
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(suite.Dir)
+
+	type result struct {
+		name, release, outcome string
+		took                   time.Duration
+	}
+	var results []result
+	failed := false
+	for i, t := range targets {
+		o := g.options(ks[i])
+		if t.VM.NumCPUs > 0 {
+			o.CPUs = t.VM.NumCPUs
+		}
+		if mb, _ := t.MemoryMB(); mb > 0 {
+			o.MemoryMB = mb
+		}
+		o.KernelArgs = strings.TrimSpace(t.KernelArgs + " " + g.kernelArgs)
+		o.Env = append(os.Environ(), suite.Env...)
+		argv := []string{"/bin/sh", suite.Script}
+		if t.Command != "" {
+			argv = []string{"/bin/sh", "-c", t.Command}
+		}
+		fmt.Printf("=== vmtest %s: %s (%d CPUs)\n", t.Name, ks[i].Release, o.CPUs)
+		start := time.Now()
+		st, err := vmtest.Run(ctx, o, argv)
+		r := result{name: t.Name, release: ks[i].Release, took: time.Since(start).Round(time.Second)}
+		switch {
+		case err != nil:
+			r.outcome = "ERROR: " + err.Error()
+		case st != 0:
+			r.outcome = fmt.Sprintf("FAIL (exit %d)", st)
+		default:
+			r.outcome = "ok"
+		}
+		if r.outcome != "ok" {
+			failed = true
+		}
+		fmt.Printf("=== vmtest %s: %s in %s\n", t.Name, r.outcome, r.took)
+		results = append(results, r)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	fmt.Println("\nvmtest summary:")
+	for _, r := range results {
+		fmt.Printf("  %-8s %-24s %-6s %s\n", r.name, r.release, r.took, r.outcome)
+	}
+	if failed {
+		return 1, nil
+	}
+	return 0, nil
+}
