@@ -155,7 +155,9 @@ func (s *Server) Refresh() error {
 	files := s.h.Files()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, name := range []string{fileState, fileDropped, fileNrSub, fileSubSize} {
+	// state goes last: a reader that sees "running" finds the sizes of
+	// that session already in place.
+	for _, name := range []string{fileDropped, fileNrSub, fileSubSize, fileState} {
 		v := files[name] + "\n"
 		if s.last[name] == v {
 			continue
