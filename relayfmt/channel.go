@@ -132,7 +132,18 @@ type buffer struct {
 	pktDisc     uint64 // discarded as of the last finished packet
 	overwritten uint64
 	slotEvents  []uint64
-	stats       Stats
+	// slotOver is what Snapshot added to each slot's events_discarded
+	// (the overwritten count), so RewindTo can write the true value.
+	slotOver []uint64
+	// slotStart is how many events all sub-buffers finished before each
+	// slot's held one carried (finished counts them all): RewindTo
+	// reports the events before its oldest sub-buffer as discarded.
+	slotStart []uint64
+	finished  uint64
+	// base is the first sub-buffer index RewindTo may write: Reset
+	// forgets everything before it.
+	base  uint64
+	stats Stats
 
 	// firstTS is the first packet's timestamp_begin, written by the writer
 	// before the first produced.Add, read by the sink after it.
@@ -196,7 +207,7 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 	}
 	for i := range nbuf {
 		b := &buffer{ch: c, global: cfg.Global, size: cfg.SubbufSize, n: uint64(cfg.NSubbufs), seq: 1,
-			mem: make([]byte, cfg.NSubbufs*cfg.SubbufSize), slotEvents: make([]uint64, cfg.NSubbufs),
+			mem: make([]byte, cfg.NSubbufs*cfg.SubbufSize), slotEvents: make([]uint64, cfg.NSubbufs), slotOver: make([]uint64, cfg.NSubbufs), slotStart: make([]uint64, cfg.NSubbufs),
 			doorbell: make(chan struct{}, 1)}
 		b.name = "trace" + strconv.Itoa(i)
 		if cfg.Global {
@@ -422,6 +433,9 @@ func (b *buffer) finish() {
 	clear(b.cur[b.off:])
 	p := b.produced.Load()
 	b.slotEvents[p%b.n] = b.events
+	b.slotOver[p%b.n] = 0
+	b.slotStart[p%b.n] = b.finished
+	b.finished += b.events
 	b.pktDisc = b.discarded
 	b.cur = nil
 	b.stats.Packets++
@@ -516,6 +530,7 @@ func (b *buffer) reset() {
 			b.consumed.Store(p)
 		}
 	}
+	b.base = b.produced.Load()
 	b.events = 0
 }
 
@@ -546,11 +561,97 @@ func (b *buffer) snapshot() error {
 		pkt := b.mem[slot*b.size : (slot+1)*b.size]
 		d := binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) + b.overwritten
 		binary.LittleEndian.PutUint64(pkt[offEventsDiscarded:], d)
+		b.slotOver[slot] = b.overwritten
 		if err := b.emit(pkt); err != nil {
 			return err
 		}
 		b.consumed.Store(cn + 1)
 	}
+}
+
+// RewindTo writes every sub-buffer an Overwrite channel still holds into
+// sink as a complete trace: the metadata, then each stream's sub-buffers
+// from the oldest, whether or not Snapshot already wrote them. This is the
+// relay channel's rewind ("read again from the oldest data"); the copy
+// goes to its own sink because the channel's files already hold those
+// packets and a stream must not repeat one. The current sub-buffers are
+// finished first; the channel's files and read position are untouched.
+// cpu selects one buffer, or every one when negative. Writers must be
+// quiescent. It fails with ErrWrongMode in NoOverwrite mode, or with the
+// sink's error; the sink is not closed.
+func (c *Channel) RewindTo(sink Sink, cpu int) error {
+	if c.cfg.Mode != Overwrite {
+		return ErrWrongMode
+	}
+	bufs := c.bufs
+	if cpu >= 0 {
+		b, err := c.buf(cpu)
+		if err != nil {
+			return err
+		}
+		bufs = []*buffer{b}
+	}
+	meta := c.Metadata()
+	if err := sink.WriteMetadata(meta.TSDL()); err != nil {
+		return fmt.Errorf("rewind: %w", err)
+	}
+	for _, b := range bufs {
+		if err := b.rewindTo(sink); err != nil {
+			return fmt.Errorf("rewind: stream %s: %w", b.name, err)
+		}
+	}
+	return nil
+}
+
+func (b *buffer) rewindTo(sink Sink) error {
+	b.flush()
+	p := b.produced.Load()
+	from := b.base
+	held := b.n
+	if b.cur != nil {
+		held-- // the open sub-buffer reuses the oldest slot
+	}
+	if p > held && p-held > from {
+		from = p - held
+	}
+	if from >= p {
+		return nil
+	}
+	// The events of every sub-buffer before the oldest held one, whether
+	// overwritten or written by a snapshot and reused, are not in this
+	// trace: each packet's running total of discarded events gains them.
+	before := b.slotStart[from%b.n]
+	first := true
+	for i := from; i < p; i++ {
+		slot := i % b.n
+		pkt := append([]byte(nil), b.mem[slot*uint64(b.size):(slot+1)*uint64(b.size)]...)
+		d := binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) - b.slotOver[slot] + before
+		binary.LittleEndian.PutUint64(pkt[offEventsDiscarded:], d)
+		if first && d != 0 {
+			if err := sink.WritePacket(b.name, b.opener(pkt)); err != nil {
+				return err
+			}
+		}
+		first = false
+		if err := sink.WritePacket(b.name, pkt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// opener returns an empty packet with a zero discarded count at the
+// timestamp_begin of pkt, the first of a stream that already counts
+// losses: a CTF reader reports a loss only as the increase between two
+// packets.
+func (b *buffer) opener(pkt []byte) []byte {
+	ts := binary.LittleEndian.Uint64(pkt[offTimestampBegin:])
+	o := make([]byte, b.size)
+	h := b.hdr
+	h.TimestampBegin, h.TimestampEnd = ts, ts
+	h.ContentSize = PacketHeaderSize * 8
+	PutPacketHeader(o, &h)
+	return o
 }
 
 // emit hands one finished packet to the sink. Before a stream's first
@@ -565,12 +666,7 @@ func (b *buffer) emit(pkt []byte) error {
 		return err
 	}
 	if !b.opened && binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) != 0 {
-		opener := make([]byte, b.size)
-		h := b.hdr
-		h.TimestampBegin, h.TimestampEnd = b.firstTS, b.firstTS
-		h.ContentSize = PacketHeaderSize * 8
-		PutPacketHeader(opener, &h)
-		err = b.ch.sink.WritePacket(b.name, opener)
+		err = b.ch.sink.WritePacket(b.name, b.opener(pkt))
 	}
 	if err == nil {
 		err = b.ch.sink.WritePacket(b.name, pkt)

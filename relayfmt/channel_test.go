@@ -186,6 +186,60 @@ func TestOverwriteSnapshotSuffix(t *testing.T) {
 	agree(t, g.dir)
 }
 
+// TestRewind: RewindTo writes, as a trace of its own, every sub-buffer
+// still held, from the oldest, including those a snapshot already wrote.
+func TestRewind(t *testing.T) {
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 3, CPUs: 1, Mode: Overwrite}, nil)
+	g.defineClasses(3)
+	rewind := func() (string, []genEvent, uint64) {
+		t.Helper()
+		dir := t.TempDir()
+		sink, err := NewDirSink(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.c.RewindTo(sink, -1); err != nil {
+			t.Fatal(err)
+		}
+		if err := sink.Close(); err != nil {
+			t.Fatal(err)
+		}
+		got, notices := readAll(t, dir)
+		return dir, got[0], lossByStream(notices)["trace0"]
+	}
+	g.burst(5000, 0)
+	if err := g.c.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		dir, got, loss := rewind()
+		st, _ := g.c.StatsCPU(0)
+		w := byCPU(g.written)[0]
+		// Lost to this trace: every event before the oldest held
+		// sub-buffer, overwritten or already written by the snapshot.
+		if st.Overwritten == 0 || len(got) == 0 || loss < st.Overwritten || uint64(len(got))+loss != uint64(len(w)) {
+			t.Fatalf("round %d: rewind read %d, reports %d lost; %d written, %d overwritten", round, len(got), loss, len(w), st.Overwritten)
+		}
+		for i, e := range got {
+			if !sameEvent(e, w[len(w)-len(got)+i]) {
+				t.Fatalf("round %d: event %d of the rewind is not the held suffix", round, i)
+			}
+		}
+		agree(t, dir)
+		g.burst(700, 500) // a sub-buffer or so more, after the snapshot
+	}
+	if err := g.c.ResetCPU(0); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, _ := rewind(); len(got) != 0 {
+		t.Fatalf("rewind after reset read %d events", len(got))
+	}
+	if err := (&Channel{cfg: Config{Mode: NoOverwrite}}).RewindTo(&DiscardSink{}, -1); !errors.Is(err, ErrWrongMode) {
+		t.Fatalf("NoOverwrite rewind: %v", err)
+	}
+	g.close()
+}
+
 func TestResetAndDiscard(t *testing.T) {
 	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 2}, nil)
 	g.defineClasses(3)
