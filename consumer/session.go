@@ -709,6 +709,38 @@ func (s *Session) Snapshot() error {
 	})
 }
 
+// Rewind (overwrite mode) drains the rings and writes every sub-buffer
+// the channel still holds, from the oldest, into dir as a complete trace
+// of its own (metadata and streams): the relay channel's "read again from
+// the oldest data", including what a Snapshot already wrote. dir must not
+// exist; cpu selects one CPU's stream, or all when negative. It fails
+// with ErrConfig in discard mode or when dir exists, and leaves no partial
+// directory behind on error.
+func (s *Session) Rewind(dir string, cpu int) error {
+	if s.cfg.Mode != relayfmt.Overwrite {
+		return fmt.Errorf("%w: rewind needs overwrite mode", ErrConfig)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("%w: rewind: %s exists", ErrConfig, dir)
+		}
+		return fmt.Errorf("rewind: %w", err)
+	}
+	sink, err := relayfmt.NewDirSink(dir)
+	if err == nil {
+		err = s.do(func() error {
+			s.drainAll(^uint64(0))
+			return s.ch.RewindTo(sink, cpu)
+		})
+		err = errors.Join(err, sink.Close())
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	return nil
+}
+
 // Stats returns per-CPU counters.
 // After Close it returns the final counts.
 func (s *Session) Stats() ([]CPUStats, error) {

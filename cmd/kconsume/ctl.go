@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,7 +80,21 @@ func (h *handler) Do(cmd string, cpu int) (string, error) {
 		}
 		return "", s.Snapshot()
 	case "rewind":
-		return "", errors.New("rewind is not supported yet: use snapshot, which writes the retained sub-buffers from the oldest on")
+		if s.Config().Mode != relayfmt.Overwrite {
+			return "", errors.New("rewind needs a session recording with --mode overwrite")
+		}
+		// Beside the trace, not inside it: babeltrace2 would merge a
+		// trace found in a subdirectory with the main one.
+		for n := 1; ; n++ {
+			dir := fmt.Sprintf("%s.rewind-%d", filepath.Clean(s.Config().Dir), n)
+			if _, err := os.Lstat(dir); err == nil {
+				continue
+			}
+			if err := s.Rewind(dir, cpu); err != nil {
+				return "", err
+			}
+			return "rewound into " + dir + ": every sub-buffer still held, from the oldest\n", nil
+		}
 	case "status":
 		return h.status(s, cpu)
 	}
@@ -135,7 +151,9 @@ func (h *handler) Files() map[string]string {
 const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|snapshot|rewind|reset|status
 
 Drives a running kconsume record from another shell. Without --session,
-the one running session. --cpu acts on one CPU's buffer.`
+the one running session. --cpu acts on one CPU's buffer. In overwrite
+mode, snapshot writes the newest data into the trace, and rewind writes
+everything still held, from the oldest, into a new trace DIR.rewind-N.`
 
 func ctl(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("ctl", ctlSynopsis, "kconsume ctl --session web stop", stderr)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -223,6 +224,7 @@ func TestCtl(t *testing.T) {
 		want string
 	}{
 		{[]string{"ctl", "snapshot"}, 1, "overwrite"},
+		{[]string{"ctl", "rewind"}, 1, "overwrite"},
 		{[]string{"ctl", "--cpu", "99", "stop"}, 1, "no such CPU"},
 		{[]string{"ctl", "jump"}, 2, "unknown command"},
 		{[]string{"ctl", "--session", "nosuch", "status"}, 1, "not running"},
@@ -368,5 +370,48 @@ func TestMetrics(t *testing.T) {
 	}
 	if code := <-done; code != 0 {
 		t.Fatalf("record: exit %d", code)
+	}
+}
+
+// TestCtlRewind: in overwrite mode, ctl rewind and a write to the rewind
+// control file each write what the flight recorder holds, from the
+// oldest, as a trace of its own beside the output; babeltrace2 reads it.
+func TestCtlRewind(t *testing.T) {
+	testenv.RequireRoot(t)
+	bt2 := testenv.BT2(t)
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
+	out := filepath.Join(t.TempDir(), "fr")
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := runCmd("record", "-q", "-o", out, "--session", "fr", "--mode", "overwrite", "--subbuf-size", "4K", "--n-subbufs", "4", "-e", "sched:sched_switch", "--duration", "3s")
+		done <- code
+	}()
+	dir := filepath.Join(controlRoot, "fr")
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(dir, "state"))
+		return strings.TrimSpace(string(b)) == "running"
+	})
+	time.Sleep(300 * time.Millisecond)
+	if code, _, stderr := runCmd("ctl", "--session", "fr", "snapshot"); code != 0 {
+		t.Fatalf("ctl snapshot: exit %d: %s", code, stderr)
+	}
+	code, st, stderr := runCmd("ctl", "--session", "fr", "rewind")
+	if code != 0 || !strings.Contains(st, out+".rewind-1") {
+		t.Fatalf("ctl rewind: exit %d: %s%s", code, st, stderr)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "rewind"), []byte("1\n"), 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, err := os.Stat(out + ".rewind-2/metadata"); return err == nil })
+	if c := <-done; c != 0 {
+		t.Fatalf("record exit %d", c)
+	}
+	for _, r := range []string{out + ".rewind-1", out + ".rewind-2"} {
+		b, err := exec.Command(bt2, r).CombinedOutput()
+		if err != nil || !strings.Contains(string(b), "sched:sched_switch") {
+			t.Fatalf("babeltrace2 %s: %v\n%.500s", r, err, b)
+		}
 	}
 }
