@@ -40,6 +40,7 @@ fuzz:
 	done
 	$(FUZZ) -fuzz '^FuzzParseFormat$$' ./consumer/tracefs/
 	$(FUZZ) -fuzz '^FuzzTranscode$$' ./consumer/
+	$(FUZZ) -fuzz '^FuzzParse$$' ./synth/
 
 # bpf2go output (gen/); needs clang and llvm-strip. vmlinux.h is not rebuilt here: it comes from the running
 # kernel's BTF (make vmlinux) and is committed.
