@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/relayfmt"
+	"github.com/kconsume/kconsume/synth"
 )
 
 // Transport is how records travel from BPF to the consumer.
@@ -63,8 +64,12 @@ func (c Clock) String() string {
 // named on each field.
 type Config struct {
 	// Events are tracepoints by name: "sched:sched_switch", globs
-	// ("sched:*"), or a bare event name. Each must match something.
+	// ("sched:*"), or a bare event name; "synthetic:NAME" (a glob too)
+	// names definitions in Synth. Each must match something.
 	Events []string
+	// Synth holds the synthetic event definitions "synthetic:NAME"
+	// patterns in Events may name.
+	Synth []*synth.Event
 
 	// Filters, applied in the kernel. PIDs match a thread id or a process
 	// id; Cgroup is a cgroup v2 directory whose subtree is recorded; Comms

@@ -18,6 +18,7 @@ type layout struct {
 	fields []relayfmt.Field
 	fixed  int  // bytes of the raw record before its dynamic area
 	direct bool // payload is raw[:fixed] as it is
+	asIs   bool // payload is the whole record (synthetic events)
 	ops    []op
 	dyn    []uint16 // offsets of dynamic fields for the BPF side (kc_tp_info.dyn)
 }

@@ -97,6 +97,9 @@ type Session struct {
 	running   *ebpf.Variable
 	stateMem  []byte
 	layouts   []*layout // by class id
+	synth     map[string]synthClass
+	injectMu  sync.Mutex
+	injectRec *gen.RingbufKcInjectRec
 	events    []*tracefs.Format
 	streams   []*stream
 	lostSeen  []uint64 // kernel losses already placed in the stream, per CPU
@@ -139,7 +142,12 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	formats, err := resolveEvents(fs, cfg.Events)
+	tps, synths := splitSynth(cfg.Events)
+	formats, err := resolveEvents(fs, tps)
+	if err != nil {
+		return nil, err
+	}
+	synthDefs, err := resolveSynth(cfg.Synth, synths)
 	if err != nil {
 		return nil, err
 	}
@@ -153,6 +161,11 @@ func New(cfg Config) (*Session, error) {
 		return nil, err
 	}
 	if err := s.addTracepoints(formats); err != nil {
+		s.Close()
+		s.removeOutput()
+		return nil, err
+	}
+	if err := s.addSynth(synthDefs); err != nil {
 		s.Close()
 		s.removeOutput()
 		return nil, err
@@ -1009,7 +1022,9 @@ func (s *Session) emit(st *stream, e entry) {
 	raw := rec[recHdrLen : recHdrLen+n]
 	l := s.layouts[key]
 	var payload []byte
-	if l.direct {
+	if l.asIs {
+		payload = raw
+	} else if l.direct {
 		if n < l.fixed {
 			s.undecodable(st)
 			return

@@ -28,6 +28,13 @@ type PerfKcCpuState struct {
 	Pad      [4]uint64
 }
 
+type PerfKcInjectRec struct {
+	_    structs.HostLayout
+	Key  uint32
+	Len  uint32
+	Data [8192]uint8
+}
+
 type PerfKcScratch struct {
 	_   structs.HostLayout
 	Hdr struct {
@@ -54,11 +61,13 @@ type PerfKcTpInfo struct {
 const (
 	PerfMapKcCgroup       = "kc_cgroup"
 	PerfMapKcComms        = "kc_comms"
+	PerfMapKcInjectBuf    = "kc_inject_buf"
 	PerfMapKcPerf         = "kc_perf"
 	PerfMapKcPids         = "kc_pids"
 	PerfMapKcScratchMap   = "kc_scratch_map"
 	PerfMapKcState        = "kc_state"
 	PerfMapKcTpInfoMap    = "kc_tp_info_map"
+	PerfProgKcInject      = "kc_inject"
 	PerfProgKcTracepoint  = "kc_tracepoint"
 	PerfVarKcClock        = "kc_clock"
 	PerfVarKcFilterCgroup = "kc_filter_cgroup"
@@ -112,6 +121,7 @@ type PerfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type PerfProgramSpecs struct {
+	KcInject     *ebpf.ProgramSpec `ebpf:"kc_inject"`
 	KcTracepoint *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
@@ -121,6 +131,7 @@ type PerfProgramSpecs struct {
 type PerfMapSpecs struct {
 	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
 	KcPerf       *ebpf.MapSpec `ebpf:"kc_perf"`
 	KcPids       *ebpf.MapSpec `ebpf:"kc_pids"`
 	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
@@ -164,6 +175,7 @@ func (o *PerfObjects) Close() error {
 type PerfMaps struct {
 	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.Map `ebpf:"kc_comms"`
+	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
 	KcPerf       *ebpf.Map `ebpf:"kc_perf"`
 	KcPids       *ebpf.Map `ebpf:"kc_pids"`
 	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
@@ -175,6 +187,7 @@ func (m *PerfMaps) Close() error {
 	return _PerfClose(
 		m.KcCgroup,
 		m.KcComms,
+		m.KcInjectBuf,
 		m.KcPerf,
 		m.KcPids,
 		m.KcScratchMap,
@@ -201,11 +214,13 @@ type PerfVariables struct {
 //
 // It can be passed to LoadPerfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type PerfPrograms struct {
+	KcInject     *ebpf.Program `ebpf:"kc_inject"`
 	KcTracepoint *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
 func (p *PerfPrograms) Close() error {
 	return _PerfClose(
+		p.KcInject,
 		p.KcTracepoint,
 	)
 }

@@ -28,6 +28,13 @@ type RingbufKcCpuState struct {
 	Pad      [4]uint64
 }
 
+type RingbufKcInjectRec struct {
+	_    structs.HostLayout
+	Key  uint32
+	Len  uint32
+	Data [8192]uint8
+}
+
 type RingbufKcRec struct {
 	_   structs.HostLayout
 	Ts  uint64
@@ -56,11 +63,13 @@ type RingbufKcTpInfo struct {
 const (
 	RingbufMapKcCgroup       = "kc_cgroup"
 	RingbufMapKcComms        = "kc_comms"
+	RingbufMapKcInjectBuf    = "kc_inject_buf"
 	RingbufMapKcPids         = "kc_pids"
 	RingbufMapKcRings        = "kc_rings"
 	RingbufMapKcScratchMap   = "kc_scratch_map"
 	RingbufMapKcState        = "kc_state"
 	RingbufMapKcTpInfoMap    = "kc_tp_info_map"
+	RingbufProgKcInject      = "kc_inject"
 	RingbufProgKcTracepoint  = "kc_tracepoint"
 	RingbufVarKcClock        = "kc_clock"
 	RingbufVarKcFilterCgroup = "kc_filter_cgroup"
@@ -114,6 +123,7 @@ type RingbufSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufProgramSpecs struct {
+	KcInject     *ebpf.ProgramSpec `ebpf:"kc_inject"`
 	KcTracepoint *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
@@ -123,6 +133,7 @@ type RingbufProgramSpecs struct {
 type RingbufMapSpecs struct {
 	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
 	KcPids       *ebpf.MapSpec `ebpf:"kc_pids"`
 	KcRings      *ebpf.MapSpec `ebpf:"kc_rings"`
 	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
@@ -166,6 +177,7 @@ func (o *RingbufObjects) Close() error {
 type RingbufMaps struct {
 	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.Map `ebpf:"kc_comms"`
+	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
 	KcPids       *ebpf.Map `ebpf:"kc_pids"`
 	KcRings      *ebpf.Map `ebpf:"kc_rings"`
 	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
@@ -177,6 +189,7 @@ func (m *RingbufMaps) Close() error {
 	return _RingbufClose(
 		m.KcCgroup,
 		m.KcComms,
+		m.KcInjectBuf,
 		m.KcPids,
 		m.KcRings,
 		m.KcScratchMap,
@@ -203,11 +216,13 @@ type RingbufVariables struct {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufPrograms struct {
+	KcInject     *ebpf.Program `ebpf:"kc_inject"`
 	KcTracepoint *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
 func (p *RingbufPrograms) Close() error {
 	return _RingbufClose(
+		p.KcInject,
 		p.KcTracepoint,
 	)
 }

@@ -1,0 +1,164 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/synth"
+)
+
+// SynthSystem is the system of synthetic events: "-e synthetic:NAME".
+const SynthSystem = "synthetic"
+
+// ErrStopped is returned when an injected event meets a closed gate: the
+// session, or the chosen CPU's buffer, is stopped.
+var ErrStopped = errors.New("recording is stopped")
+
+// ErrInjectLost is returned when an injected event found its ring full;
+// it is counted and reported in the stream like any kernel-side loss.
+var ErrInjectLost = errors.New("ring full: event counted as lost")
+
+// splitSynth separates "synthetic:" patterns from tracepoint ones.
+func splitSynth(patterns []string) (tracepoints, synthetic []string) {
+	for _, p := range patterns {
+		if name, ok := strings.CutPrefix(p, SynthSystem+":"); ok {
+			synthetic = append(synthetic, name)
+		} else {
+			tracepoints = append(tracepoints, p)
+		}
+	}
+	return tracepoints, synthetic
+}
+
+// resolveSynth returns the definitions in defs matched by the name
+// patterns (globs), each once, in definition order. A pattern that
+// matches nothing fails with ErrUnknownEvent.
+func resolveSynth(defs []*synth.Event, patterns []string) ([]*synth.Event, error) {
+	picked := map[string]bool{}
+	for _, p := range patterns {
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("%w: synthetic:%s: %w", ErrConfig, p, err)
+		}
+		n := 0
+		for _, d := range defs {
+			if ok, _ := path.Match(p, d.Name); ok {
+				picked[d.Name] = true
+				n++
+			}
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("%w: synthetic:%s is not defined (see kconsume synth list)", ErrUnknownEvent, p)
+		}
+	}
+	var out []*synth.Event
+	for _, d := range defs {
+		if picked[d.Name] {
+			out = append(out, d)
+			delete(picked, d.Name)
+		}
+	}
+	return out, nil
+}
+
+// addSynth declares each synthetic event in the channel; the BPF side
+// needs no description of it, its payload arrives in final form.
+func (s *Session) addSynth(defs []*synth.Event) error {
+	for _, e := range defs {
+		if !e.Final() {
+			return fmt.Errorf("%w: synthetic:%s is not finalized", ErrConfig, e.Name)
+		}
+		name := SynthSystem + ":" + e.Name
+		cls, err := s.ch.AddEventClass(name, e.RelayFields())
+		if err != nil {
+			return fmt.Errorf("event %s: %w", name, err)
+		}
+		s.setLayout(cls.ID, &layout{name: name, fields: e.RelayFields(), asIs: true})
+		if s.synth == nil {
+			s.synth = map[string]synthClass{}
+		}
+		s.synth[e.Name] = synthClass{ev: e, key: cls.ID}
+	}
+	return nil
+}
+
+type synthClass struct {
+	ev  *synth.Event
+	key uint32
+}
+
+// Synth returns the session's synthetic event called name, or nil.
+func (s *Session) Synth(name string) *synth.Event {
+	return s.synth[name].ev
+}
+
+// SynthEvents returns the session's synthetic events.
+func (s *Session) SynthEvents() []*synth.Event {
+	var out []*synth.Event
+	for _, c := range s.synth {
+		out = append(out, c.ev)
+	}
+	return out
+}
+
+// EmitSynth writes one event of the synthetic event name, with payload
+// built by synth.Event.Encode or a synth.Builder, into cpu's stream. It
+// enters through the kernel (BPF_PROG_TEST_RUN of the injector on that
+// CPU), so it gets a kernel timestamp and sorts among the kernel's
+// events. It fails for an event the session does not record, with
+// ErrStopped when recording is stopped, or with ErrInjectLost when the
+// ring was full.
+func (s *Session) EmitSynth(cpu int, name string, payload []byte) error {
+	c, ok := s.synth[name]
+	if !ok {
+		return fmt.Errorf("%w: synthetic:%s is not recorded by this session", ErrUnknownEvent, name)
+	}
+	if len(payload) > c.ev.MaxPayload() {
+		return fmt.Errorf("synthetic:%s: payload of %d bytes, at most %d", name, len(payload), c.ev.MaxPayload())
+	}
+	return s.inject(cpu, c.key, payload)
+}
+
+// inject runs the injector on cpu with one record of key.
+func (s *Session) inject(cpu int, key uint32, payload []byte) error {
+	prog := s.coll.Programs[gen.RingbufProgKcInject]
+	buf := s.coll.Maps[gen.RingbufMapKcInjectBuf]
+	if prog == nil || buf == nil {
+		return errors.New("inject: this session's recorder has no injector")
+	}
+	if cpu < 0 || cpu >= s.ncpu {
+		return fmt.Errorf("%w: inject: no CPU %d (0..%d)", ErrConfig, cpu, s.ncpu-1)
+	}
+	s.injectMu.Lock()
+	defer s.injectMu.Unlock()
+	if s.injectRec == nil {
+		s.injectRec = new(gen.RingbufKcInjectRec)
+	}
+	rec := s.injectRec
+	if len(payload) > len(rec.Data)-1 {
+		return fmt.Errorf("inject: payload of %d bytes, at most %d", len(payload), len(rec.Data)-1)
+	}
+	rec.Key, rec.Len = key, uint32(len(payload))
+	copy(rec.Data[:], payload)
+	if err := buf.Put(uint32(0), rec); err != nil {
+		return fmt.Errorf("inject: %w", err)
+	}
+	ret, err := prog.Run(&ebpf.RunOptions{CPU: uint32(cpu), Flags: unix.BPF_F_TEST_RUN_ON_CPU})
+	if err != nil {
+		return fmt.Errorf("inject on CPU %d: %w", cpu, err)
+	}
+	switch ret {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrStopped)
+	case 3:
+		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrInjectLost)
+	}
+	return fmt.Errorf("inject on CPU %d: injector returned %d", cpu, ret)
+}
