@@ -44,7 +44,7 @@ func (h *handler) set(s *consumer.Session) {
 }
 
 // Do runs one control command; cpu < 0 means every CPU.
-func (h *handler) Do(cmd string, cpu int) (string, error) {
+func (h *handler) Do(cmd string, cpu int, arg string) (string, error) {
 	s, err := h.session()
 	if err != nil {
 		return "", err
@@ -97,6 +97,8 @@ func (h *handler) Do(cmd string, cpu int) (string, error) {
 		}
 	case "status":
 		return h.status(s, cpu)
+	case "emit":
+		return emit(s, cpu, arg)
 	}
 	return "", fmt.Errorf("unknown command %q: want one of %s", cmd, strings.Join(ctlCommands, ", "))
 }
@@ -193,7 +195,7 @@ func ctl(args []string, stdout, stderr io.Writer) error {
 			return usageError{fmt.Errorf("%d sessions are running (%s): pick one with --session", len(live), strings.Join(live, ", "))}
 		}
 	}
-	out, err := control.Send(controlRoot, *name, cmd, *cpu)
+	out, err := control.Send(controlRoot, *name, cmd, *cpu, "")
 	if err != nil {
 		return err
 	}

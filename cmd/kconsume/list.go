@@ -5,12 +5,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path"
 
+	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
 func list(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("list", "list [PATTERN]\n\nLists the tracepoints PATTERN matches (default all): system:name, globs allowed.", "kconsume list 'sched:*'", stderr)
+	fs := newFlags("list", "list [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.", "kconsume list 'sched:*'", stderr)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -33,11 +35,23 @@ func list(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
-	if len(evs) == 0 {
-		return usageError{fmt.Errorf("no tracepoint matches %q", pattern)}
-	}
 	for _, e := range evs {
 		fmt.Fprintln(stdout, e)
+	}
+	defs, err := synthStore.List()
+	if err != nil {
+		return err
+	}
+	n := len(evs)
+	for _, d := range defs {
+		full := consumer.SynthSystem + ":" + d.Name
+		if ok, _ := path.Match(pattern, full); ok || pattern == d.Name {
+			fmt.Fprintf(stdout, "%s\t%s\n", full, d)
+			n++
+		}
+	}
+	if n == 0 {
+		return usageError{fmt.Errorf("no tracepoint or synthetic event matches %q", pattern)}
 	}
 	return nil
 }

@@ -20,7 +20,8 @@ const usage = `usage: kconsume COMMAND [ARGS]
 Commands:
   record        record tracepoints into a trace directory (root)
   ctl           drive a running record: start, stop, flush, snapshot, reset, status
-  list          list the tracepoints that can be recorded
+  list          list the tracepoints and synthetic events that can be recorded
+  synth         define, list, delete synthetic events; emit one into a session
   report DIR    print a trace's events merged by time, losses inline
   stats DIR     count a trace's events and losses per stream and event
   recover DIR   cut crash-damaged stream files back to their last whole packet
@@ -48,6 +49,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = list(args[1:], stdout, stderr)
 	case "ctl":
 		err = ctl(args[1:], stdout, stderr)
+	case "synth":
+		err = synthCmd(args[1:], stdout, stderr)
 	case "stats":
 		err = statsCmd(args[1:], stdout, stderr)
 	case "report":

@@ -77,7 +77,7 @@ func TestRecordUsageErrors(t *testing.T) {
 		{[]string{"record", "-o", full, "-e", "sched:sched_switch", "--force"}, "not part of a trace"},
 		{[]string{"record", "-o", link, "-e", "sched:sched_switch"}, "symlink"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--bogus"}, "flag provided but not defined"},
-		{[]string{"list", "nosuch:*"}, "no tracepoint matches"},
+		{[]string{"list", "nosuch:*"}, "no tracepoint or synthetic event matches"},
 	}
 	for _, c := range cases {
 		code, _, stderr := runCmd(c.args...)
@@ -413,5 +413,102 @@ func TestCtlRewind(t *testing.T) {
 		if err != nil || !strings.Contains(string(b), "sched:sched_switch") {
 			t.Fatalf("babeltrace2 %s: %v\n%.500s", r, err, b)
 		}
+	}
+}
+
+// TestSynthCLI defines synthetic events, records one alongside a
+// tracepoint, emits it from another "shell", and checks every bad input
+// is refused with a clear message and nothing half-written.
+func TestSynthCLI(t *testing.T) {
+	testenv.RequireRoot(t)
+	bt2 := testenv.BT2(t)
+	oldStore, oldRoot := synthStore, controlRoot
+	synthStore.Dir, controlRoot = t.TempDir(), t.TempDir()
+	t.Cleanup(func() { synthStore, controlRoot = oldStore, oldRoot })
+
+	if code, out, stderr := runCmd("synth", "add", "phase u32 n; char what[]"); code != 0 || out != "synthetic:phase\n" {
+		t.Fatalf("synth add: exit %d %q %s", code, out, stderr)
+	}
+	many := make([]string, 65)
+	for i := range many {
+		many[i] = "u8 f" + strconv.Itoa(i)
+	}
+	for _, c := range []struct{ def, want string }{
+		{"phase u8 x", "already defined"},
+		{"e float x", "unknown type"},
+		{"e char comm", "needs a size"},
+		{"e u32 a[x]", "array size"},
+		{"e u32 a; u32 a", "duplicate field"},
+		{"e " + strings.Join(many, "; "), "limit is 64"},
+	} {
+		if code, _, stderr := runCmd("synth", "add", c.def); code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("synth add %.30q: exit %d, %q; want 2 and %q", c.def, code, stderr, c.want)
+		}
+	}
+	if _, out, _ := runCmd("synth", "list"); out != "synthetic:phase\tphase u32 n; char what[]\n" {
+		t.Fatalf("synth list: %q", out)
+	}
+	if _, out, _ := runCmd("list", "synthetic:*"); !strings.Contains(out, "synthetic:phase") {
+		t.Fatalf("list synthetic:*: %q", out)
+	}
+	file := filepath.Join(t.TempDir(), "more.synth")
+	if err := os.WriteFile(file, []byte("# markers\nnote char msg[]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "syn")
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := runCmd("record", "-q", "-o", out, "--session", "syn", "--synth", file, "-e", "synthetic:*,syscalls:sys_enter_getpid", "--pid", "1", "--duration", "3s")
+		done <- code
+	}()
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(controlRoot, "syn", "state"))
+		return strings.TrimSpace(string(b)) == "running"
+	})
+	if code, _, stderr := runCmd("synth", "emit", "--session", "syn", "phase", "what=hello world", "n=7"); code != 0 {
+		t.Fatalf("synth emit: exit %d: %s", code, stderr)
+	}
+	if code, _, stderr := runCmd("synth", "emit", "--cpu", "1", "synthetic:note", "msg=second"); code != 0 {
+		t.Fatalf("synth emit note (the only session): exit %d: %s", code, stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"phase", "n=1"}, "field what unset"},
+		{[]string{"phase", "n=x", "what=a"}, "not a u32"},
+		{[]string{"phase", "n=1", "n=2", "what=a"}, "set twice"},
+		{[]string{"phase", "m=1"}, "no field"},
+		{[]string{"nosuch", "x=1"}, "not recorded"},
+		{[]string{"phase", "n"}, "FIELD=VALUE"},
+	} {
+		code, _, stderr := runCmd(append([]string{"synth", "emit", "--session", "syn"}, c.args...)...)
+		if code == 0 || !strings.Contains(stderr, c.want) {
+			t.Errorf("synth emit %v: exit %d, %q; want failure mentioning %q", c.args, code, stderr, c.want)
+		}
+	}
+	if code, _, stderr := runCmd("synth", "emit", "--session", "nosuch", "phase", "n=1", "what=a"); code != 1 || !strings.Contains(stderr, "not running") {
+		t.Errorf("emit into no session: exit %d, %q", code, stderr)
+	}
+	if c := <-done; c != 0 {
+		t.Fatalf("record exit %d", c)
+	}
+	b, err := exec.Command(bt2, out).CombinedOutput()
+	if err != nil {
+		t.Fatalf("babeltrace2: %v\n%s", err, b)
+	}
+	text := string(b)
+	if strings.Count(text, "synthetic:phase:") != 1 || !strings.Contains(text, `n = 7, what = "hello world"`) ||
+		strings.Count(text, "synthetic:note:") != 1 || !strings.Contains(text, `msg = "second"`) {
+		t.Fatalf("babeltrace2 output:\n%s", text)
+	}
+	if code, _, _ := runCmd("synth", "delete", "phase"); code != 0 {
+		t.Fatal("synth delete failed")
+	}
+	if code, _, stderr := runCmd("synth", "delete", "phase"); code != 2 || !strings.Contains(stderr, "not defined") {
+		t.Errorf("second delete: exit %d %q", code, stderr)
+	}
+	if code, _, stderr := runCmd("record", "-q", "-o", filepath.Join(t.TempDir(), "x"), "-e", "synthetic:phase"); code != 2 || !strings.Contains(stderr, "synth list") {
+		t.Errorf("record of a deleted event: exit %d %q", code, stderr)
 	}
 }

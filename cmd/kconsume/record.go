@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -96,6 +97,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		force         = fs.Bool("force", false, "replace a trace already in the output directory")
 		session       = fs.String("session", "", "session `name` for kconsume ctl (default: the output directory's name)")
 		quiet         = fs.Bool("q", false, "no live status line")
+		synthFile     = fs.String("synth", "", "also define the synthetic events in this `file` (one definition per line)")
 		metrics       = fs.String("metrics", "", "serve the per-CPU counters in Prometheus text format at http://`addr`/metrics")
 	)
 	fs.Var(&events, "e", "`event`s to record (repeat or separate with commas)")
@@ -144,6 +146,11 @@ func record(args []string, stdout, stderr io.Writer) error {
 	}
 	if *duration < 0 {
 		return usageError{fmt.Errorf("--duration %v is negative", *duration)}
+	}
+	if *synthFile != "" || slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, consumer.SynthSystem+":") }) {
+		if cfg.Synth, err = synthDefs(*synthFile); err != nil {
+			return err
+		}
 	}
 	cfg.Dir = *out
 	if err := cfg.Check(); err != nil {

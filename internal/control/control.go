@@ -32,10 +32,10 @@ const DefaultRoot = "/run/kconsume"
 
 // Handler carries out commands for a session.
 type Handler interface {
-	// Do runs cmd (start, stop, flush, snapshot, rewind, reset, status) on
-	// every CPU, or on cpu alone when cpu >= 0, and returns the reply
-	// text.
-	Do(cmd string, cpu int) (string, error)
+	// Do runs cmd (start, stop, flush, snapshot, rewind, reset, status,
+	// emit) on every CPU, or on cpu alone when cpu >= 0, with arg (empty
+	// for most commands), and returns the reply text.
+	Do(cmd string, cpu int, arg string) (string, error)
 	// Files returns the current content of the read files: state,
 	// dropped, nr_sub, sub_size.
 	Files() map[string]string
@@ -174,9 +174,9 @@ func (s *Server) Refresh() error {
 	return nil
 }
 
-func (s *Server) do(cmd string, cpu int) (string, error) {
+func (s *Server) do(cmd string, cpu int, arg string) (string, error) {
 	s.mu.Lock()
-	out, err := s.h.Do(cmd, cpu)
+	out, err := s.h.Do(cmd, cpu, arg)
 	s.mu.Unlock()
 	_ = s.Refresh()
 	return out, err
@@ -212,7 +212,7 @@ func (s *Server) watch() {
 			case fileState:
 				s.stateWritten()
 			case fileRewind:
-				_, _ = s.do("rewind", -1)
+				_, _ = s.do("rewind", -1, "")
 			}
 		}
 	}
@@ -233,9 +233,9 @@ func (s *Server) stateWritten() {
 	}
 	switch v {
 	case "start", "running", "1":
-		_, _ = s.do("start", -1)
+		_, _ = s.do("start", -1, "")
 	case "stop", "stopped", "0":
-		_, _ = s.do("stop", -1)
+		_, _ = s.do("stop", -1, "")
 	}
 	// Whatever was written, state shows the truth again.
 	s.mu.Lock()
@@ -262,16 +262,21 @@ func (s *Server) accept() {
 			if err != nil {
 				return
 			}
-			f := strings.Fields(line)
-			cpu := -1
-			if len(f) == 2 {
+			// "CMD CPU" or "CMD CPU QUOTED-ARG" (Go-quoted, one line).
+			f := strings.SplitN(strings.TrimRight(line, "\n"), " ", 3)
+			var cpu int
+			var arg string
+			if len(f) >= 2 {
 				cpu, err = strconv.Atoi(f[1])
 			}
-			if len(f) < 1 || len(f) > 2 || err != nil {
+			if len(f) == 3 && err == nil {
+				arg, err = strconv.Unquote(f[2])
+			}
+			if len(f) < 2 || f[0] == "" || err != nil {
 				fmt.Fprintf(c, "error bad request %q\n", strings.TrimSpace(line))
 				return
 			}
-			out, err := s.do(f[0], cpu)
+			out, err := s.do(f[0], cpu, arg)
 			if err != nil {
 				fmt.Fprintf(c, "error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 				return
@@ -313,14 +318,18 @@ func (s *Server) Close() error {
 }
 
 // Send sends one command to the named session and returns its reply.
-func Send(root, name, cmd string, cpu int) (string, error) {
+func Send(root, name, cmd string, cpu int, arg string) (string, error) {
 	c, err := net.DialTimeout("unix", filepath.Join(root, name, fileSocket), 5*time.Second)
 	if err != nil {
 		return "", fmt.Errorf("session %q is not running (%w)", name, err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
-	if _, err := fmt.Fprintf(c, "%s %d\n", cmd, cpu); err != nil {
+	req := fmt.Sprintf("%s %d", cmd, cpu)
+	if arg != "" {
+		req += " " + strconv.Quote(arg)
+	}
+	if _, err := fmt.Fprintf(c, "%s\n", req); err != nil {
 		return "", err
 	}
 	r := bufio.NewReader(c)
