@@ -73,20 +73,21 @@ func TestOverloadNoOverwrite(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			var kernel, perf, dropped, records uint64
+			var kernel, missed, perf, dropped, records uint64
 			for _, st := range stats {
 				kernel += st.KernelLost
+				missed += st.Missed
 				perf += st.PerfLost
 				dropped += st.Channel.Dropped
 				records += st.Channel.Records
 			}
 			fds, lost := closeFDs(t, dir)
-			t.Logf("%s: %d written, lost: %d in the kernel, %d by perf, %d channel drops", tr, len(fds), kernel, perf, dropped)
+			t.Logf("%s: %d written, lost: %d in the kernel, %d by perf, %d runs missed, %d channel drops", tr, len(fds), kernel, perf, missed, dropped)
 			if uint64(len(fds))+lost != n {
 				t.Fatalf("written %d + discarded %d = %d, want %d produced", len(fds), lost, uint64(len(fds))+lost, n)
 			}
-			if kernel+dropped != lost || records != uint64(len(fds)) || perf > kernel || tr == Perf && perf == 0 {
-				t.Fatalf("stats: kernel %d (perf-reported %d) + channel %d != discarded %d in the trace; channel records %d vs %d read", kernel, perf, dropped, lost, records, len(fds))
+			if kernel+missed+dropped != lost || records != uint64(len(fds)) || perf > kernel || tr == Perf && perf == 0 {
+				t.Fatalf("stats: kernel %d (perf-reported %d) + missed %d + channel %d != discarded %d in the trace; channel records %d vs %d read", kernel, perf, missed, dropped, lost, records, len(fds))
 			}
 			if lost == 0 {
 				t.Fatalf("no loss: the overload did not overload")

@@ -61,14 +61,20 @@ type CPUStats struct {
 	// (a corrupt header or a dynamic field pointing outside its record);
 	// they are written into the stream as discarded.
 	Undecodable uint64
-	Reordered   uint64 // records written before a record that reached the ring earlier
-	Wakeups     uint64 // times the consumer was woken for this ring
-	Disabled    bool   // recording stopped on this CPU alone
+	// Missed counts tracepoint hits the kernel did not run the recorder
+	// for because a BPF program was already running on that CPU
+	// (bpf_prog_active in kernel/trace/bpf_trace.c:trace_call_bpf; the
+	// program's recursion_misses). The kernel does not say on which CPU,
+	// so they are reported on CPU 0 and placed in its stream.
+	Missed    uint64
+	Reordered uint64 // records written before a record that reached the ring earlier
+	Wakeups   uint64 // times the consumer was woken for this ring
+	Disabled  bool   // recording stopped on this CPU alone
 }
 
 // Discarded returns the records of this CPU lost at any layer.
 func (s CPUStats) Discarded() uint64 {
-	return s.KernelLost + s.Undecodable + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
+	return s.KernelLost + s.Missed + s.Undecodable + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
 }
 
 // stream is one output stream and the state of draining into it.
@@ -87,38 +93,39 @@ type stream struct {
 // drainer goroutine writing into a relayfmt channel. Its methods are safe
 // for concurrent use.
 type Session struct {
-	cfg       Config
-	transport Transport
-	ncpu      int
-	ch        *relayfmt.Channel
-	coll      *ebpf.Collection
-	rings     []*ebpf.Map
-	links     []link.Link
-	running   *ebpf.Variable
-	stateMem  []byte
-	layouts   []*layout // by class id
-	synth     map[string]synthClass
-	injectMu  sync.Mutex
-	injectRec *gen.RingbufKcInjectRec
-	events    []*tracefs.Format
-	streams   []*stream
-	lostSeen  []uint64 // kernel losses already placed in the stream, per CPU
-	epfd      int
-	evfd      int
-	window    uint64 // reorder window in ns
-	clockID   int32
-	cmds      chan command
-	done      chan struct{}
-	loopErr   error
-	closeOnce sync.Once
-	closeErr  error
-	started   atomic.Bool
-	looping   atomic.Bool
-	online    []bool // perf: CPUs online at the last hotplug check
-	useCookie bool   // event keys come from attach cookies
-	loopTID   atomic.Int32
-	final     []CPUStats // counts at Close
-	lastPlug  time.Time
+	cfg        Config
+	transport  Transport
+	ncpu       int
+	ch         *relayfmt.Channel
+	coll       *ebpf.Collection
+	rings      []*ebpf.Map
+	links      []link.Link
+	running    *ebpf.Variable
+	stateMem   []byte
+	layouts    []*layout // by class id
+	synth      map[string]synthClass
+	injectMu   sync.Mutex
+	injectRec  *gen.RingbufKcInjectRec
+	events     []*tracefs.Format
+	streams    []*stream
+	lostSeen   []uint64 // kernel losses already placed in the stream, per CPU
+	missedSeen uint64   // recursion misses already placed in stream 0
+	epfd       int
+	evfd       int
+	window     uint64 // reorder window in ns
+	clockID    int32
+	cmds       chan command
+	done       chan struct{}
+	loopErr    error
+	closeOnce  sync.Once
+	closeErr   error
+	started    atomic.Bool
+	looping    atomic.Bool
+	online     []bool // perf: CPUs online at the last hotplug check
+	useCookie  bool   // event keys come from attach cookies
+	loopTID    atomic.Int32
+	final      []CPUStats // counts at Close
+	lastPlug   time.Time
 }
 
 type command struct {
@@ -654,6 +661,7 @@ func (s *Session) setCPU(cpu int, disabled uint32) error {
 // the records waiting for reordering and finishes the open sub-buffers.
 func (s *Session) Flush() error {
 	return s.do(func() error {
+		s.placeMissed()
 		s.drainAll(^uint64(0))
 		return s.ch.Flush()
 	})
@@ -779,6 +787,7 @@ func (s *Session) stats() []CPUStats {
 			Disabled:   atomic.LoadUint32(&cs.Disabled) != 0,
 		}
 	}
+	out[0].Missed = s.missedSeen
 	for _, st := range s.streams {
 		o := &out[st.idx]
 		o.Channel, _ = s.ch.StatsCPU(st.idx)
@@ -840,10 +849,13 @@ func (s *Session) loop() {
 				s.streams[ev.Fd].wakeups++
 			}
 		}
-		if s.transport == Perf && time.Since(s.lastPlug) > hotplugPeriod {
+		if time.Since(s.lastPlug) > hotplugPeriod {
 			s.lastPlug = time.Now()
-			if err := s.checkHotplug(); err != nil {
-				s.loopErr = err
+			s.placeMissed()
+			if s.transport == Perf {
+				if err := s.checkHotplug(); err != nil {
+					s.loopErr = err
+				}
 			}
 		}
 		// A ring still holding a good part of a watermark is drained again
@@ -960,6 +972,24 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	r.release(w.releasePos(r.cons))
 }
 
+// placeMissed places the recorder runs the kernel skipped since the last
+// call into stream 0 (their CPU is unknown).
+func (s *Session) placeMissed() {
+	var missed uint64
+	for name, p := range s.coll.Programs {
+		if name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") {
+			continue
+		}
+		if st, err := p.Stats(); err == nil {
+			missed += st.RecursionMisses
+		}
+	}
+	if d := missed - s.missedSeen; missed > s.missedSeen {
+		s.missedSeen = missed
+		s.pushLoss(s.streams[0], d)
+	}
+}
+
 // placeLossesOf puts the kernel-side losses of st's CPUs into its window
 // after the newest record there, so they land where they happened.
 func (s *Session) placeLossesOf(st *stream) {
@@ -1061,6 +1091,7 @@ func (s *Session) Close() error {
 		s.links = nil
 		if s.cmds != nil && s.epfd >= 0 && s.isLooping() {
 			errs = append(errs, s.do(func() error {
+				s.placeMissed()
 				s.drainAll(^uint64(0))
 				return nil
 			}))
