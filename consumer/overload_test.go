@@ -83,11 +83,13 @@ func TestOverloadNoOverwrite(t *testing.T) {
 			}
 			fds, lost := closeFDs(t, dir)
 			t.Logf("%s: %d written, lost: %d in the kernel, %d by perf, %d runs missed, %d channel drops", tr, len(fds), kernel, perf, missed, dropped)
-			if uint64(len(fds))+lost != n {
-				t.Fatalf("written %d + discarded %d = %d, want %d produced", len(fds), lost, uint64(len(fds))+lost, n)
+			// Runs the kernel skipped (recursion) are not attributed to a
+			// task, so with the pid filter they only bound the gap.
+			if w := uint64(len(fds)) + lost; w > n || w+missed < n {
+				t.Fatalf("written %d + discarded %d = %d, want %d produced (%d runs missed)", len(fds), lost, w, n, missed)
 			}
-			if kernel+missed+dropped != lost || records != uint64(len(fds)) || perf > kernel || tr == Perf && perf == 0 {
-				t.Fatalf("stats: kernel %d (perf-reported %d) + missed %d + channel %d != discarded %d in the trace; channel records %d vs %d read", kernel, perf, missed, dropped, lost, records, len(fds))
+			if kernel+dropped != lost || records != uint64(len(fds)) || perf > kernel || tr == Perf && perf == 0 {
+				t.Fatalf("stats: kernel %d (perf-reported %d) + channel %d != discarded %d in the trace; channel records %d vs %d read", kernel, perf, dropped, lost, records, len(fds))
 			}
 			if lost == 0 {
 				t.Fatalf("no loss: the overload did not overload")
@@ -128,8 +130,12 @@ func TestOverwriteKeepsNewest(t *testing.T) {
 				t.Fatal(err)
 			}
 			fds, lost := closeFDs(t, dir)
-			if len(fds) == 0 || uint64(len(fds))+lost != n {
-				t.Fatalf("kept %d + lost %d != %d", len(fds), lost, n)
+			st, err := s.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := uint64(len(fds)) + lost; len(fds) == 0 || w > n || w+st[0].Missed < n {
+				t.Fatalf("kept %d + lost %d != %d (%d runs missed)", len(fds), lost, n, st[0].Missed)
 			}
 			for i, fd := range fds {
 				if want := n - len(fds) + i; fd != want {

@@ -64,17 +64,22 @@ type CPUStats struct {
 	// Missed counts tracepoint hits the kernel did not run the recorder
 	// for because a BPF program was already running on that CPU
 	// (bpf_prog_active in kernel/trace/bpf_trace.c:trace_call_bpf; the
-	// program's recursion_misses). The kernel does not say on which CPU,
-	// so they are reported on CPU 0 and placed in its stream.
+	// program's recursion_misses). The kernel does not say on which CPU
+	// nor for which task, so they are reported on CPU 0. Without filters
+	// each was an event lost, placed in stream 0 and counted in
+	// Discarded; with filters some would have been filtered out, so
+	// Missed is an upper bound and stays out of the stream.
 	Missed    uint64
 	Reordered uint64 // records written before a record that reached the ring earlier
 	Wakeups   uint64 // times the consumer was woken for this ring
 	Disabled  bool   // recording stopped on this CPU alone
+	// missedPlaced is the part of Missed placed in the stream.
+	missedPlaced uint64
 }
 
 // Discarded returns the records of this CPU lost at any layer.
 func (s CPUStats) Discarded() uint64 {
-	return s.KernelLost + s.Missed + s.Undecodable + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
+	return s.KernelLost + s.missedPlaced + s.Undecodable + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
 }
 
 // stream is one output stream and the state of draining into it.
@@ -788,6 +793,9 @@ func (s *Session) stats() []CPUStats {
 		}
 	}
 	out[0].Missed = s.missedSeen
+	if !s.filtered() {
+		out[0].missedPlaced = s.missedSeen
+	}
 	for _, st := range s.streams {
 		o := &out[st.idx]
 		o.Channel, _ = s.ch.StatsCPU(st.idx)
@@ -972,8 +980,14 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	r.release(w.releasePos(r.cons))
 }
 
-// placeMissed places the recorder runs the kernel skipped since the last
-// call into stream 0 (their CPU is unknown).
+// filtered reports whether the recorder filters tasks in the kernel.
+func (s *Session) filtered() bool {
+	return len(s.cfg.PIDs) > 0 || len(s.cfg.Comms) > 0 || s.cfg.Cgroup != ""
+}
+
+// placeMissed counts the recorder runs the kernel skipped since the last
+// call and, when nothing is filtered (each was then an event lost),
+// places them in stream 0 (their CPU is unknown).
 func (s *Session) placeMissed() {
 	var missed uint64
 	for name, p := range s.coll.Programs {
@@ -986,7 +1000,9 @@ func (s *Session) placeMissed() {
 	}
 	if d := missed - s.missedSeen; missed > s.missedSeen {
 		s.missedSeen = missed
-		s.pushLoss(s.streams[0], d)
+		if !s.filtered() {
+			s.pushLoss(s.streams[0], d)
+		}
 	}
 }
 
