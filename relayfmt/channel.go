@@ -628,7 +628,7 @@ func (b *buffer) rewindTo(sink Sink) error {
 		d := binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) - b.slotOver[slot] + before
 		binary.LittleEndian.PutUint64(pkt[offEventsDiscarded:], d)
 		if first && d != 0 {
-			if err := sink.WritePacket(b.name, b.opener(pkt)); err != nil {
+			if err := sink.WritePacket(b.name, b.opener()); err != nil {
 				return err
 			}
 		}
@@ -641,14 +641,13 @@ func (b *buffer) rewindTo(sink Sink) error {
 }
 
 // opener returns an empty packet with a zero discarded count at the
-// timestamp_begin of pkt, the first of a stream that already counts
-// losses: a CTF reader reports a loss only as the increase between two
-// packets.
-func (b *buffer) opener(pkt []byte) []byte {
-	ts := binary.LittleEndian.Uint64(pkt[offTimestampBegin:])
+// stream's first timestamp, to go before a first packet that already
+// counts losses: a CTF reader reports a loss only as the increase between
+// two packets, so the losses show from the stream's start.
+func (b *buffer) opener() []byte {
 	o := make([]byte, b.size)
 	h := b.hdr
-	h.TimestampBegin, h.TimestampEnd = ts, ts
+	h.TimestampBegin, h.TimestampEnd = b.firstTS, b.firstTS
 	h.ContentSize = PacketHeaderSize * 8
 	PutPacketHeader(o, &h)
 	return o
@@ -666,7 +665,7 @@ func (b *buffer) emit(pkt []byte) error {
 		return err
 	}
 	if !b.opened && binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) != 0 {
-		err = b.ch.sink.WritePacket(b.name, b.opener(pkt))
+		err = b.ch.sink.WritePacket(b.name, b.opener())
 	}
 	if err == nil {
 		err = b.ch.sink.WritePacket(b.name, pkt)
