@@ -184,12 +184,12 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 		cfg.Clock.Name = "monotonic"
 	}
 	cfg.Clock.Freq = cfg.Clock.freq()
-	if !isIdent(cfg.Clock.Name) {
+	if !IsIdent(cfg.Clock.Name) {
 		return nil, fmt.Errorf("channel: clock name %q is not an identifier", cfg.Clock.Name)
 	}
 	env := make(map[string]string, len(cfg.Env))
 	for k, v := range cfg.Env {
-		if !isIdent(k) || reservedEnv[k] {
+		if !IsIdent(k) || reservedEnv[k] {
 			return nil, fmt.Errorf("channel: env key %q is not an identifier or is reserved", k)
 		}
 		env[k] = sanitize(v)

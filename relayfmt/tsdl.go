@@ -619,7 +619,7 @@ func (m *Metadata) applyEnv(es []entry) error {
 func (m *Metadata) applyClock(es []entry) error {
 	c := &m.Clock
 	e, _ := lookup(es, "name")
-	if !isIdent(e.val) {
+	if !IsIdent(e.val) {
 		return fmt.Errorf("clock name %q is not an identifier", e.val)
 	}
 	c.Name = e.val

@@ -157,7 +157,7 @@ func NewEventClass(id uint32, name string, fields []Field) (*EventClass, error) 
 	seen := make(map[string]int, len(fields))
 	for i, f := range c.Fields {
 		c.lenSlot[i] = -1
-		if !isIdent(f.Name) {
+		if !IsIdent(f.Name) {
 			return nil, fmt.Errorf("event %q: field name %q is not an identifier ([A-Za-z_][A-Za-z0-9_]*, at most %d bytes)", name, f.Name, MaxNameLen)
 		}
 		if _, dup := seen[f.Name]; dup {
@@ -385,7 +385,9 @@ func readUint(b []byte, size int) uint64 {
 	}
 }
 
-func isIdent(s string) bool {
+// IsIdent reports whether s can name a field or clock:
+// [A-Za-z_][A-Za-z0-9_]*, at most MaxNameLen bytes.
+func IsIdent(s string) bool {
 	if s == "" || len(s) > MaxNameLen {
 		return false
 	}

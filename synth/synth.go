@@ -296,16 +296,6 @@ func parseField(decl string) (Field, error) {
 	return f, nil
 }
 
-func isIdent(s string) bool {
-	if s == "" || len(s) > 64 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9' {
-			continue
-		}
-		return false
-	}
-	return true
-}
+// isIdent accepts names of at most 64 bytes, as the kernel's
+// MAX_EVENT_NAME_LEN, that are relayfmt identifiers.
+func isIdent(s string) bool { return len(s) <= 64 && relayfmt.IsIdent(s) }

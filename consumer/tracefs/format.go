@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/kconsume/kconsume/relayfmt"
 )
 
 // Loc says how a field holds its data.
@@ -250,7 +252,7 @@ func parseDecl(decl string, fl *Field) error {
 		}
 		fl.ArrayLen = -1
 	}
-	if !isIdent(name) {
+	if !relayfmt.IsIdent(name) {
 		return fmt.Errorf("field %q: name %q is not an identifier", decl, name)
 	}
 	fl.Name, fl.Type = name, typ
@@ -278,20 +280,6 @@ func parseDecl(decl string, fl *Field) error {
 		fl.ArrayLen = n
 	}
 	return nil
-}
-
-func isIdent(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && c >= '0' && c <= '9' {
-			continue
-		}
-		return false
-	}
-	return true
 }
 
 // typeSize returns the size of well-known C types on 64-bit Linux, 0 when
