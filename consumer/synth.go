@@ -1,9 +1,11 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -97,12 +99,13 @@ func (s *Session) Synth(name string) *synth.Event {
 	return s.synth[name].ev
 }
 
-// SynthEvents returns the session's synthetic events.
+// SynthEvents returns the session's synthetic events, in class order.
 func (s *Session) SynthEvents() []*synth.Event {
 	var out []*synth.Event
 	for _, c := range s.synth {
 		out = append(out, c.ev)
 	}
+	slices.SortFunc(out, func(a, b *synth.Event) int { return cmp.Compare(s.synth[a.Name].key, s.synth[b.Name].key) })
 	return out
 }
 

@@ -38,7 +38,8 @@ func (e *Event) Encode(dst []byte, values ...any) ([]byte, error) {
 	return out, nil
 }
 
-// check returns v converted to what appendValue writes, or an error.
+// appendValue appends the encoding of v for field f to dst, or returns
+// dst and an error when v does not fit f.
 func appendValue(dst []byte, f Field, v any) ([]byte, error) {
 	if f.Type.Name == "char" {
 		s, ok := v.(string)

@@ -105,7 +105,6 @@ func boot(ctx context.Context, o Options, argv []string) (int, error) {
 	nonce := randomHex()
 	args := qemuArgs(o, initrd, fmt.Sprintf("vmtest.script=%s vmtest.nonce=%s", script, nonce))
 	cmd := exec.Command(o.QEMU, args...)
-	cmd.Stdin = nil
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -186,7 +185,7 @@ func commandScript(dir string, env, argv []string) string {
 	var exports strings.Builder
 	for _, kv := range env {
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok || !validEnvName(k) {
+		if !ok || !envName.MatchString(k) {
 			continue
 		}
 		switch k {
@@ -203,8 +202,6 @@ func commandScript(dir string, env, argv []string) string {
 }
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-func validEnvName(s string) bool { return envName.MatchString(s) }
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"

@@ -244,12 +244,14 @@ func localKernel(path string) (*Kernel, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("kernel image: %w", err)
 	}
-	k := &Kernel{Spec: path, Image: path}
-	base := filepath.Base(path)
-	k.Release = strings.TrimPrefix(base, "vmlinuz-")
+	release, ok := strings.CutPrefix(filepath.Base(path), "vmlinuz-")
+	k := &Kernel{Spec: path, Image: path, Release: release}
+	if !ok {
+		return k, nil // no release in the name: no modules to find
+	}
 	root := filepath.Dir(filepath.Dir(path))
 	for _, m := range []string{"lib/modules", "usr/lib/modules"} {
-		if d := filepath.Join(root, m, k.Release); k.Release != base {
+		if d := filepath.Join(root, m, release); k.Modules == "" {
 			if _, err := os.Stat(d); err == nil {
 				k.Modules = d
 			}

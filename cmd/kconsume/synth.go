@@ -182,20 +182,17 @@ func synthDefs(file string) ([]*synth.Event, error) {
 	if err != nil {
 		return nil, usageError{err}
 	}
-	for _, m := range more {
-		for _, d := range defs {
-			if d.Name == m.Name && d.String() != m.String() {
-				return nil, usageError{fmt.Errorf("%s: %w: %s is stored as %q", file, synth.ErrExists, m.Name, d.String())}
-			}
-		}
+	stored := map[string]*synth.Event{}
+	for _, d := range defs {
+		stored[d.Name] = d
 	}
 	for _, m := range more {
-		dup := false
-		for _, d := range defs {
-			dup = dup || d.Name == m.Name
-		}
-		if !dup {
+		d, ok := stored[m.Name]
+		switch {
+		case !ok:
 			defs = append(defs, m)
+		case d.String() != m.String():
+			return nil, usageError{fmt.Errorf("%s: %w: %s is stored as %q", file, synth.ErrExists, m.Name, d.String())}
 		}
 	}
 	return defs, nil
