@@ -131,6 +131,7 @@ type Session struct {
 	loopTID    atomic.Int32
 	final      []CPUStats // counts at Close
 	lastPlug   time.Time
+	lastMissed time.Time
 }
 
 type command struct {
@@ -857,14 +858,15 @@ func (s *Session) loop() {
 				s.streams[ev.Fd].wakeups++
 			}
 		}
-		if time.Since(s.lastPlug) > hotplugPeriod {
+		if s.transport == Perf && time.Since(s.lastPlug) > hotplugPeriod {
 			s.lastPlug = time.Now()
-			s.placeMissed()
-			if s.transport == Perf {
-				if err := s.checkHotplug(); err != nil {
-					s.loopErr = err
-				}
+			if err := s.checkHotplug(); err != nil {
+				s.loopErr = err
 			}
+		}
+		if time.Since(s.lastMissed) > missedPeriod {
+			s.lastMissed = time.Now()
+			s.placeMissed()
 		}
 		// A ring still holding a good part of a watermark is drained again
 		// at once: no new crossing would wake us for it.
@@ -891,6 +893,11 @@ func (s *Session) loop() {
 // hotplugPeriod is how often the perf transport looks for CPUs that came
 // online. BPF ring buffers exist for every possible CPU and need no check.
 const hotplugPeriod = 100 * time.Millisecond
+
+// missedPeriod is how often the recorder programs' recursion misses are
+// read: one syscall per program, and before 5.15 there is a program per
+// event. Flush and Close read them too.
+const missedPeriod = time.Second
 
 // cutoff returns the time before which waiting records are written: now
 // minus the reorder window, on the records' clock.
