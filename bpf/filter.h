@@ -64,4 +64,13 @@ static __always_inline int kc_pass(void)
 	return 1;
 }
 
+/*
+ * kc_pass_pid returns whether the thread pid passes the pid filter: for
+ * events about a task other than the current one.
+ */
+static __always_inline int kc_pass_pid(__u32 pid)
+{
+	return !kc_filter_pid || bpf_map_lookup_elem(&kc_pids, &pid);
+}
+
 #endif /* KCONSUME_FILTER_H */

@@ -29,7 +29,40 @@ struct kc_tp_info {
 	__u16 size; /* bytes of the fixed part, common fields included */
 	__u16 ndyn; /* entries used in dyn */
 	__u16 dyn[KC_MAX_DYN]; /* field offsets, KC_DYN_REL set for __rel_loc */
+	__u16 flags;    /* KC_TP_* */
+	__u16 pid_off;  /* hooks: offset of pid (sched_waking) or next_pid (sched_switch) */
+	__u16 prio_off; /* sched_switch hook: offset of next_prio */
+	__u16 comm_off; /* sched_switch hook: offset of next_comm */
+	__u32 aux_key;  /* sched_switch hook: class of synthetic:wakeup_latency */
 };
+
+#define KC_TP_RECORD 1 /* write the event into the trace */
+#define KC_TP_WAKING 2 /* remember when the task in pid_off was woken */
+#define KC_TP_SWITCH 4 /* emit wakeup_latency for the task switched in */
+
+/* Set when synthetic:wakeup_latency is recorded, so the hooks cost nothing otherwise. */
+const volatile __u32 kc_hooks = 0;
+
+/* When each woken task was woken, until it runs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __s32);
+	__type(value, __u64);
+} kc_wake_ts SEC(".maps");
+
+/*
+ * struct kc_wakeup_latency is the payload of synthetic:wakeup_latency,
+ * "pid_t pid; char comm[16]; int prio; u64 latency_ns; unsigned int cpu"
+ * (consumer/wakeup.go), packed as relayfmt lays fields out.
+ */
+struct kc_wakeup_latency {
+	__s32 pid;
+	char comm[16];
+	__s32 prio;
+	__u64 latency_ns;
+	__u32 cpu;
+} __attribute__((packed));
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -54,22 +87,19 @@ static __always_inline __u32 kc_event_key(void *ctx)
 	return key;
 }
 
-SEC("tracepoint")
-int kc_tracepoint(void *ctx)
+/*
+ * kc_record writes the trace record at ctx as event key and returns its
+ * timestamp, or 0 when the gate is closed for this CPU.
+ */
+static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *info)
 {
 	struct trace_entry *ent;
 	struct kc_cpu_state *st;
 	struct kc_scratch *s;
-	struct kc_tp_info *info;
-	__u32 key, size;
+	__u32 size;
+	__u64 ts;
 	int i;
 
-	if (!kc_running || !kc_pass())
-		return 0;
-	key = kc_event_key(ctx);
-	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
-	if (!info)
-		return 0;
 	s = kc_emit_begin(key, &st);
 	if (!s)
 		return 0;
@@ -106,7 +136,72 @@ int kc_tracepoint(void *ctx)
 	ent->flags = 0;
 	ent->preempt_count = 0;
 	ent->pid = (__u32)bpf_get_current_pid_tgid();
-	kc_emit_end(ctx, s, st, size);
+	ts = kc_now();
+	kc_emit_at(ctx, s, st, size, ts);
+	return ts;
+}
+
+/*
+ * kc_wakeup computes synthetic:wakeup_latency as the kernel's histogram
+ * triggers do (Documentation/trace/histogram.rst, "wakeup_latency"):
+ * sched_waking stores the time per pid, sched_switch to that pid emits the
+ * difference. ts is the time of the record written for this tracepoint,
+ * when there is one, so the latency equals the difference of the two
+ * records' timestamps in the trace. The pid filter applies to the woken
+ * task (the current task is the waker or the one switched out).
+ */
+static __always_inline void kc_wakeup(void *ctx, struct kc_tp_info *info, __u64 ts)
+{
+	struct kc_wakeup_latency *w;
+	struct kc_cpu_state *st;
+	struct kc_scratch *s;
+	__u64 *then, lat;
+	__s32 pid = 0;
+
+	bpf_probe_read_kernel(&pid, sizeof(pid), ctx + (info->pid_off & 0xfff));
+	if (pid <= 0)
+		return;
+	if (info->flags & KC_TP_WAKING) {
+		bpf_map_update_elem(&kc_wake_ts, &pid, &ts, BPF_ANY);
+		return;
+	}
+	then = bpf_map_lookup_elem(&kc_wake_ts, &pid);
+	if (!then)
+		return;
+	lat = ts - *then;
+	bpf_map_delete_elem(&kc_wake_ts, &pid);
+	if (ts < lat || !kc_pass_pid(pid))
+		return;
+	s = kc_emit_begin(info->aux_key, &st);
+	if (!s)
+		return;
+	w = (void *)s->data;
+	w->pid = pid;
+	bpf_probe_read_kernel(w->comm, sizeof(w->comm), ctx + (info->comm_off & 0xfff));
+	w->prio = 0;
+	bpf_probe_read_kernel(&w->prio, sizeof(w->prio), ctx + (info->prio_off & 0xfff));
+	w->latency_ns = lat;
+	w->cpu = s->hdr.cpu;
+	kc_emit_at(ctx, s, st, sizeof(*w), ts);
+}
+
+SEC("tracepoint")
+int kc_tracepoint(void *ctx)
+{
+	struct kc_tp_info *info;
+	__u64 ts = 0;
+	__u32 key;
+
+	if (!kc_running)
+		return 0;
+	key = kc_event_key(ctx);
+	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
+	if (!info)
+		return 0;
+	if ((info->flags & KC_TP_RECORD) && kc_pass())
+		ts = kc_record(ctx, key, info);
+	if (kc_hooks && (info->flags & (KC_TP_WAKING | KC_TP_SWITCH)))
+		kc_wakeup(ctx, info, ts ? ts : kc_now());
 	return 0;
 }
 

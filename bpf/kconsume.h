@@ -61,13 +61,23 @@ const volatile __u32 kc_clock = KC_CLOCK_MONO;
 const volatile __u32 kc_global = 0;         /* one shared ring at index 0 */
 const volatile __u64 kc_wakeup_bytes = 0;   /* ringbuf: wake the consumer when crossed */
 
-/* The state gate the consumer flips: stopped costs this one load and branch. */
-volatile __u32 kc_running = 0;
+/*
+ * The state gate the consumer flips: stopped costs this one load and branch.
+ * It has a section of its own so that a user's program built on kc_synth.h
+ * shares the recorder's gate: the loader hands that object this map in
+ * place of its own (its .bss stays its own).
+ */
+volatile __u32 kc_running SEC(".data.kc_gate") = 0;
 
+/*
+ * Slot cpu belongs to the recorder; slot ncpu + cpu counts the records of
+ * users' programs (kc_synth.h), which can nest on a CPU (fentry, tp_btf,
+ * kprobes in interrupts) and so add atomically to a slot of their own.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, 1); /* set to the number of possible CPUs at load */
+	__uint(max_entries, 1); /* set to twice the number of possible CPUs at load */
 	__type(key, __u32);
 	__type(value, struct kc_cpu_state);
 } kc_state SEC(".maps");
@@ -114,12 +124,15 @@ struct {
  * up with, kernel/bpf/ringbuf.c:bpf_ringbuf_commit). Below the watermark
  * the consumer's latency timer picks the data up.
  */
-static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size, struct kc_cpu_state *st)
+static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size, struct kc_cpu_state *st, int atomic)
 {
 	__u64 avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
 
 	if (avail < kc_wakeup_bytes && avail + size + 8 >= kc_wakeup_bytes) {
-		st->wakeups++;
+		if (atomic)
+			__sync_fetch_and_add(&st->wakeups, 1);
+		else
+			st->wakeups++;
 		return BPF_RB_FORCE_WAKEUP;
 	}
 	return BPF_RB_NO_WAKEUP;
@@ -159,6 +172,44 @@ static __always_inline struct kc_scratch *kc_emit_begin(__u32 key, struct kc_cpu
 }
 
 /*
+ * kc_output hands size bytes of the stamped record s to the transport and
+ * returns 0 or a negative errno; it counts only wakeups (in st).
+ */
+static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 size, struct kc_cpu_state *st, int atomic)
+{
+#ifdef KC_PERF
+	return bpf_perf_event_output(ctx, &kc_perf, BPF_F_CURRENT_CPU, s, size);
+#else
+	__u32 idx = kc_global ? 0 : s->hdr.cpu;
+	void *ring = bpf_map_lookup_elem(&kc_rings, &idx);
+
+	if (!ring)
+		return -2; /* -ENOENT: no ring for this CPU */
+	return bpf_ringbuf_output(ring, s, size, kc_wakeup_flags(ring, size, st, atomic));
+#endif
+}
+
+/*
+ * kc_emit_at outputs len payload bytes of s stamped with ts. Returns 0 or
+ * a negative errno, which has been counted in the CPU's lost counter.
+ */
+static __always_inline long kc_emit_at(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len, __u64 ts)
+{
+	long err;
+
+	barrier_var(len);
+	len &= KC_PAYLOAD_MASK;
+	s->hdr.len = len;
+	s->hdr.ts = ts;
+	err = kc_output(ctx, s, sizeof(struct kc_rec) + len, st, 0);
+	if (err)
+		st->lost++;
+	else
+		st->emitted++;
+	return err;
+}
+
+/*
  * kc_emit_end stamps the record and outputs len payload bytes of it. The
  * timestamp is read last, right before the output, which keeps the window
  * between clock read and ring position small; the consumer restores order
@@ -167,33 +218,7 @@ static __always_inline struct kc_scratch *kc_emit_begin(__u32 key, struct kc_cpu
  */
 static __always_inline long kc_emit_end(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len)
 {
-	__u32 size;
-	long err;
-
-	barrier_var(len);
-	len &= KC_PAYLOAD_MASK;
-	size = sizeof(struct kc_rec) + len;
-
-	s->hdr.len = len;
-	s->hdr.ts = kc_now();
-#ifdef KC_PERF
-	err = bpf_perf_event_output(ctx, &kc_perf, BPF_F_CURRENT_CPU, s, size);
-#else
-	{
-		__u32 idx = kc_global ? 0 : s->hdr.cpu;
-		void *ring = bpf_map_lookup_elem(&kc_rings, &idx);
-		if (!ring) {
-			st->lost++;
-			return -2; /* -ENOENT: no ring for this CPU */
-		}
-		err = bpf_ringbuf_output(ring, s, size, kc_wakeup_flags(ring, size, st));
-	}
-#endif
-	if (err)
-		st->lost++;
-	else
-		st->emitted++;
-	return err;
+	return kc_emit_at(ctx, s, st, len, kc_now());
 }
 
 #endif /* KCONSUME_H */

@@ -68,8 +68,15 @@ type Config struct {
 	// names definitions in Synth. Each must match something.
 	Events []string
 	// Synth holds the synthetic event definitions "synthetic:NAME"
-	// patterns in Events may name.
+	// patterns in Events may name. The built-in events synth.Klog and
+	// synth.WakeupLatency need no definition and are matched only by
+	// their exact name, never by a glob.
 	Synth []*synth.Event
+	// Objects are users' BPF programs built on bpf/kc_synth.h (see
+	// LoadObject): each is loaded onto the session's rings and attached
+	// by its sections, and the synthetic events it declares with
+	// KC_SYNTH_EVENT are recorded.
+	Objects []*ebpf.CollectionSpec
 
 	// Filters, applied in the kernel. PIDs match a thread id or a process
 	// id; Cgroup is a cgroup v2 directory whose subtree is recorded; Comms

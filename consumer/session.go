@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +29,7 @@ import (
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/relayfmt"
+	"github.com/kconsume/kconsume/synth"
 )
 
 // recHdrLen is sizeof(struct kc_rec) (bpf/kconsume.h).
@@ -128,6 +130,10 @@ type Session struct {
 	looping    atomic.Bool
 	online     []bool // perf: CPUs online at the last hotplug check
 	useCookie  bool   // event keys come from attach cookies
+	switchKey  uint32 // wakeup_latency: sched_switch's key and info
+	switchInfo gen.RingbufKcTpInfo
+	objects    []*object  // users' programs (Config.Objects)
+	synthMu    sync.Mutex // guards synth after New
 	loopTID    atomic.Int32
 	final      []CPUStats // counts at Close
 	lastPlug   time.Time
@@ -148,7 +154,7 @@ func New(cfg Config) (*Session, error) {
 	if err := cfg.Check(); err != nil {
 		return nil, err
 	}
-	if len(cfg.Events) == 0 {
+	if len(cfg.Events) == 0 && len(cfg.Objects) == 0 {
 		return nil, fmt.Errorf("%w: no events", ErrConfig)
 	}
 	fs, err := tracefs.Find()
@@ -164,21 +170,33 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
+	var hooks []*tracefs.Format
+	wake := slices.ContainsFunc(synthDefs, func(e *synth.Event) bool { return e.Name == synth.WakeupLatency })
+	if wake {
+		if hooks, err = wakeupHooks(fs, formats); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Sink == nil {
 		if _, err := os.Stat(filepath.Join(cfg.Dir, "metadata")); err == nil {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	s, err := newSession(cfg, len(formats), nil)
+	s, err := newSession(cfg, len(formats)+len(hooks), &loadOpts{hooks: wake})
 	if err != nil {
 		return nil, err
 	}
-	if err := s.addTracepoints(formats); err != nil {
-		s.Close()
-		s.removeOutput()
-		return nil, err
+	err = s.addTracepoints(formats, hooks, wake)
+	if err == nil {
+		err = s.addSynth(synthDefs)
 	}
-	if err := s.addSynth(synthDefs); err != nil {
+	if err == nil && wake {
+		err = s.linkWakeup()
+	}
+	if err == nil {
+		err = s.addObjects(cfg.Objects)
+	}
+	if err != nil {
 		s.Close()
 		s.removeOutput()
 		return nil, err
@@ -223,14 +241,16 @@ func resolveEvents(fs tracefs.FS, patterns []string) ([]*tracefs.Format, error) 
 }
 
 // loadOpts replaces the recorder by another object built on kconsume.h
-// (the bench producer), with values for its own variables.
+// (the bench producer), with values for its own variables, or turns on
+// the recorder's hooks (synthetic:wakeup_latency).
 type loadOpts struct {
-	spec *ebpf.CollectionSpec
-	vars map[string]any
+	spec  *ebpf.CollectionSpec
+	vars  map[string]any
+	hooks bool
 }
 
-// newSession loads the BPF objects for nevents events and maps the rings;
-// no event is attached yet.
+// newSession loads the BPF objects for nevents event keys and maps the
+// rings; no event is attached yet.
 func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error) {
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
@@ -366,7 +386,7 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 	var err error
 	set := map[string]any{}
 	switch {
-	case opts != nil:
+	case opts != nil && opts.spec != nil:
 		spec = opts.spec
 		maps.Copy(set, opts.vars)
 	case s.transport == Perf:
@@ -378,7 +398,7 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 		return err
 	}
 	cfg := s.cfg
-	spec.Maps[gen.RingbufMapKcState].MaxEntries = uint32(s.ncpu)
+	spec.Maps[gen.RingbufMapKcState].MaxEntries = uint32(2 * s.ncpu)
 	if m := spec.Maps[gen.RingbufMapKcTpInfoMap]; m != nil {
 		m.MaxEntries = uint32(max(nevents, 1))
 		s.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
@@ -386,6 +406,7 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 		set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
 		set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
 		set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
+		set[gen.RingbufVarKcHooks] = boolU32(opts != nil && opts.hooks)
 	}
 	if m := spec.Maps[gen.RingbufMapKcTpInfoMap]; m != nil && !s.useCookie {
 		base := spec.Programs[gen.RingbufProgKcTracepoint]
@@ -425,12 +446,12 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 	}
 	s.running = s.coll.Variables[gen.RingbufVarKcRunning]
 	state := s.coll.Maps[gen.RingbufMapKcState]
-	s.stateMem, err = unix.Mmap(state.FD(), 0, roundPage(s.ncpu*cpuStateLen), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	s.stateMem, err = unix.Mmap(state.FD(), 0, roundPage(2*s.ncpu*cpuStateLen), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fmt.Errorf("mapping kc_state: %w", err)
 	}
 	s.lostSeen = make([]uint64, s.ncpu)
-	if opts != nil {
+	if opts != nil && opts.spec != nil {
 		return nil
 	}
 	return s.setFilters()
@@ -499,9 +520,21 @@ func (s *Session) setFilters() error {
 	return nil
 }
 
-// cpuState returns CPU cpu's slot of the mapped kc_state array.
+// cpuState returns CPU cpu's slot of the mapped kc_state array; the
+// slots from s.ncpu on count the records of users' programs.
 func (s *Session) cpuState(cpu int) *gen.RingbufKcCpuState {
 	return (*gen.RingbufKcCpuState)(unsafe.Pointer(&s.stateMem[cpu*cpuStateLen]))
+}
+
+// emitted returns the records the kernel side put into cpu's ring.
+func (s *Session) emitted(cpu int) uint64 {
+	return atomic.LoadUint64(&s.cpuState(cpu).Emitted) + atomic.LoadUint64(&s.cpuState(s.ncpu+cpu).Emitted)
+}
+
+// kernelLost returns the records the kernel side failed to put into
+// cpu's ring.
+func (s *Session) kernelLost(cpu int) uint64 {
+	return atomic.LoadUint64(&s.cpuState(cpu).Lost) + atomic.LoadUint64(&s.cpuState(s.ncpu+cpu).Lost)
 }
 
 // openRings creates and maps the rings and the epoll set.
@@ -558,29 +591,41 @@ func (s *Session) watch(fd, stream int) error {
 	return nil
 }
 
-// addTracepoints defines a class per event, tells the recorder each
-// event's layout and attaches it; event i gets key i, its class id.
-func (s *Session) addTracepoints(formats []*tracefs.Format) error {
+// addTracepoints defines a class per recorded event, tells the recorder
+// each event's layout and attaches it; event i gets key i, its class id.
+// The hooks (tracepoints wakeup_latency needs but the trace does not
+// record) take the keys after them. With wake set, the sched_waking and
+// sched_switch keys carry the wakeup_latency hooks.
+func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) error {
 	info := s.coll.Maps[gen.RingbufMapKcTpInfoMap]
-	for i, f := range formats {
-		l, err := newLayout(f)
-		if err != nil {
-			return err
+	for i, f := range append(slices.Clip(formats), hooks...) {
+		var ti gen.RingbufKcTpInfo
+		if i < len(formats) {
+			l, err := newLayout(f)
+			if err != nil {
+				return err
+			}
+			cls, err := s.ch.AddEventClass(f.FullName(), l.fields)
+			if err != nil {
+				return fmt.Errorf("event %s: %w", f.FullName(), err)
+			}
+			if cls.ID != uint32(i) {
+				return fmt.Errorf("event %s: class id %d, want %d", f.FullName(), cls.ID, i)
+			}
+			s.setLayout(cls.ID, l)
+			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(l.fixed), Ndyn: uint16(len(l.dyn)), Flags: tpRecord}
+			copy(ti.Dyn[:], l.dyn)
 		}
-		cls, err := s.ch.AddEventClass(f.FullName(), l.fields)
-		if err != nil {
-			return fmt.Errorf("event %s: %w", f.FullName(), err)
+		if wake {
+			if err := s.wakeupInfo(f, uint32(i), &ti); err != nil {
+				return err
+			}
 		}
-		if cls.ID != uint32(i) {
-			return fmt.Errorf("event %s: class id %d, want %d", f.FullName(), cls.ID, i)
-		}
-		s.setLayout(cls.ID, l)
-		ti := gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(l.fixed), Ndyn: uint16(len(l.dyn))}
-		copy(ti.Dyn[:], l.dyn)
 		if err := info.Put(uint32(i), ti); err != nil {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
 		}
 		var lk link.Link
+		var err error
 		if s.useCookie {
 			lk, err = link.Tracepoint(f.System, f.Name, s.coll.Programs[gen.RingbufProgKcTracepoint], &link.TracepointOptions{Cookie: uint64(i)})
 		} else {
@@ -590,7 +635,9 @@ func (s *Session) addTracepoints(formats []*tracefs.Format) error {
 			return fmt.Errorf("attaching to %s: %w", f.FullName(), err)
 		}
 		s.links = append(s.links, lk)
-		s.events = append(s.events, f)
+		if i < len(formats) {
+			s.events = append(s.events, f)
+		}
 	}
 	return nil
 }
@@ -788,8 +835,8 @@ func (s *Session) stats() []CPUStats {
 		cs := s.cpuState(cpu)
 		out[cpu] = CPUStats{
 			CPU:        cpu,
-			Emitted:    atomic.LoadUint64(&cs.Emitted),
-			KernelLost: atomic.LoadUint64(&cs.Lost),
+			Emitted:    s.emitted(cpu),
+			KernelLost: s.kernelLost(cpu),
 			Disabled:   atomic.LoadUint32(&cs.Disabled) != 0,
 		}
 	}
@@ -1021,7 +1068,7 @@ func (s *Session) placeLossesOf(st *stream) {
 		first, last = 0, s.ncpu-1
 	}
 	for cpu := first; cpu <= last; cpu++ {
-		lost := atomic.LoadUint64(&s.cpuState(cpu).Lost)
+		lost := s.kernelLost(cpu)
 		if d := lost - s.lostSeen[cpu]; d > 0 {
 			s.lostSeen[cpu] = lost
 			s.pushLoss(st, d)
@@ -1112,6 +1159,10 @@ func (s *Session) Close() error {
 			}
 		}
 		s.links = nil
+		for _, o := range s.objects {
+			o.close()
+		}
+		s.objects = nil
 		if s.cmds != nil && s.epfd >= 0 && s.isLooping() {
 			errs = append(errs, s.do(func() error {
 				s.placeMissed()
@@ -1150,6 +1201,10 @@ func (s *Session) release() {
 		_ = l.Close()
 	}
 	s.links = nil
+	for _, o := range s.objects {
+		o.close()
+	}
+	s.objects = nil
 	for _, st := range s.streams {
 		if st.rb != nil {
 			st.rb.close()

@@ -39,13 +39,26 @@ func splitSynth(patterns []string) (tracepoints, synthetic []string) {
 }
 
 // resolveSynth returns the definitions in defs matched by the name
-// patterns (globs), each once, in definition order. A pattern that
-// matches nothing fails with ErrUnknownEvent.
+// patterns (globs), each once, in definition order, then the built-in
+// events patterns name exactly. A pattern that matches nothing fails with
+// ErrUnknownEvent; a definition of a built-in name with ErrConfig.
 func resolveSynth(defs []*synth.Event, patterns []string) ([]*synth.Event, error) {
+	for _, d := range defs {
+		if synth.Builtin(d.Name) != nil {
+			return nil, fmt.Errorf("%w: synthetic:%s is built in and cannot be defined", ErrConfig, d.Name)
+		}
+	}
 	picked := map[string]bool{}
+	var builtins []*synth.Event
 	for _, p := range patterns {
 		if _, err := path.Match(p, ""); err != nil {
 			return nil, fmt.Errorf("%w: synthetic:%s: %w", ErrConfig, p, err)
+		}
+		if b := synth.Builtin(p); b != nil {
+			if !slices.ContainsFunc(builtins, func(e *synth.Event) bool { return e.Name == p }) {
+				builtins = append(builtins, b)
+			}
+			continue
 		}
 		n := 0
 		for _, d := range defs {
@@ -65,12 +78,15 @@ func resolveSynth(defs []*synth.Event, patterns []string) ([]*synth.Event, error
 			delete(picked, d.Name)
 		}
 	}
-	return out, nil
+	return append(out, builtins...), nil
 }
 
 // addSynth declares each synthetic event in the channel; the BPF side
-// needs no description of it, its payload arrives in final form.
+// needs no description of it, its payload arrives in final form. After
+// New it must run on the drainer goroutine, which reads the layouts.
 func (s *Session) addSynth(defs []*synth.Event) error {
+	s.synthMu.Lock()
+	defer s.synthMu.Unlock()
 	for _, e := range defs {
 		if !e.Final() {
 			return fmt.Errorf("%w: synthetic:%s is not finalized", ErrConfig, e.Name)
@@ -96,11 +112,15 @@ type synthClass struct {
 
 // Synth returns the session's synthetic event called name, or nil.
 func (s *Session) Synth(name string) *synth.Event {
+	s.synthMu.Lock()
+	defer s.synthMu.Unlock()
 	return s.synth[name].ev
 }
 
 // SynthEvents returns the session's synthetic events, in class order.
 func (s *Session) SynthEvents() []*synth.Event {
+	s.synthMu.Lock()
+	defer s.synthMu.Unlock()
 	var out []*synth.Event
 	for _, c := range s.synth {
 		out = append(out, c.ev)
@@ -113,11 +133,27 @@ func (s *Session) SynthEvents() []*synth.Event {
 // built by synth.Event.Encode or a synth.Builder, into cpu's stream. It
 // enters through the kernel (BPF_PROG_TEST_RUN of the injector on that
 // CPU), so it gets a kernel timestamp and sorts among the kernel's
-// events. It fails for an event the session does not record, with
-// ErrStopped when recording is stopped, or with ErrInjectLost when the
-// ring was full.
+// events. The built-in klog is declared at its first use. It fails for
+// an event the session does not record, with ErrStopped when recording
+// is stopped, or with ErrInjectLost when the ring was full.
 func (s *Session) EmitSynth(cpu int, name string, payload []byte) error {
+	s.synthMu.Lock()
 	c, ok := s.synth[name]
+	s.synthMu.Unlock()
+	if !ok && name == synth.Klog {
+		err := s.do(func() error {
+			if s.Synth(name) != nil {
+				return nil
+			}
+			return s.addSynth([]*synth.Event{synth.Builtin(name)})
+		})
+		if err != nil {
+			return fmt.Errorf("declaring synthetic:%s: %w", name, err)
+		}
+		s.synthMu.Lock()
+		c, ok = s.synth[name]
+		s.synthMu.Unlock()
+	}
 	if !ok {
 		return fmt.Errorf("%w: synthetic:%s is not recorded by this session", ErrUnknownEvent, name)
 	}

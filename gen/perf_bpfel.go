@@ -48,11 +48,17 @@ type PerfKcScratch struct {
 }
 
 type PerfKcTpInfo struct {
-	_    structs.HostLayout
-	Id   uint16
-	Size uint16
-	Ndyn uint16
-	Dyn  [8]uint16
+	_       structs.HostLayout
+	Id      uint16
+	Size    uint16
+	Ndyn    uint16
+	Dyn     [8]uint16
+	Flags   uint16
+	PidOff  uint16
+	PrioOff uint16
+	CommOff uint16
+	_       [2]byte
+	AuxKey  uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -67,6 +73,7 @@ const (
 	PerfMapKcScratchMap   = "kc_scratch_map"
 	PerfMapKcState        = "kc_state"
 	PerfMapKcTpInfoMap    = "kc_tp_info_map"
+	PerfMapKcWakeTs       = "kc_wake_ts"
 	PerfProgKcInject      = "kc_inject"
 	PerfProgKcTracepoint  = "kc_tracepoint"
 	PerfVarKcClock        = "kc_clock"
@@ -74,6 +81,7 @@ const (
 	PerfVarKcFilterComm   = "kc_filter_comm"
 	PerfVarKcFilterPid    = "kc_filter_pid"
 	PerfVarKcGlobal       = "kc_global"
+	PerfVarKcHooks        = "kc_hooks"
 	PerfVarKcRunning      = "kc_running"
 	PerfVarKcUseCookie    = "kc_use_cookie"
 	PerfVarKcWakeupBytes  = "kc_wakeup_bytes"
@@ -137,6 +145,7 @@ type PerfMapSpecs struct {
 	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
 	KcState      *ebpf.MapSpec `ebpf:"kc_state"`
 	KcTpInfoMap  *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
+	KcWakeTs     *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
 
 // PerfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -148,6 +157,7 @@ type PerfVariableSpecs struct {
 	KcFilterComm   *ebpf.VariableSpec `ebpf:"kc_filter_comm"`
 	KcFilterPid    *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
+	KcHooks        *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
@@ -181,6 +191,7 @@ type PerfMaps struct {
 	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
 	KcState      *ebpf.Map `ebpf:"kc_state"`
 	KcTpInfoMap  *ebpf.Map `ebpf:"kc_tp_info_map"`
+	KcWakeTs     *ebpf.Map `ebpf:"kc_wake_ts"`
 }
 
 func (m *PerfMaps) Close() error {
@@ -193,6 +204,7 @@ func (m *PerfMaps) Close() error {
 		m.KcScratchMap,
 		m.KcState,
 		m.KcTpInfoMap,
+		m.KcWakeTs,
 	)
 }
 
@@ -205,6 +217,7 @@ type PerfVariables struct {
 	KcFilterComm   *ebpf.Variable `ebpf:"kc_filter_comm"`
 	KcFilterPid    *ebpf.Variable `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
+	KcHooks        *ebpf.Variable `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`

@@ -50,11 +50,17 @@ type RingbufKcScratch struct {
 }
 
 type RingbufKcTpInfo struct {
-	_    structs.HostLayout
-	Id   uint16
-	Size uint16
-	Ndyn uint16
-	Dyn  [8]uint16
+	_       structs.HostLayout
+	Id      uint16
+	Size    uint16
+	Ndyn    uint16
+	Dyn     [8]uint16
+	Flags   uint16
+	PidOff  uint16
+	PrioOff uint16
+	CommOff uint16
+	_       [2]byte
+	AuxKey  uint32
 }
 
 // Names of all BPF objects in the ELF.
@@ -69,6 +75,7 @@ const (
 	RingbufMapKcScratchMap   = "kc_scratch_map"
 	RingbufMapKcState        = "kc_state"
 	RingbufMapKcTpInfoMap    = "kc_tp_info_map"
+	RingbufMapKcWakeTs       = "kc_wake_ts"
 	RingbufProgKcInject      = "kc_inject"
 	RingbufProgKcTracepoint  = "kc_tracepoint"
 	RingbufVarKcClock        = "kc_clock"
@@ -76,6 +83,7 @@ const (
 	RingbufVarKcFilterComm   = "kc_filter_comm"
 	RingbufVarKcFilterPid    = "kc_filter_pid"
 	RingbufVarKcGlobal       = "kc_global"
+	RingbufVarKcHooks        = "kc_hooks"
 	RingbufVarKcRunning      = "kc_running"
 	RingbufVarKcUseCookie    = "kc_use_cookie"
 	RingbufVarKcWakeupBytes  = "kc_wakeup_bytes"
@@ -139,6 +147,7 @@ type RingbufMapSpecs struct {
 	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
 	KcState      *ebpf.MapSpec `ebpf:"kc_state"`
 	KcTpInfoMap  *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
+	KcWakeTs     *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
 
 // RingbufVariableSpecs contains global variables before they are loaded into the kernel.
@@ -150,6 +159,7 @@ type RingbufVariableSpecs struct {
 	KcFilterComm   *ebpf.VariableSpec `ebpf:"kc_filter_comm"`
 	KcFilterPid    *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
+	KcHooks        *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
@@ -183,6 +193,7 @@ type RingbufMaps struct {
 	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
 	KcState      *ebpf.Map `ebpf:"kc_state"`
 	KcTpInfoMap  *ebpf.Map `ebpf:"kc_tp_info_map"`
+	KcWakeTs     *ebpf.Map `ebpf:"kc_wake_ts"`
 }
 
 func (m *RingbufMaps) Close() error {
@@ -195,6 +206,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcScratchMap,
 		m.KcState,
 		m.KcTpInfoMap,
+		m.KcWakeTs,
 	)
 }
 
@@ -207,6 +219,7 @@ type RingbufVariables struct {
 	KcFilterComm   *ebpf.Variable `ebpf:"kc_filter_comm"`
 	KcFilterPid    *ebpf.Variable `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
+	KcHooks        *ebpf.Variable `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`

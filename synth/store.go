@@ -31,12 +31,16 @@ type Store struct{ Dir string }
 
 const storeExt = ".synth"
 
-// Add stores e. It fails with ErrExists when the name is taken, and
+// Add stores e. It fails with ErrExists when the name is taken (also
+// by a built-in event), and
 // never replaces or half-writes a definition: the file appears whole or
 // not at all.
 func (s Store) Add(e *Event) error {
 	if !e.Final() {
 		return fmt.Errorf("%w: %s is not finalized", ErrDefinition, e.Name)
+	}
+	if Builtin(e.Name) != nil {
+		return fmt.Errorf("%w: %s is built into kconsume", ErrExists, e.Name)
 	}
 	if err := os.MkdirAll(s.Dir, 0o755); err != nil {
 		return fmt.Errorf("synthetic event store: %w", err)
@@ -131,7 +135,7 @@ func (s Store) path(name string) string { return filepath.Join(s.Dir, name+store
 
 // LoadFile reads definitions, one per line, from path; blank lines and
 // lines starting with # are skipped. It fails on a malformed line or a
-// name defined twice, naming the line.
+// name defined twice or built in, naming the line.
 func LoadFile(path string) ([]*Event, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -150,7 +154,7 @@ func LoadFile(path string) ([]*Event, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
 		}
-		if seen[e.Name] {
+		if seen[e.Name] || Builtin(e.Name) != nil {
 			return nil, fmt.Errorf("%s:%d: %w: %s", path, line, ErrExists, e.Name)
 		}
 		seen[e.Name] = true

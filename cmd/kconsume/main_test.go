@@ -445,7 +445,10 @@ func TestSynthCLI(t *testing.T) {
 			t.Errorf("synth add %.30q: exit %d, %q; want 2 and %q", c.def, code, stderr, c.want)
 		}
 	}
-	if _, out, _ := runCmd("synth", "list"); out != "synthetic:phase\tphase u32 n; char what[]\n" {
+	if code, _, stderr := runCmd("synth", "add", "klog u8 x"); code != 2 || !strings.Contains(stderr, "built into kconsume") {
+		t.Errorf("synth add klog: exit %d, %q", code, stderr)
+	}
+	if _, out, _ := runCmd("synth", "list"); !strings.HasPrefix(out, "synthetic:phase\tphase u32 n; char what[]\nsynthetic:klog\tklog char msg[]\t(built in)\n") {
 		t.Fatalf("synth list: %q", out)
 	}
 	if _, out, _ := runCmd("list", "synthetic:*"); !strings.Contains(out, "synthetic:phase") {
@@ -470,6 +473,10 @@ func TestSynthCLI(t *testing.T) {
 	}
 	if code, _, stderr := runCmd("synth", "emit", "--cpu", "1", "synthetic:note", "msg=second"); code != 0 {
 		t.Fatalf("synth emit note (the only session): exit %d: %s", code, stderr)
+	}
+	// klog needs no -e: it is declared at its first use.
+	if code, _, stderr := runCmd("synth", "emit", "--session", "syn", "klog", "msg=test phase 2 starts"); code != 0 {
+		t.Fatalf("synth emit klog: exit %d: %s", code, stderr)
 	}
 	for _, c := range []struct {
 		args []string
@@ -499,7 +506,8 @@ func TestSynthCLI(t *testing.T) {
 	}
 	text := string(b)
 	if strings.Count(text, "synthetic:phase:") != 1 || !strings.Contains(text, `n = 7, what = "hello world"`) ||
-		strings.Count(text, "synthetic:note:") != 1 || !strings.Contains(text, `msg = "second"`) {
+		strings.Count(text, "synthetic:note:") != 1 || !strings.Contains(text, `msg = "second"`) ||
+		strings.Count(text, "synthetic:klog:") != 1 || !strings.Contains(text, `msg = "test phase 2 starts"`) {
 		t.Fatalf("babeltrace2 output:\n%s", text)
 	}
 	if code, _, _ := runCmd("synth", "delete", "phase"); code != 0 {
@@ -510,5 +518,56 @@ func TestSynthCLI(t *testing.T) {
 	}
 	if code, _, stderr := runCmd("record", "-q", "-o", filepath.Join(t.TempDir(), "x"), "-e", "synthetic:phase"); code != 2 || !strings.Contains(stderr, "synth list") {
 		t.Errorf("record of a deleted event: exit %d %q", code, stderr)
+	}
+}
+
+// TestRecordBPF builds the example program of bpf/example the way its
+// comment says and records it: its synthetic events and klog lines reach
+// the trace.
+func TestRecordBPF(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireKernel(t, 5, 13, "bpf_snprintf for klog")
+	clang, err := exec.LookPath("clang")
+	if err != nil {
+		testenv.Missing(t, "needs clang to build a BPF program")
+	}
+	obj := filepath.Join(t.TempDir(), "getpid.o")
+	cc := exec.Command(clang, "-O2", "-g", "-target", "bpf", "-I", "bpf", "-I", "bpf/include", "-c", "bpf/example/getpid.bpf.c", "-o", obj)
+	cc.Dir = "../.."
+	if b, err := cc.CombinedOutput(); err != nil {
+		t.Fatalf("clang: %v\n%s", err, b)
+	}
+	out := filepath.Join(t.TempDir(), "t")
+	done := make(chan int, 1)
+	go func() {
+		code, _, stderr := runCmd("record", "-q", "-o", out, "--session", "bpf", "--bpf", obj, "--duration", "2s")
+		if code != 0 {
+			t.Log(stderr)
+		}
+		done <- code
+	}()
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(controlRoot, "bpf", "state"))
+		return strings.TrimSpace(string(b)) == "running"
+	})
+	for i := 0; i < 100; i++ {
+		_ = os.Getpid()
+		unix.Getpid()
+	}
+	if c := <-done; c != 0 {
+		t.Fatalf("record exit %d", c)
+	}
+	code, rep, stderr := runCmd("report", out)
+	if code != 0 {
+		t.Fatalf("report: exit %d: %s", code, stderr)
+	}
+	me := `msg="getpid by kconsume.test[`
+	for _, want := range []string{"synthetic:getpid_whole", "synthetic:getpid_piece", "synthetic:klog", me} {
+		if !strings.Contains(rep, want) {
+			t.Fatalf("report lacks %q:\n%.2000s", want, rep)
+		}
+	}
+	if code, _, stderr := runCmd("record", "-q", "-o", filepath.Join(t.TempDir(), "x"), "--bpf", "/nonexistent.o"); code != 2 || !strings.Contains(stderr, "nonexistent.o") {
+		t.Errorf("record of a missing object: exit %d, %q", code, stderr)
 	}
 }

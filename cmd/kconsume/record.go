@@ -83,6 +83,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	var (
 		events, comms listFlag
 		pids          listFlag
+		objects       listFlag
 		out           = fs.String("o", "", "output `directory` (created; must be empty unless --force)")
 		cgroup        = fs.String("cgroup", "", "record only tasks in this cgroup v2 `directory` and below")
 		subbuf        = sizeFlag(consumer.DefaultSubbufSize)
@@ -102,6 +103,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	)
 	fs.Var(&events, "e", "`event`s to record (repeat or separate with commas)")
 	fs.Var(&pids, "pid", "record only these thread or process `id`s (repeat or commas)")
+	fs.Var(&objects, "bpf", "also load this BPF object `file` built on bpf/kc_synth.h and record the synthetic events it declares (repeat or commas)")
 	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
 	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
 	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
@@ -124,8 +126,8 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return usageError{errors.New("-o DIR is required")}
 	}
-	if len(events) == 0 {
-		return usageError{errors.New("-e EVENT is required (see kconsume list)")}
+	if len(events) == 0 && len(objects) == 0 {
+		return usageError{errors.New("-e EVENT or --bpf FILE is required (see kconsume list)")}
 	}
 	for _, p := range pids {
 		n, err := strconv.Atoi(p)
@@ -147,7 +149,14 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if *duration < 0 {
 		return usageError{fmt.Errorf("--duration %v is negative", *duration)}
 	}
-	if *synthFile != "" || slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, consumer.SynthSystem+":") }) {
+	for _, o := range objects {
+		spec, err := consumer.LoadObject(o)
+		if err != nil {
+			return usageError{err}
+		}
+		cfg.Objects = append(cfg.Objects, spec)
+	}
+	if *synthFile != "" || len(objects) > 0 || slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, consumer.SynthSystem+":") }) {
 		if cfg.Synth, err = synthDefs(*synthFile); err != nil {
 			return err
 		}

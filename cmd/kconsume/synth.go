@@ -79,6 +79,9 @@ func synthCmd(args []string, stdout, stderr io.Writer) error {
 		for _, e := range defs {
 			fmt.Fprintf(stdout, "synthetic:%s\t%s\n", e.Name, e)
 		}
+		for _, name := range synth.Builtins() {
+			fmt.Fprintf(stdout, "synthetic:%s\t%s\t(built in)\n", name, synth.Builtin(name))
+		}
 		return nil
 	case "delete":
 		if len(rest) != 1 {
@@ -138,6 +141,9 @@ func emit(s *consumer.Session, cpu int, arg string) (string, error) {
 		return "", fmt.Errorf("emit: bad request: %w", err)
 	}
 	e := s.Synth(req.Event)
+	if e == nil && req.Event == synth.Klog {
+		e = synth.Builtin(synth.Klog) // declared by EmitSynth at its first use
+	}
 	if e == nil {
 		return "", fmt.Errorf("synthetic:%s is not recorded by this session (record -e synthetic:%s)", req.Event, req.Event)
 	}

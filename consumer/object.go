@@ -1,0 +1,219 @@
+package consumer
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/synth"
+)
+
+// object is a user's BPF program built on bpf/kc_synth.h, loaded onto the
+// session's gate, rings and counters.
+type object struct {
+	coll  *ebpf.Collection
+	links []link.Link
+}
+
+func (o *object) close() {
+	for _, l := range o.links {
+		_ = l.Close()
+	}
+	o.coll.Close()
+}
+
+// LoadObject reads a user's BPF object file for Config.Objects.
+func LoadObject(path string) (*ebpf.CollectionSpec, error) {
+	spec, err := ebpf.LoadCollectionSpec(path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: BPF object %s: %w", ErrConfig, path, err)
+	}
+	return spec, nil
+}
+
+// The names kc_synth.h gives an event's key and definition variables.
+const (
+	keyVarPrefix = "kc_key_"
+	defVarPrefix = "kc_def_"
+	gateMap      = ".data.kc_gate"
+)
+
+// addObjects loads and attaches each user object: it takes the session's
+// gate, rings and counters in place of its own maps, each kc_key_NAME is
+// set to the class of synthetic:NAME (declared from the object's
+// kc_def_NAME, which must agree with Config.Synth and the built-in events),
+// and each program is attached by its section. It fails, loading nothing
+// of that object, on an object not built on kc_synth.h or for the other
+// transport, a bad or clashing definition, or a program kconsume cannot
+// attach.
+func (s *Session) addObjects(specs []*ebpf.CollectionSpec) error {
+	for i, spec := range specs {
+		if err := s.addObject(spec.Copy()); err != nil {
+			return fmt.Errorf("BPF object %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+func (s *Session) addObject(spec *ebpf.CollectionSpec) error {
+	if spec.Variables[gen.ExampleVarKcNcpu] == nil || spec.Maps[gen.ExampleMapKcState] == nil || spec.Maps[gateMap] == nil {
+		return fmt.Errorf("%w: not built on kc_synth.h (no kc_ncpu, kc_state or %s)", ErrConfig, gateMap)
+	}
+	rep := map[string]*ebpf.Map{
+		gen.ExampleMapKcState: s.coll.Maps[gen.RingbufMapKcState],
+		gateMap:               s.coll.Maps[gateMap],
+	}
+	spec.Maps[gen.ExampleMapKcState].MaxEntries = uint32(2 * s.ncpu)
+	if s.transport == Ringbuf {
+		m := spec.Maps[gen.ExampleMapKcRings]
+		if m == nil {
+			return fmt.Errorf("%w: built for the perf transport (-DKC_PERF), the session uses ring buffers", ErrConfig)
+		}
+		m.MaxEntries = uint32(s.ncpu)
+		m.InnerMap.MaxEntries = uint32(s.cfg.RingSize)
+		rep[gen.ExampleMapKcRings] = s.coll.Maps[gen.RingbufMapKcRings]
+	} else {
+		m := spec.Maps[gen.ExamplePerfMapKcPerf]
+		if m == nil {
+			return fmt.Errorf("%w: built for ring buffers, the session uses the perf transport (build with -DKC_PERF)", ErrConfig)
+		}
+		m.MaxEntries = uint32(s.ncpu)
+		rep[gen.ExamplePerfMapKcPerf] = s.coll.Maps[gen.PerfMapKcPerf]
+	}
+	set := map[string]any{
+		gen.ExampleVarKcNcpu:   uint32(s.ncpu),
+		gen.ExampleVarKcClock:  uint32(s.cfg.Clock),
+		gen.ExampleVarKcGlobal: boolU32(s.cfg.Global),
+	}
+	if s.transport == Ringbuf {
+		set[gen.ExampleVarKcWakeupBytes] = uint64(s.cfg.Watermark)
+	}
+	var names []string
+	for name := range spec.Variables {
+		if ev, ok := strings.CutPrefix(name, keyVarPrefix); ok {
+			names = append(names, ev)
+		}
+	}
+	slices.Sort(names)
+	for _, ev := range names {
+		def, err := objectDef(spec, ev)
+		if err != nil {
+			return err
+		}
+		key, err := s.declareSynth(def)
+		if err != nil {
+			return err
+		}
+		set[keyVarPrefix+ev] = key
+	}
+	for name, v := range set {
+		vs := spec.Variables[name]
+		if vs == nil {
+			return fmt.Errorf("%w: no variable %s", ErrConfig, name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("setting %s: %w", name, err)
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: rep})
+	if err != nil {
+		return fmt.Errorf("loading: %w", err)
+	}
+	o := &object{coll: coll}
+	progs := make([]string, 0, len(spec.Programs))
+	for name := range spec.Programs {
+		progs = append(progs, name)
+	}
+	slices.Sort(progs)
+	for _, name := range progs {
+		l, err := attach(spec.Programs[name], coll.Programs[name])
+		if err != nil {
+			o.close()
+			return fmt.Errorf("program %s: %w", name, err)
+		}
+		o.links = append(o.links, l)
+	}
+	s.objects = append(s.objects, o)
+	return nil
+}
+
+// objectDef returns the definition of event ev embedded in spec by
+// KC_SYNTH_EVENT, checked to be named ev.
+func objectDef(spec *ebpf.CollectionSpec, ev string) (*synth.Event, error) {
+	vs := spec.Variables[defVarPrefix+ev]
+	if vs == nil {
+		return nil, fmt.Errorf("%w: %s%s has no definition %s%s (declare events with KC_SYNTH_EVENT)", ErrConfig, keyVarPrefix, ev, defVarPrefix, ev)
+	}
+	raw := make([]byte, vs.Size())
+	if err := vs.Get(raw); err != nil {
+		return nil, fmt.Errorf("%s%s: %w", defVarPrefix, ev, err)
+	}
+	text, _, _ := bytes.Cut(raw, []byte{0})
+	def, err := synth.Parse(string(text))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if def.Name != ev {
+		return nil, fmt.Errorf("%w: %s%s defines %q", ErrConfig, defVarPrefix, ev, def.Name)
+	}
+	return def, nil
+}
+
+// declareSynth returns the class of synthetic event def, declaring it
+// unless the session has it already; the definitions must then agree, as
+// must a built-in's.
+func (s *Session) declareSynth(def *synth.Event) (uint32, error) {
+	if b := synth.Builtin(def.Name); b != nil && b.String() != def.String() {
+		return 0, fmt.Errorf("%w: synthetic:%s is built in as %q, not %q", ErrConfig, def.Name, b, def)
+	}
+	for _, d := range s.cfg.Synth {
+		if d.Name == def.Name && d.String() != def.String() {
+			return 0, fmt.Errorf("%w: synthetic:%s is defined as %q, the object says %q", ErrConfig, def.Name, d, def)
+		}
+	}
+	if c, ok := s.synth[def.Name]; ok {
+		if c.ev.String() != def.String() {
+			return 0, fmt.Errorf("%w: synthetic:%s is recorded as %q, the object says %q", ErrConfig, def.Name, c.ev, def)
+		}
+		return c.key, nil
+	}
+	if err := s.addSynth([]*synth.Event{def}); err != nil {
+		return 0, err
+	}
+	return s.synth[def.Name].key, nil
+}
+
+// errAttach explains which programs a user's object may hold.
+var errAttach = errors.New("kconsume attaches tracepoint, raw_tp, tp_btf, fentry, fexit, kprobe and kretprobe programs")
+
+// attach attaches prog by its section, as libbpf's auto-attach does.
+func attach(ps *ebpf.ProgramSpec, prog *ebpf.Program) (link.Link, error) {
+	sec := ps.SectionName
+	kind, target, _ := strings.Cut(sec, "/")
+	switch kind {
+	case "tracepoint", "tp":
+		group, name, ok := strings.Cut(target, "/")
+		if !ok {
+			return nil, fmt.Errorf("%w: section %q names no tracepoint (tracepoint/GROUP/NAME)", ErrConfig, sec)
+		}
+		return link.Tracepoint(group, name, prog, nil)
+	case "raw_tp", "raw_tracepoint":
+		if target == "" {
+			return nil, fmt.Errorf("%w: section %q names no tracepoint", ErrConfig, sec)
+		}
+		return link.AttachRawTracepoint(link.RawTracepointOptions{Name: target, Program: prog})
+	case "tp_btf", "fentry", "fexit":
+		return link.AttachTracing(link.TracingOptions{Program: prog})
+	case "kprobe":
+		return link.Kprobe(target, prog, nil)
+	case "kretprobe":
+		return link.Kretprobe(target, prog, nil)
+	}
+	return nil, fmt.Errorf("%w: section %q: %w", ErrConfig, sec, errAttach)
+}
