@@ -22,13 +22,12 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) tool staticcheck $(PKGS)
 
-# Benchmarks with their baselines in the same run; see README "Performance".
+# Every benchmark against its baseline, in rounds (A/B/A/B), as one
+# Markdown table printed and written to bench/results.md; see README
+# "Performance". ROUNDS below 5 gives a quick look, not a result.
+ROUNDS ?= 5
 bench:
-	$(GO) test -run '^$$' -bench 'Write|ReadMerge' -benchmem -count 5 ./relayfmt/ | tee bench.out
-	$(GO) test -run '^$$' -bench 'VsBabeltrace2' -benchtime 7x ./relayfmt/ | tee -a bench.out
-	$(GO) test -run '^$$' -bench 'Drain' -benchtime 200x -count 5 ./consumer/ | tee -a bench.out
-	$(GO) test -run '^$$' -bench 'Concurrent' -benchtime 2000x -count 5 ./consumer/ | tee -a bench.out
-	$(GO) test -run '^$$' -bench 'TracepointCost' -benchtime 2000000x ./consumer/ | tee -a bench.out
+	$(GO) run ./bench -rounds $(ROUNDS) -o bench/results.md
 
 # Runs each fuzz target for FUZZTIME (the checked-in corpus runs in make test).
 # Minimizing is capped at 100 runs per input: the golden trace seeds are tens

@@ -6,10 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,11 +176,13 @@ func BenchmarkDrain(b *testing.B) {
 				}
 				defer rd.Close()
 				var rec ciliumrb.Record
+				var cpu time.Duration
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
 					b.StopTimer()
 					r.produce(b, k)
 					rd.SetDeadline(time.Now().Add(time.Second))
+					c0 := threadCPU()
 					b.StartTimer()
 					for j := 0; j < k; j++ {
 						if mode == "Read" {
@@ -191,9 +195,12 @@ func BenchmarkDrain(b *testing.B) {
 							b.Fatalf("record %d of %d: %v (emitted %d, lost %d)", j, k, err, emitted, lost)
 						}
 					}
+					b.StopTimer()
+					cpu += threadCPU() - c0
+					b.StartTimer()
 				}
 				b.StopTimer()
-				reportRate(b, k)
+				reportRate(b, k, cpu)
 			})
 		}
 	}
@@ -219,10 +226,12 @@ func BenchmarkDrainPerf(b *testing.B) {
 		}
 		defer rd.Close()
 		var rec perf.Record
+		var cpu time.Duration
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
 			b.StopTimer()
 			r.produce(b, k)
+			c0 := threadCPU()
 			b.StartTimer()
 			rd.SetDeadline(time.Now().Add(time.Second))
 			for j := 0; j < k; j++ {
@@ -230,9 +239,12 @@ func BenchmarkDrainPerf(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			b.StopTimer()
+			cpu += threadCPU() - c0
+			b.StartTimer()
 		}
 		b.StopTimer()
-		reportRate(b, k)
+		reportRate(b, k, cpu)
 	})
 }
 
@@ -243,19 +255,24 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k int) {
 	pinCPU(b, 0)
 	r := newRig(b, tr, payload, ring, relayfmt.Overwrite, nil, false)
 	st := r.s.streams[0]
+	var cpu time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		r.produce(b, k)
+		c0 := threadCPU()
 		b.StartTimer()
 		if tr == Perf {
 			r.s.drainPerf(st, ^uint64(0))
 		} else {
 			r.s.drainRingbuf(st, ^uint64(0))
 		}
+		b.StopTimer()
+		cpu += threadCPU() - c0
+		b.StartTimer()
 	}
 	b.StopTimer()
-	reportRate(b, k)
+	reportRate(b, k, cpu)
 	if lost, _ := r.lost(); lost != 0 {
 		b.Fatalf("%d records lost in the kernel", lost)
 	}
@@ -264,83 +281,20 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k int) {
 	}
 }
 
-func reportRate(b *testing.B, perIter int) {
+// reportRate reports records per second of drain time and the consumer
+// thread's CPU time per record.
+func reportRate(b *testing.B, perIter int, cpu time.Duration) {
 	total := float64(perIter) * float64(b.N)
 	b.ReportMetric(total/b.Elapsed().Seconds(), "rec/s")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/total, "ns/rec")
+	b.ReportMetric(float64(cpu.Nanoseconds())/total, "cpu-ns/rec")
 }
 
-// BenchmarkConcurrent runs the producer at full speed on CPU 1 for the
-// benchmark's duration while the session's own drainer (epoll, watermark
-// wakeups, latency tick) consumes: records/s, records lost, and the
-// consumer thread's CPU use as a share of one core.
-func BenchmarkConcurrent(b *testing.B) {
-	if runtime.NumCPU() < 2 {
-		b.Skip("needs 2 CPUs")
-	}
-	const payload = 64
-	r := newRig(b, Ringbuf, payload, 8<<20, relayfmt.Overwrite, nil, true)
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	wg.Add(1)
-	errc := make(chan error, 1)
-	go func() {
-		defer wg.Done()
-		runtime.LockOSThread()
-		var set unix.CPUSet
-		set.Set(1)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			errc <- err
-			return
-		}
-		_ = r.n.Set(uint32(1 << 16))
-		for !stop.Load() {
-			if _, err := r.prog.Run(&ebpf.RunOptions{}); err != nil {
-				errc <- err
-				return
-			}
-		}
-	}()
-	// The drainer on CPU 0, the producer on CPU 1: a drainer woken onto
-	// the producer's CPU would wait out a whole bpf_loop run, which keeps
-	// preemption off for milliseconds.
-	waitLoop(b, r.s)
-	var c0 unix.CPUSet
-	c0.Set(0)
-	if err := unix.SchedSetaffinity(int(r.s.loopTID.Load()), &c0); err != nil {
-		b.Fatal(err)
-	}
-	cpu0 := r.s.loopCPUTime()
-	start := time.Now()
-	_, emitted0 := r.lost()
-	time.Sleep(time.Duration(b.N) * time.Millisecond)
-	stop.Store(true)
-	wg.Wait()
-	select {
-	case err := <-errc:
-		b.Fatal(err)
-	default:
-	}
-	if err := r.s.Flush(); err != nil {
-		b.Fatal(err)
-	}
-	elapsed := time.Since(start)
-	lost, emitted := r.lost()
-	cpu := r.s.loopCPUTime() - cpu0
-	b.ReportMetric(float64(emitted-emitted0)/elapsed.Seconds(), "rec/s")
-	b.ReportMetric(float64(lost), "lost")
-	b.ReportMetric(100*cpu.Seconds()/elapsed.Seconds(), "consumer-%cpu")
-	st, _ := r.s.Stats()
-	var wk uint64
-	for _, c := range st {
-		wk += c.Wakeups
-	}
-	b.ReportMetric(float64(wk)/elapsed.Seconds(), "wakeups/s")
-	var forced uint64
-	for cpu := 0; cpu < r.s.ncpu; cpu++ {
-		forced += atomic.LoadUint64(&r.s.cpuState(cpu).Wakeups)
-	}
-	b.ReportMetric(float64(forced)/elapsed.Seconds(), "forced-wakeups/s")
+// threadCPU returns the calling thread's CPU time.
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return time.Duration(ts.Nano())
 }
 
 // waitLoop waits until the drainer thread has started.
@@ -371,75 +325,120 @@ func (s *Session) loopCPUTime() time.Duration {
 }
 
 // BenchmarkTracepointCost measures what tracing adds to a traced event: a
-// tight getpid loop of b.N calls untraced, under kconsume recording
-// syscalls:sys_enter_getpid (no filter, trace to disk), and under
-// `trace-cmd record -d --no-filter -e syscalls:sys_enter_getpid`, in
-// rounds A/B/C/A/B/C so the machine's noise hits all alike. Reported:
-// median ns per call of each and the added cost of kconsume as a ratio of
-// trace-cmd's. The host's tracing state is restored after trace-cmd.
+// tight getpid loop of b.N calls untraced, under `kconsume record -e
+// syscalls:sys_enter_getpid` (the command, trace to disk), under
+// `trace-cmd record -d --no-filter -e syscalls:sys_enter_getpid`, and
+// under `perf record -a -e syscalls:sys_enter_getpid` (Debian's
+// linux-perf, when installed), in rounds A/B/C/D so the machine's noise
+// hits all alike. Reported: median ns per call of each, events lost, and
+// kconsume's added cost as a ratio of trace-cmd's (median, min and max of
+// the rounds' ratios). The host's tracing state is restored after
+// trace-cmd.
 func BenchmarkTracepointCost(b *testing.B) {
 	testenv.RequireRoot(b)
 	tc, err := exec.LookPath("trace-cmd")
 	if err != nil {
 		testenv.Missing(b, "trace-cmd is required (apt-get install trace-cmd): %v", err)
 	}
+	pf, perfErr := exec.LookPath("perf")
+	bin := testenv.KconsumeBin(b)
 	restore := saveTracing(b)
 	defer restore()
-	const rounds = 5
-	var base, ours, stopped, theirs []float64
-	var lost, kernelLost uint64
+	// make bench runs one round per invocation and pairs the rounds itself.
+	rounds := 5
+	if n, err := strconv.Atoi(os.Getenv("KCONSUME_BENCH_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	var base, ours, theirs, perfs, ratios []float64
+	var lost, tcLost, perfLost uint64
 	for r := 0; r < rounds; r++ {
-		base = append(base, timeGetpid(b.N))
-
-		s, err := New(Config{Events: []string{"syscalls:sys_enter_getpid"}, Dir: b.TempDir()})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Start(); err != nil {
-			b.Fatal(err)
-		}
-		ours = append(ours, timeGetpid(b.N))
-		if err := s.Stop(); err != nil {
-			b.Fatal(err)
-		}
-		stopped = append(stopped, timeGetpid(b.N))
-		if err := s.Close(); err != nil {
-			b.Fatal(err)
-		}
-		st, _ := s.Stats()
-		for _, c := range st {
-			lost += c.Discarded()
-			kernelLost += c.KernelLost
-		}
-
-		theirs = append(theirs, withTraceCmd(b, tc, func() float64 { return timeGetpid(b.N) }))
+		mb := timeGetpid(b.N)
+		base = append(base, mb)
+		var l uint64
+		mo := withKconsume(b, bin, func() float64 { return timeGetpid(b.N) }, &l)
+		ours = append(ours, mo)
+		lost += l
+		mt := withTracer(b, "trace-cmd", []string{tc, "record", "-d", "--no-filter", "-e", "syscalls:sys_enter_getpid", "-o", filepath.Join(b.TempDir(), "trace.dat")}, func() float64 { return timeGetpid(b.N) }, &l)
+		theirs = append(theirs, mt)
+		tcLost += l
 		restore()
+		ratios = append(ratios, (mo-mb)/(mt-mb))
+		if perfErr == nil {
+			perfs = append(perfs, withTracer(b, "perf", []string{pf, "record", "-a", "-e", "syscalls:sys_enter_getpid", "-o", filepath.Join(b.TempDir(), "perf.data")}, func() float64 { return timeGetpid(b.N) }, &l))
+			perfLost += l
+		}
 	}
-	mb, mo, mt := median(base), median(ours), median(theirs)
+	mb := median(base)
 	b.ReportMetric(mb, "untraced-ns/call")
-	b.ReportMetric(mo, "kconsume-ns/call")
-	b.ReportMetric(median(stopped), "kconsume-stopped-ns/call")
-	b.ReportMetric(mt, "trace-cmd-ns/call")
-	b.ReportMetric((mo-mb)/(mt-mb), "added-cost-ratio")
-	b.ReportMetric(float64(lost), "kconsume-lost")
-	b.ReportMetric(float64(kernelLost), "kconsume-kernel-lost")
-}
-
-// timeGetpid returns the ns per call of n getpid calls on one thread.
-func timeGetpid(n int) float64 {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	start := time.Now()
-	for i := 0; i < n; i++ {
-		unix.Getpid()
+	b.ReportMetric(median(ours)-mb, "kconsume-added-ns")
+	b.ReportMetric(median(theirs)-mb, "trace-cmd-added-ns")
+	if perfErr == nil {
+		b.ReportMetric(median(perfs)-mb, "perf-added-ns")
+		b.ReportMetric(float64(perfLost), "perf-lost")
+	} else {
+		b.Logf("perf record not measured: %v (apt-get install linux-perf)", perfErr)
 	}
-	return float64(time.Since(start).Nanoseconds()) / float64(n)
+	b.ReportMetric(median(ratios), "added-cost-ratio")
+	b.ReportMetric(slices.Min(ratios), "added-cost-ratio-min")
+	b.ReportMetric(slices.Max(ratios), "added-cost-ratio-max")
+	b.ReportMetric(float64(lost), "kconsume-lost")
+	b.ReportMetric(float64(tcLost), "trace-cmd-lost")
 }
 
-// withTraceCmd runs fn while trace-cmd records sys_enter_getpid.
-func withTraceCmd(b *testing.B, tc string, fn func() float64) float64 {
+// withKconsume runs fn while `kconsume record` records sys_enter_getpid
+// into a temporary directory, and sets *lost to the events the trace
+// reports discarded.
+func withKconsume(b *testing.B, bin string, fn func() float64, lost *uint64) float64 {
 	b.Helper()
-	cmd := exec.Command(tc, "record", "-d", "--no-filter", "-e", "syscalls:sys_enter_getpid", "-o", filepath.Join(b.TempDir(), "trace.dat"))
+	dir := filepath.Join(b.TempDir(), "t")
+	name := fmt.Sprintf("kc-bench-%d", os.Getpid())
+	cmd := exec.Command(bin, "record", "-q", "-e", "syscalls:sys_enter_getpid", "-o", dir, "--session", name)
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, _ := os.ReadFile(filepath.Join("/run/kconsume", name, "state"))
+		if strings.TrimSpace(string(st)) == "running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			b.Fatalf("kconsume record did not start:\n%s", log.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	v := fn()
+	_ = cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); err != nil {
+		b.Fatalf("kconsume record: %v\n%s", err, log.String())
+	}
+	tr, err := relayfmt.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := tr.Merge()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	*lost = 0
+	for m.Next() {
+		if it := m.Item(); it.Kind == relayfmt.DiscardedEvents {
+			*lost += it.Count
+		}
+	}
+	return v
+}
+
+// withTracer runs fn while the tracer command args (trace-cmd or perf
+// record) records sys_enter_getpid, and sets *lost to what it reports
+// lost (trace-cmd's per-CPU overruns, perf's lost samples).
+func withTracer(b *testing.B, tool string, args []string, fn func() float64, lost *uint64) float64 {
+	b.Helper()
+	cmd := exec.Command(args[0], args[1:]...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -457,34 +456,66 @@ func withTraceCmd(b *testing.B, tc string, fn func() float64) float64 {
 			log.WriteString(sc.Text() + "\n")
 		}
 	}()
-	// trace-cmd's stdout is a pipe, so its "Hit Ctrl^C" line stays in its
-	// buffer: wait for the event to be enabled and tracing on instead.
-	enable := "/sys/kernel/tracing/events/syscalls/sys_enter_getpid/enable"
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		e, _ := os.ReadFile(enable)
-		on, _ := os.ReadFile("/sys/kernel/tracing/tracing_on")
-		if strings.TrimSpace(string(e)) == "1" && strings.TrimSpace(string(on)) == "1" {
-			break
+	if tool == "trace-cmd" {
+		// trace-cmd's stdout is a pipe, so its "Hit Ctrl^C" line stays in
+		// its buffer: wait for the event to be enabled and tracing on.
+		enable := "/sys/kernel/tracing/events/syscalls/sys_enter_getpid/enable"
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			e, _ := os.ReadFile(enable)
+			on, _ := os.ReadFile("/sys/kernel/tracing/tracing_on")
+			if strings.TrimSpace(string(e)) == "1" && strings.TrimSpace(string(on)) == "1" {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = cmd.Process.Kill()
+				b.Fatalf("trace-cmd did not start:\n%s", log.String())
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			b.Fatalf("trace-cmd did not start:\n%s", log.String())
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	// Its per-CPU recorders start right after.
-	time.Sleep(300 * time.Millisecond)
+	// trace-cmd's per-CPU recorders start right after; perf says nothing
+	// before it stops.
+	time.Sleep(500 * time.Millisecond)
 	v := fn()
 	_ = cmd.Process.Signal(os.Interrupt)
 	<-logDone
 	err = cmd.Wait()
-	// Debian's trace-cmd exits 1 here after recording, because it cannot
-	// open set_ftrace_filter (no function tracer): judge by its report.
-	if !strings.Contains(log.String(), "data recorded") {
-		b.Fatalf("trace-cmd: %v\n%s", err, log.String())
+	text := log.String()
+	*lost = 0
+	switch tool {
+	case "trace-cmd":
+		// Debian's trace-cmd exits 1 here after recording, because it
+		// cannot open set_ftrace_filter (no function tracer): judge by
+		// its report.
+		if !strings.Contains(text, "data recorded") {
+			b.Fatalf("trace-cmd: %v\n%s", err, text)
+		}
+		for _, m := range regexp.MustCompile(`(?m)^overrun: (\d+)`).FindAllStringSubmatch(text, -1) {
+			n, _ := strconv.ParseUint(m[1], 10, 64)
+			*lost += n
+		}
+	case "perf":
+		if !strings.Contains(text, "perf record: Captured") {
+			b.Fatalf("perf record: %v\n%s", err, text)
+		}
+		if m := regexp.MustCompile(`lost (\d+) chunks`).FindStringSubmatch(text); m != nil {
+			n, _ := strconv.ParseUint(m[1], 10, 64)
+			*lost += n
+		}
 	}
 	return v
+}
+
+// timeGetpid returns the ns per call of n getpid calls on one thread.
+func timeGetpid(n int) float64 {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		unix.Getpid()
+	}
+	return float64(time.Since(start).Nanoseconds()) / float64(n)
 }
 
 // saveTracing records the tracefs settings trace-cmd changes and returns

@@ -27,7 +27,9 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv("KC_CHILD"); mode != "" {
 		os.Exit(child(mode))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	testenv.RemoveBin()
+	os.Exit(code)
 }
 
 // closeBase is the first fd the "close" child closes: far above any open

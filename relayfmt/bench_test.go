@@ -66,6 +66,7 @@ func benchWrite(b *testing.B, size int, cfg Config, sink Sink) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(st.Records)/el.Seconds()/1e6, "Mrec/s")
+	b.ReportMetric(float64(st.Records)*float64(size+CompactHeaderSize)/el.Seconds()/1e9, "GB/s")
 	b.ReportMetric(float64(st.Dropped)/float64(b.N), "dropped/op")
 }
 
@@ -81,6 +82,7 @@ func TestMain(m *testing.M) {
 	if benchRoot != "" {
 		os.RemoveAll(benchRoot)
 	}
+	testenv.RemoveBin()
 	os.Exit(code)
 }
 
@@ -160,7 +162,7 @@ func BenchmarkReadMerge(b *testing.B) {
 // /dev/null; "decode" is babeltrace2 into sink.utils.dummy, which decodes
 // without formatting.
 func BenchmarkVsBabeltrace2(b *testing.B) {
-	for _, mode := range []string{"text", "decode"} {
+	for _, mode := range []string{"text", "decode", "report"} {
 		b.Run(mode, func(b *testing.B) { benchVsBT2(b, mode) })
 	}
 }
@@ -173,10 +175,24 @@ func benchVsBT2(b *testing.B, mode string) {
 		b.Fatal(err)
 	}
 	defer devnull.Close()
+	var report string
+	if mode == "report" {
+		report = testenv.KconsumeBin(b)
+	}
 	var ratios, ours, theirs []float64
 	for range b.N {
 		t0 := time.Now()
-		readTrace(b, dir)
+		if mode == "report" {
+			// The command as users run it: text out, like babeltrace2's.
+			cmd := exec.Command(report, "report", dir)
+			var stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = devnull, &stderr
+			if err := cmd.Run(); err != nil {
+				b.Fatalf("kconsume report: %v\n%s", err, stderr.String())
+			}
+		} else {
+			readTrace(b, dir)
+		}
 		a := time.Since(t0).Seconds()
 		t1 := time.Now()
 		cmd := exec.Command(bt2, dir)
@@ -195,6 +211,8 @@ func benchVsBT2(b *testing.B, mode string) {
 	b.ReportMetric(median(ours)/1e6, "ours-Mev/s")
 	b.ReportMetric(median(theirs)/1e6, "bt2-Mev/s")
 	b.ReportMetric(median(ratios), "x-bt2")
+	b.ReportMetric(slices.Min(ratios), "x-bt2-min")
+	b.ReportMetric(slices.Max(ratios), "x-bt2-max")
 }
 
 func median(v []float64) float64 {

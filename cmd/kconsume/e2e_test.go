@@ -6,46 +6,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kconsume/kconsume/internal/testenv"
 )
-
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
-
-// kconsumeBin builds the command once per test binary, as a user would
-// run it, or returns $KCONSUME_BIN when set (vmtest builds it on the host:
-// a guest under TCG links slowly).
-func kconsumeBin(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("KCONSUME_BIN"); p != "" {
-		return p
-	}
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "kconsume-e2e")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "kconsume")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = err
-			t.Logf("%s", out)
-		}
-	})
-	if binErr != nil {
-		t.Fatalf("building kconsume: %v", binErr)
-	}
-	return binPath
-}
 
 // shell runs a command line in sh and returns its output and exit code.
 func shell(t *testing.T, line string) (string, int) {
@@ -66,7 +32,7 @@ func shell(t *testing.T, line string) (string, int) {
 // and kconsume report on the finished trace.
 func TestE2EControlFromShell(t *testing.T) {
 	testenv.RequireRoot(t)
-	bin := kconsumeBin(t)
+	bin := testenv.KconsumeBin(t)
 	out := filepath.Join(t.TempDir(), "t")
 	name := "e2e" + strings.ReplaceAll(filepath.Base(filepath.Dir(out)), "/", "")
 	rec := exec.Command(bin, "record", "-o", out, "--session", name, "-e", "sched:sched_switch", "--duration", "3s")
@@ -101,7 +67,7 @@ func TestE2EControlFromShell(t *testing.T) {
 // files readable by babeltrace2.
 func TestE2EKillRecover(t *testing.T) {
 	testenv.RequireRoot(t)
-	bin := kconsumeBin(t)
+	bin := testenv.KconsumeBin(t)
 	out := filepath.Join(t.TempDir(), "t")
 	rec := exec.Command(bin, "record", "-q", "-o", out, "-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K")
 	var recOut bytes.Buffer
@@ -147,7 +113,7 @@ func TestE2EKillRecover(t *testing.T) {
 // TestE2ENotRoot: without privileges, one line and exit 1.
 func TestE2ENotRoot(t *testing.T) {
 	testenv.RequireRoot(t)
-	bin := kconsumeBin(t)
+	bin := testenv.KconsumeBin(t)
 	// nobody must be able to run the binary from its temp directory.
 	if err := os.Chmod(filepath.Dir(bin), 0o755); err != nil {
 		t.Fatal(err)
@@ -167,8 +133,6 @@ func TestE2ENotRoot(t *testing.T) {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		_ = os.RemoveAll(filepath.Dir(binPath))
-	}
+	testenv.RemoveBin()
 	os.Exit(code)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -110,7 +111,20 @@ func oneDir(fs *flag.FlagSet, args []string) (string, error) {
 	return fs.Arg(0), nil
 }
 
-func stamp(ns uint64) string { return fmt.Sprintf("%d.%09d", ns/1e9, ns%1e9) }
+func stamp(ns uint64) string { return string(appendStamp(nil, ns)) }
+
+// appendStamp appends ns as seconds with 9 decimals ("6589.325443713").
+func appendStamp(dst []byte, ns uint64) []byte {
+	dst = strconv.AppendUint(dst, ns/1e9, 10)
+	frac := ns % 1e9
+	var buf [10]byte
+	buf[0] = '.'
+	for i := 9; i > 0; i-- {
+		buf[i] = byte('0' + frac%10)
+		frac /= 10
+	}
+	return append(dst, buf[:]...)
+}
 
 func recoverCmd(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("recover", "recover DIR", "kconsume recover /tmp/trace && babeltrace2 /tmp/trace", stderr)

@@ -62,7 +62,7 @@ func TestRecordUsageErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"record", "-e", "sched:sched_switch"}, "-o DIR is required"},
-		{[]string{"record", "-o", out}, "-e EVENT is required"},
+		{[]string{"record", "-o", out}, "-e EVENT or --bpf FILE is required"},
 		{[]string{"record", "-o", out, "-e", "nosuch:event"}, "kconsume list"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--subbuf-size", "5000"}, "multiple of"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--subbuf-size", "12Q"}, "size"},
@@ -561,7 +561,8 @@ func TestRecordBPF(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("report: exit %d: %s", code, stderr)
 	}
-	me := `msg="getpid by kconsume.test[`
+	comm, _ := os.ReadFile("/proc/self/comm")
+	me := `msg="getpid by ` + strings.TrimSpace(string(comm)) + `[`
 	for _, want := range []string{"synthetic:getpid_whole", "synthetic:getpid_piece", "synthetic:klog", me} {
 		if !strings.Contains(rep, want) {
 			t.Fatalf("report lacks %q:\n%.2000s", want, rep)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -100,5 +101,45 @@ func RequireKernel(t testing.TB, major, minor int, feature string) {
 	ma, mi, rel := KernelRelease()
 	if ma < major || ma == major && mi < minor {
 		t.Skipf("%s needs Linux %d.%d; this kernel is %s", feature, major, minor, rel)
+	}
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// KconsumeBin returns $KCONSUME_BIN (vmtest builds the command on the
+// host: a guest under TCG links slowly), or builds cmd/kconsume once per
+// test binary, as a user would run it.
+func KconsumeBin(tb testing.TB) string {
+	tb.Helper()
+	if p := os.Getenv("KCONSUME_BIN"); p != "" {
+		return p
+	}
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "kconsume-bin")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "kconsume")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/kconsume/kconsume/cmd/kconsume").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("%w\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		tb.Fatalf("building kconsume: %v", binErr)
+	}
+	return binPath
+}
+
+// RemoveBin removes the command KconsumeBin built, if any; TestMain calls
+// it after the tests.
+func RemoveBin() {
+	if binPath != "" {
+		_ = os.RemoveAll(filepath.Dir(binPath))
 	}
 }

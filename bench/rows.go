@@ -1,0 +1,150 @@
+package main
+
+import "fmt"
+
+type sectionRow struct {
+	section string
+	row     row
+}
+
+func m(bench, unit string) metric   { return metric{bench, unit} }
+func pm(bench, unit string) *metric { return &metric{bench, unit} }
+
+// rows lists the table: issue 7's five measures with the targets it sets.
+func rows() []sectionRow {
+	var out []sectionRow
+	add := func(section string, r row) { out = append(out, sectionRow{section, r}) }
+
+	const drain = "Drain, pre-filled 4 MiB ring, consumer on one core"
+	for _, size := range []int{32, 64, 256} {
+		k := fmt.Sprintf("Drain/kconsume/%dB", size)
+		r := row{
+			what: fmt.Sprintf("kconsume drain + transcode into sub-buffers, %d B", size),
+			cmd:  fmt.Sprintf("go test -bench 'Drain/kconsume/%dB' -benchtime 100x ./consumer", size),
+			fig:  m(k, "rec/s"), scale: 1e6, label: "M rec/s",
+			extra:    []extra{{m(k, "cpu-ns/rec"), "CPU ns/rec"}},
+			base:     pm(fmt.Sprintf("Drain/cilium-ReadInto/%dB", size), "rec/s"),
+			baseName: "cilium ReadInto",
+		}
+		if size == 64 {
+			r.target = "≥ 100 M rec/s and ≥ 2.5 × ReadInto"
+			r.needRatio = true
+			r.ok = func(_ results, f, rat stat) bool { return f.med >= 100 && rat.med >= 2.5 }
+		}
+		add(drain, r)
+		for _, rd := range []string{"ReadInto", "Read"} {
+			c := fmt.Sprintf("Drain/cilium-%s/%dB", rd, size)
+			add(drain, row{
+				what: fmt.Sprintf("cilium/ebpf ringbuf.Reader.%s, %d B", rd, size),
+				cmd:  fmt.Sprintf("go test -bench 'Drain/cilium-%s/%dB' -benchtime 100x ./consumer", rd, size),
+				fig:  m(c, "rec/s"), scale: 1e6, label: "M rec/s",
+				extra: []extra{{m(c, "cpu-ns/rec"), "CPU ns/rec"}},
+			})
+		}
+	}
+	add(drain, row{
+		what: "kconsume drain of a perf ring, 64 B",
+		cmd:  "go test -bench 'DrainPerf/kconsume' -benchtime 100x ./consumer",
+		fig:  m("DrainPerf/kconsume/64B", "rec/s"), scale: 1e6, label: "M rec/s",
+		extra:    []extra{{m("DrainPerf/kconsume/64B", "cpu-ns/rec"), "CPU ns/rec"}},
+		base:     pm("DrainPerf/cilium-perf.Reader/64B", "rec/s"),
+		baseName: "cilium perf.Reader",
+	})
+	add(drain, row{
+		what: "cilium/ebpf perf.Reader.ReadInto (watermark ¼ ring), 64 B",
+		cmd:  "go test -bench 'DrainPerf/cilium' -benchtime 100x ./consumer",
+		fig:  m("DrainPerf/cilium-perf.Reader/64B", "rec/s"), scale: 1e6, label: "M rec/s",
+		extra: []extra{{m("DrainPerf/cilium-perf.Reader/64B", "cpu-ns/rec"), "CPU ns/rec"}},
+	})
+
+	const conc = "Drain, producer at full speed on CPU 1, consumer on CPU 0 (1 s, 8 MiB ring)"
+	concRow := func(name, what string, size int, base string) row {
+		k := fmt.Sprintf("Concurrent/%s/%dB", name, size)
+		r := row{
+			what: what, cmd: fmt.Sprintf("go test -bench 'Concurrent/%s/%dB' -benchtime 1000x ./consumer", name, size),
+			fig: m(k, "rec/s"), scale: 1e6, label: "M rec/s kept",
+			extra: []extra{{m(k, "lost-%"), "% lost"}, {m(k, "consumer-%cpu"), "% of a core"}},
+		}
+		if base != "" {
+			r.base = pm(fmt.Sprintf("Concurrent/%s/%dB", base, size), "rec/s")
+			r.baseName = base
+		}
+		return r
+	}
+	for _, size := range []int{32, 64, 256} {
+		r := concRow("kconsume", fmt.Sprintf("kconsume, %d B", size), size, "cilium-ReadInto")
+		if size == 64 {
+			lost := m(fmt.Sprintf("Concurrent/kconsume/%dB", size), "lost-%")
+			r.target = "zero loss"
+			r.ok = func(res results, _, _ stat) bool { return summarize(res.get(lost)).max == 0 }
+		}
+		add(conc, r)
+		add(conc, concRow("cilium-ReadInto", fmt.Sprintf("cilium ringbuf.Reader.ReadInto, %d B", size), size, ""))
+		add(conc, concRow("cilium-Read", fmt.Sprintf("cilium ringbuf.Reader.Read, %d B", size), size, ""))
+	}
+	add(conc, concRow("kconsume-perf", "kconsume, perf transport (one record per BPF_PROG_TEST_RUN), 64 B", 64, "cilium-perf.Reader"))
+	add(conc, concRow("cilium-perf.Reader", "cilium perf.Reader, 64 B", 64, ""))
+
+	const tp = "Tracepoint overhead: getpid loop, syscalls:sys_enter_getpid traced system-wide"
+	tpc := "go test -bench TracepointCost -benchtime 2000000x ./consumer"
+	add(tp, row{what: "getpid untraced", cmd: tpc, fig: m("TracepointCost", "untraced-ns/call"), label: "ns/call"})
+	add(tp, row{
+		what: "added by `kconsume record -e syscalls:sys_enter_getpid`", cmd: tpc,
+		fig: m("TracepointCost", "kconsume-added-ns"), label: "ns/event",
+		extra:   []extra{{m("TracepointCost", "kconsume-lost"), "lost"}},
+		ratioOf: pm("TracepointCost", "added-cost-ratio"), baseName: "trace-cmd's added cost",
+		target: "≤ 0.85 × trace-cmd's", needRatio: true,
+		ok: func(_ results, _, rat stat) bool { return rat.med <= 0.85 },
+	})
+	add(tp, row{what: "added by `trace-cmd record -d --no-filter -e syscalls:sys_enter_getpid`", cmd: tpc,
+		fig: m("TracepointCost", "trace-cmd-added-ns"), label: "ns/event", extra: []extra{{m("TracepointCost", "trace-cmd-lost"), "overrun"}}})
+	add(tp, row{what: "added by `perf record -a -e syscalls:sys_enter_getpid` (Debian linux-perf)", cmd: tpc,
+		fig: m("TracepointCost", "perf-added-ns"), label: "ns/event", extra: []extra{{m("TracepointCost", "perf-lost"), "chunks lost"}}})
+
+	const off = "Offline: 400 k events, 2 streams"
+	for _, c := range []struct{ mode, what, target string }{
+		{"report", "`kconsume report` (text) vs `babeltrace2` (text)", "≥ 20 ×"},
+		{"text", "relayfmt reader decode + merge vs `babeltrace2` (text)", ""},
+		{"decode", "relayfmt reader decode + merge vs `babeltrace2 -c sink.utils.dummy`", ""},
+	} {
+		k := "VsBabeltrace2/" + c.mode
+		r := row{what: c.what, cmd: fmt.Sprintf("go test -bench 'VsBabeltrace2/%s' -benchtime 1x ./relayfmt", c.mode),
+			fig: m(k, "ours-Mev/s"), label: "M events/s", extra: []extra{{m(k, "bt2-Mev/s"), "M events/s babeltrace2"}},
+			ratioOf: pm(k, "x-bt2"), baseName: "babeltrace2", target: c.target}
+		if c.target != "" {
+			r.needRatio = true
+			r.ok = func(_ results, _, rat stat) bool { return rat.med >= 20 }
+		}
+		add(off, r)
+	}
+	for _, n := range []int{2, 8} {
+		k := fmt.Sprintf("ReadMerge/%dstreams", n)
+		add(off, row{what: fmt.Sprintf("relayfmt decode + merge alone, %d streams, every field", n),
+			cmd: fmt.Sprintf("go test -bench 'ReadMerge/%dstreams' ./relayfmt", n), fig: m(k, "Mev/s"), label: "M events/s"})
+	}
+
+	const wr = "Writer: relayfmt channel, one core"
+	for _, c := range []struct{ name, what, target string }{
+		{"flight/64B", "into memory, 64 B (overwrite, ring in L2)", "≥ 100 M rec/s"},
+		{"flight/256B", "into memory, 256 B", ""},
+		{"stream/64B", "through a sink goroutine, 64 B (16 × 1 MiB)", ""},
+		{"disk/64B", "through DirSink to disk, 64 B, writer at full speed", ""},
+	} {
+		k := "Write/" + c.name
+		r := row{what: c.what, cmd: fmt.Sprintf("go test -bench 'Write/%s' ./relayfmt", c.name), fig: m(k, "Mrec/s"), label: "M rec/s",
+			extra: []extra{{m(k, "GB/s"), "GB/s"}, {m(k, "dropped/op"), "dropped/record"}}, target: c.target}
+		if c.target != "" {
+			r.ok = func(_ results, f, _ stat) bool { return f.med >= 100 }
+		}
+		add(wr, r)
+	}
+
+	const mem = "Memory: `kconsume record` peak RSS, 3 s of getpid flood on every CPU, overwrite mode"
+	for _, c := range []string{"256Kx8", "1Mx16", "4Mx16"} {
+		k := "PeakRSS/" + c
+		add(mem, row{what: "sub-buffers " + c + " per CPU", cmd: fmt.Sprintf("go test -bench 'PeakRSS/%s' -benchtime 1x ./cmd/kconsume", c),
+			fig: m(k, "peak-MiB"), label: "MiB peak", extra: []extra{{m(k, "buffers-MiB"), "MiB configured"}, {m(k, "excess-MiB"), "MiB over"}},
+			target: "≤ buffers + 32 MiB", ok: func(res results, _, _ stat) bool { return summarize(res.get(m(k, "excess-MiB"))).max <= 32 }})
+	}
+	return out
+}
