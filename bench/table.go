@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"regexp"
 	"slices"
@@ -65,14 +66,12 @@ func summarize(v []float64) stat {
 	return stat{med: med, min: s[0], max: s[len(s)-1], n: len(s)}
 }
 
-// get returns the rounds' values of m.
+// get returns the rounds' values of m, in round order.
 func (res results) get(m metric) []float64 {
-	var out []float64
 	rounds := res[m.bench][m.unit]
-	for r := 0; r < 1000 && len(out) < len(rounds); r++ {
-		if v, ok := rounds[r]; ok {
-			out = append(out, v)
-		}
+	var out []float64
+	for _, r := range slices.Sorted(maps.Keys(rounds)) {
+		out = append(out, rounds[r])
 	}
 	return out
 }

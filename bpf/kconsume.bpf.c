@@ -155,7 +155,7 @@ static __always_inline void kc_wakeup(void *ctx, struct kc_tp_info *info, __u64 
 	struct kc_wakeup_latency *w;
 	struct kc_cpu_state *st;
 	struct kc_scratch *s;
-	__u64 *then, lat;
+	__u64 *then, woken;
 	__s32 pid = 0;
 
 	bpf_probe_read_kernel(&pid, sizeof(pid), ctx + (info->pid_off & 0xfff));
@@ -168,9 +168,9 @@ static __always_inline void kc_wakeup(void *ctx, struct kc_tp_info *info, __u64 
 	then = bpf_map_lookup_elem(&kc_wake_ts, &pid);
 	if (!then)
 		return;
-	lat = ts - *then;
+	woken = *then;
 	bpf_map_delete_elem(&kc_wake_ts, &pid);
-	if (ts < lat || !kc_pass_pid(pid))
+	if (woken > ts || !kc_pass_pid(pid))
 		return;
 	s = kc_emit_begin(info->aux_key, &st);
 	if (!s)
@@ -180,7 +180,7 @@ static __always_inline void kc_wakeup(void *ctx, struct kc_tp_info *info, __u64 
 	bpf_probe_read_kernel(w->comm, sizeof(w->comm), ctx + (info->comm_off & 0xfff));
 	w->prio = 0;
 	bpf_probe_read_kernel(&w->prio, sizeof(w->prio), ctx + (info->prio_off & 0xfff));
-	w->latency_ns = lat;
+	w->latency_ns = ts - woken;
 	w->cpu = s->hdr.cpu;
 	kc_emit_at(ctx, s, st, sizeof(*w), ts);
 }
@@ -194,11 +194,14 @@ int kc_tracepoint(void *ctx)
 
 	if (!kc_running)
 		return 0;
+	/* Without hooks a filtered-out task costs no map lookup. */
+	if (!kc_hooks && !kc_pass())
+		return 0;
 	key = kc_event_key(ctx);
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	if (!info)
 		return 0;
-	if ((info->flags & KC_TP_RECORD) && kc_pass())
+	if ((info->flags & KC_TP_RECORD) && (!kc_hooks || kc_pass()))
 		ts = kc_record(ctx, key, info);
 	if (kc_hooks && (info->flags & (KC_TP_WAKING | KC_TP_SWITCH)))
 		kc_wakeup(ctx, info, ts ? ts : kc_now());

@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/internal/control"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -121,9 +121,8 @@ func (r *rig) produce(tb testing.TB, n int) {
 
 func (r *rig) lost() (lost, emitted uint64) {
 	for cpu := 0; cpu < r.s.ncpu; cpu++ {
-		st := r.s.cpuState(cpu)
-		lost += atomic.LoadUint64(&st.Lost)
-		emitted += atomic.LoadUint64(&st.Emitted)
+		lost += r.s.kernelLost(cpu)
+		emitted += r.s.emitted(cpu)
 	}
 	return lost, emitted
 }
@@ -400,7 +399,7 @@ func withKconsume(b *testing.B, bin string, fn func() float64, lost *uint64) flo
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		st, _ := os.ReadFile(filepath.Join("/run/kconsume", name, "state"))
+		st, _ := os.ReadFile(filepath.Join(control.DefaultRoot, name, "state"))
 		if strings.TrimSpace(string(st)) == "running" {
 			break
 		}
