@@ -82,7 +82,11 @@ func cgroup2Root(t *testing.T) string {
 // and Start resumes; Stats counts what was emitted.
 func TestStopStartCPU(t *testing.T) {
 	testenv.RequireRoot(t)
-	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{lockThread(t)}})
+	onOwnThread(t, testStopStartCPU)
+}
+
+func testStopStartCPU(t *testing.T, tid int) {
+	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{tid}})
 	ncpu := s.CPUs()
 	for cpu := 0; cpu < ncpu; cpu++ {
 		if err := s.StopCPU(cpu); err != nil {
@@ -135,13 +139,24 @@ func TestStopStartCPU(t *testing.T) {
 	}
 }
 
-// lockThread pins the test goroutine to its thread for the test and
-// returns the thread id, so a filter on it sees only this test's calls
-// (the Go runtime itself calls getpid when it signals threads).
-func lockThread(t *testing.T) int {
+// onOwnThread runs fn locked to a thread that is not the process's main
+// thread, with that thread's id, so a pid filter on it sees only fn's
+// calls. The Go runtime itself calls getpid when it signals threads, and
+// the main thread's id is the process id, which every thread's calls
+// match.
+func onOwnThread(t *testing.T, fn func(t *testing.T, tid int)) {
 	runtime.LockOSThread()
-	t.Cleanup(runtime.UnlockOSThread)
-	return unix.Gettid()
+	defer runtime.UnlockOSThread()
+	if tid := unix.Gettid(); tid != unix.Getpid() {
+		fn(t, tid)
+		return
+	}
+	// Held locked here, the main thread cannot run the subtest.
+	t.Run("off-main-thread", func(t *testing.T) {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		fn(t, unix.Gettid())
+	})
 }
 
 // getpids makes n getpid calls on this thread.
@@ -154,7 +169,11 @@ func getpids(n int) {
 // TestReset drops what was recorded before it.
 func TestReset(t *testing.T) {
 	testenv.RequireRoot(t)
-	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{lockThread(t)}})
+	onOwnThread(t, testReset)
+}
+
+func testReset(t *testing.T, tid int) {
+	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{tid}})
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
