@@ -14,7 +14,9 @@ import (
 	"github.com/kconsume/kconsume/synth"
 )
 
-// exampleSpec returns bpf/example/getpid.bpf.c built for tr, tracing tgid.
+// exampleSpec returns bpf/example/getpid.bpf.c built for tr, tracing the
+// process tgid (a process id: the child's traced thread need not be its
+// main thread).
 // Before Linux 5.13 (no bpf_snprintf) it drops the klog program.
 func exampleSpec(t *testing.T, tr Transport, tgid int) *ebpf.CollectionSpec {
 	t.Helper()
@@ -49,7 +51,7 @@ func TestObjectSynth(t *testing.T) {
 				Events:    []string{"syscalls:sys_enter_getpid"},
 				PIDs:      []int{c.tid},
 				Transport: tr,
-				Objects:   []*ebpf.CollectionSpec{exampleSpec(t, tr, c.tid)},
+				Objects:   []*ebpf.CollectionSpec{exampleSpec(t, tr, c.cmd.Process.Pid)},
 			})
 			if s.Synth("getpid_whole") == nil || s.Synth("getpid_piece") == nil || s.Synth(synth.Klog) == nil {
 				t.Fatalf("session synthetic events: %v", s.SynthEvents())
