@@ -96,6 +96,8 @@ type Channel struct {
 	cfg  Config
 	sink Sink
 	bufs []*buffer
+	// global is bufs[0] in global mode, nil otherwise.
+	global *buffer
 
 	// classes is the id-indexed class table, replaced whole when a class
 	// is added so writers read it without a lock.
@@ -109,24 +111,29 @@ type Channel struct {
 }
 
 type buffer struct {
-	ch     *Channel
-	name   string // stream file name
-	global bool
-	size   int
-	n      uint64
-	mem    []byte
-	hdr    PacketHeader // static fields of every packet
-
-	// Writer-owned.
+	// Writer-owned; the fields every Write touches come first, to share
+	// one cache line.
+	cur      []byte // current sub-buffer; nil when none is open
+	off      int
+	lastTS   uint64
+	lastFull uint64
+	events   uint64 // events in cur
 	// sizes caches the fixed payload size of each class id known to this
 	// writer (-1: variable). Classes are only appended and ids never change,
 	// so the cache is refreshed only when an id beyond it shows up.
-	sizes       []int32
-	cur         []byte // current sub-buffer; nil when none is open
-	off         int
-	lastTS      uint64
-	lastFull    uint64
-	events      uint64 // events in cur
+	sizes []int32
+	// ctx is the size of the event context: 4 in global mode (the CPU),
+	// 0 otherwise.
+	ctx int
+
+	ch   *Channel
+	name string // stream file name
+	size int
+	n    uint64
+	mem  []byte
+	hdr  PacketHeader // static fields of every packet
+
+	// Writer-owned, touched once per packet or per loss.
 	seq         uint64 // sequence number the next opened packet gets
 	discarded   uint64 // running total, written into each packet
 	pktDisc     uint64 // discarded as of the last finished packet
@@ -206,12 +213,14 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 		return nil, fmt.Errorf("channel: %w", err)
 	}
 	for i := range nbuf {
-		b := &buffer{ch: c, global: cfg.Global, size: cfg.SubbufSize, n: uint64(cfg.NSubbufs), seq: 1,
+		b := &buffer{ch: c, size: cfg.SubbufSize, n: uint64(cfg.NSubbufs), seq: 1,
 			mem: make([]byte, cfg.NSubbufs*cfg.SubbufSize), slotEvents: make([]uint64, cfg.NSubbufs), slotOver: make([]uint64, cfg.NSubbufs), slotStart: make([]uint64, cfg.NSubbufs),
 			doorbell: make(chan struct{}, 1)}
 		b.name = "trace" + strconv.Itoa(i)
 		if cfg.Global {
 			b.name = "trace"
+			b.ctx = 4
+			c.global = b
 		}
 		b.hdr = PacketHeader{UUID: cfg.UUID, StreamInstanceID: uint64(i), CPUID: uint32(i), PacketSize: uint64(cfg.SubbufSize) * 8}
 		b.cond.L = &b.mu
@@ -294,16 +303,40 @@ func (c *Channel) buf(cpu int) (*buffer, error) {
 // no sub-buffer is free (NoOverwrite), ErrTooLarge or ErrInvalid; each of
 // them is counted and reported in the stream as discarded events.
 func (c *Channel) Write(cpu int, ts uint64, id uint32, payload []byte) error {
-	if c.cfg.Global {
-		return c.bufs[0].write(ts, id, payload, uint32(cpu), 4)
+	b := c.global
+	if b == nil {
+		if uint(cpu) >= uint(len(c.bufs)) {
+			return fmt.Errorf("cpu %d: %w", cpu, ErrNoStream)
+		}
+		b = c.bufs[cpu]
 	}
-	if uint(cpu) >= uint(len(c.bufs)) {
-		return fmt.Errorf("cpu %d: %w", cpu, ErrNoStream)
+	// Fast path, nearly every record, with no call below this one: a known
+	// fixed-size class with a compact header (id <= 30, no clamp, less
+	// than 2^27 ticks since the last full timestamp) that fits the open
+	// sub-buffer.
+	off := b.off
+	need := CompactHeaderSize + b.ctx + len(payload)
+	if uint64(id) <= MaxCompactID && uint64(id) < uint64(len(b.sizes)) &&
+		int(b.sizes[id]) == len(payload) && ts >= b.lastTS &&
+		ts-b.lastFull <= compactTSMask && need <= len(b.cur)-off {
+		p := b.cur[off : off+need]
+		binary.LittleEndian.PutUint32(p, id|uint32(ts&compactTSMask)<<5)
+		if b.ctx != 0 {
+			binary.LittleEndian.PutUint32(p[CompactHeaderSize:], uint32(cpu))
+		}
+		copy(p[CompactHeaderSize+b.ctx:], payload)
+		b.off = off + need
+		b.lastTS = ts
+		b.events++
+		return nil
 	}
-	return c.bufs[cpu].write(ts, id, payload, 0, 0)
+	return b.writeSlow(ts, id, payload, uint32(cpu))
 }
 
-func (b *buffer) write(ts uint64, id uint32, payload []byte, cpu uint32, ctx int) error {
+// writeSlow is Write for every other case: a class to validate or newly
+// added, a clamped timestamp, an extended header, a sub-buffer switch.
+func (b *buffer) writeSlow(ts uint64, id uint32, payload []byte, cpu uint32) error {
+	ctx := b.ctx
 	if uint64(id) >= uint64(len(b.sizes)) && !b.refreshSizes(id) {
 		return b.lose(&b.stats.Invalid, ErrInvalid)
 	}
@@ -350,9 +383,17 @@ func (b *buffer) write(ts uint64, id uint32, payload []byte, cpu uint32, ctx int
 		b.lastFull = ts
 	}
 	b.events++
-	b.stats.Records++
-	b.stats.Bytes += uint64(need)
 	return nil
+}
+
+// settle adds the records and bytes of the open sub-buffer to the stats,
+// which Write does not update per record; it is called before the
+// sub-buffer is finished or dropped.
+func (b *buffer) settle() {
+	if b.cur != nil {
+		b.stats.Records += b.events
+		b.stats.Bytes += uint64(b.off - PacketHeaderSize)
+	}
 }
 
 // refreshSizes reloads the size cache from the class table and reports
@@ -426,6 +467,7 @@ func (b *buffer) open(ts uint64) bool {
 // finish completes the current sub-buffer's header, zeroes its padding and
 // hands it on (relay's subbuf switch).
 func (b *buffer) finish() {
+	b.settle()
 	le := binary.LittleEndian
 	le.PutUint64(b.cur[offTimestampEnd:], b.lastTS)
 	le.PutUint64(b.cur[offContentSize:], uint64(b.off)*8)
@@ -520,6 +562,7 @@ func (c *Channel) Reset() {
 
 func (b *buffer) reset() {
 	if b.cur != nil {
+		b.settle()
 		b.cur = nil
 		b.seq-- // the dropped packet never reached the sink: reuse its number
 	}
@@ -731,8 +774,13 @@ func (c *Channel) StatsCPU(cpu int) (Stats, error) {
 		return Stats{}, err
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.stats, nil
+	st := b.stats
+	b.mu.Unlock()
+	if b.cur != nil {
+		st.Records += b.events
+		st.Bytes += uint64(b.off - PacketHeaderSize)
+	}
+	return st, nil
 }
 
 // Err returns the first sink error of any buffer, or nil.

@@ -2,6 +2,7 @@ package relayfmt
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -316,6 +317,60 @@ func TestWriteErrors(t *testing.T) {
 	}
 	if _, err := c.AddEventClass("x", nil); !errors.Is(err, ErrNameExists) {
 		t.Errorf("duplicate class: %v", err)
+	}
+}
+
+// TestStatsCountEveryRecordAndByte checks Records and Bytes, which Write
+// settles per sub-buffer rather than per record: while a sub-buffer is
+// open, after switches (compact, extended and global headers), and for a
+// sub-buffer dropped by Reset.
+func TestStatsCountEveryRecordAndByte(t *testing.T) {
+	for _, global := range []bool{false, true} {
+		c, err := NewChannel(Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 1, Global: global, Mode: Overwrite}, &DiscardSink{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Class 0 takes the compact header, class 31 always the extended.
+		var ids []uint32
+		for i := range 32 {
+			cls, err := c.AddEventClass(fmt.Sprintf("r%d", i), []Field{ArrayField("a", U8, 100)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, cls.ID)
+		}
+		ctx := uint64(0)
+		if global {
+			ctx = 4
+		}
+		var recs, bytes uint64
+		check := func(when string) {
+			t.Helper()
+			st, _ := c.StatsCPU(0)
+			if st.Records != recs || st.Bytes != bytes {
+				t.Errorf("global=%v, %s: records %d bytes %d, want %d and %d", global, when, st.Records, st.Bytes, recs, bytes)
+			}
+		}
+		for i := range 100 {
+			id := ids[0]
+			size := uint64(CompactHeaderSize)
+			if i%3 == 2 {
+				id, size = ids[31], ExtendedHeaderSize
+			}
+			if err := c.Write(0, uint64(1+5*i), id, make([]byte, 100)); err != nil {
+				t.Fatal(err)
+			}
+			recs++
+			bytes += size + ctx + 100
+		}
+		// 100 records of about 110 B fill two 4 KiB sub-buffers and part
+		// of a third.
+		check("open sub-buffer")
+		c.Reset()
+		check("after reset")
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
