@@ -73,7 +73,9 @@ func run(rounds int, out string) error {
 		for _, f := range families {
 			fmt.Fprintf(os.Stderr, "bench: round %d/%d: %s %s\n", r+1, rounds, f.pkg, f.bench)
 			var buf bytes.Buffer
-			cmd := exec.Command(tests[f.pkg], "-test.run", "^$", "-test.bench", f.bench, "-test.benchtime", f.benchtime, "-test.count", "1")
+			// -test.v puts a skipped benchmark's reason (trace-cmd missing...)
+			// in the log that the table's "not measured" points to.
+			cmd := exec.Command(tests[f.pkg], "-test.v", "-test.run", "^$", "-test.bench", f.bench, "-test.benchtime", f.benchtime, "-test.count", "1")
 			cmd.Dir = f.pkg
 			cmd.Env = append(os.Environ(), "KCONSUME_BIN="+bin, "KCONSUME_BENCH_ROUNDS=1")
 			cmd.Stdout = io.MultiWriter(&buf, os.Stderr)
