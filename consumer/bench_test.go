@@ -580,7 +580,13 @@ func saveTracing(b *testing.B) func() {
 		s := strings.TrimSpace(string(v))
 		switch f {
 		case "buffer_size_kb":
-			s, _, _ = strings.Cut(s, " ") // "7 (expanded: 1408)"
+			// "7 (expanded: 1408)": the ring buffer was never used, and
+			// its first user grows it to 1408 KiB (tracing_entries_read
+			// in kernel/trace/trace.c). trace-cmd does grow it; writing
+			// back 7 would leave the next user 7 KiB, so 1408 it is.
+			if _, exp, ok := strings.Cut(s, "(expanded: "); ok {
+				s = strings.TrimSuffix(exp, ")")
+			}
 		case "trace_clock":
 			if i := strings.Index(s, "["); i >= 0 {
 				s = s[i+1 : strings.Index(s, "]")]
