@@ -27,6 +27,10 @@ type window struct {
 	mask      int
 	head, n   int
 	reordered uint64 // records inserted before a later-stamped one
+	// unsorted counts the pops until every entry that was in the window
+	// at the last out-of-order insert has left; until then time order and
+	// arrival (ring position) order may differ.
+	unsorted int
 }
 
 func newWindow(capacity int) *window {
@@ -54,6 +58,7 @@ func (w *window) push(e entry) {
 	}
 	if i != w.n-1 {
 		w.reordered++
+		w.unsorted = w.n
 	}
 	w.buf[(w.head+i)&w.mask] = e
 }
@@ -66,13 +71,27 @@ func (w *window) pop() entry {
 	e := w.buf[w.head]
 	w.head = (w.head + 1) & w.mask
 	w.n--
+	if w.unsorted > 0 {
+		w.unsorted--
+	}
 	return e
 }
 
 // releasePos returns how far the ring may be released: to the lowest
 // ring position of a waiting record, or to read (all that was read) when
-// none waits.
+// none waits. Records enter a window in ring order, so while none waits
+// out of time order the first record from the front has the lowest
+// position; only after a reorder does it scan the whole window, which
+// costs a live drain one pass per batch over up to ReorderMax entries.
 func (w *window) releasePos(read uint64) uint64 {
+	if w.unsorted == 0 {
+		for i := 0; i < w.n; i++ {
+			if e := &w.buf[(w.head+i)&w.mask]; e.n != 0 {
+				return e.pos
+			}
+		}
+		return read
+	}
 	pos, ok := read, false
 	for i := 0; i < w.n; i++ {
 		e := &w.buf[(w.head+i)&w.mask]
