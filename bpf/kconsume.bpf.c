@@ -141,6 +141,142 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 	return ts;
 }
 
+#ifndef KC_PERF
+/* Largest record kc_record_small writes: 16 words, 128 bytes. */
+#define KC_SMALL_MAX 128
+
+/*
+ * The loader replaces this immediate by the record size of the events a
+ * program copy records with kc_record_small, or 0 for the general path.
+ */
+#define KC_SIZE_PLACEHOLDER 0x6b6353495aULL
+
+static __always_inline __u32 kc_small_size(void)
+{
+	__u64 size;
+
+	asm volatile("%0 = 0x6b6353495a ll" : "=r"(size));
+	return size;
+}
+
+/*
+ * kc_ld copies the T at offset off of the trace record at ctx to the same
+ * offset of dst. Tracepoint programs may load their context directly, at
+ * constant offsets from 8 (the first word holds a pt_regs pointer by now),
+ * but perf refuses to attach a program whose loads reach past the event's
+ * last field (kernel/events/core.c:perf_event_set_bpf_prog,
+ * max_ctx_offset), so a copy loads the record's exact size. The load is
+ * written in assembly because the verifier refuses a context pointer moved
+ * by arithmetic, which clang would otherwise share between loads.
+ */
+#define kc_ld(dst, ctx, T, off)                                                   \
+	({                                                                        \
+		T _v;                                                             \
+		asm volatile("%0 = *(" #T " *)(%1 + %2)" : "=r"(_v) : "r"(ctx), "i"(off)); \
+		*(T *)((void *)(dst) + (off)) = _v;                               \
+	})
+
+/*
+ * kc_word copies the bytes of word k (k ≥ 1) that lie below size, a
+ * multiple of 4 (the loader uses this path only for such sizes).
+ */
+#define kc_word(dst, ctx, size, k)                                                \
+	({                                                                        \
+		if ((size) >= 8 * (k) + 8)                                        \
+			kc_ld(dst, ctx, u64, 8 * (k));                            \
+		else if ((size) == 8 * (k) + 4)                                   \
+			kc_ld(dst, ctx, u32, 8 * (k));                            \
+	})
+
+#define KC_RESERVE(n)                                                             \
+	case n:                                                                   \
+		r = bpf_ringbuf_reserve(ring, sizeof(struct kc_rec) + 8 * (n), 0);  \
+		break;
+
+/*
+ * kc_record_small writes the trace record at ctx, size bytes without
+ * dynamic fields (a multiple of 4, at most KC_SMALL_MAX), straight into this CPU's ring as
+ * event key, and returns its timestamp, or 0 when this CPU's buffer is
+ * stopped or the ring is full (then counted as lost). size is a constant
+ * of the program copy (kc_small_size), so the verifier keeps only the
+ * loads and the one bpf_ringbuf_reserve (which takes only a constant
+ * size) of that size; the ring record is padded to whole words and
+ * kc_rec.len holds the true size. This saves the scratch copy,
+ * bpf_probe_read_kernel and the second copy of bpf_ringbuf_output for the
+ * common events: syscalls, sched_switch, irqs.
+ */
+static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_info *info, __u32 size)
+{
+	struct kc_cpu_state *st;
+	struct trace_entry *ent;
+	struct kc_rec *r = NULL;
+	__u32 cpu, idx;
+	void *ring, *d;
+	__u64 ts, flags;
+
+	cpu = bpf_get_smp_processor_id();
+	st = bpf_map_lookup_elem(&kc_state, &cpu);
+	if (!st || st->disabled)
+		return 0;
+	idx = kc_global ? 0 : cpu;
+	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	if (!ring)
+		return 0;
+	flags = kc_wakeup_flags(ring, sizeof(struct kc_rec) + (size + 7) / 8 * 8, st, 0);
+	switch ((size + 7) / 8) {
+	KC_RESERVE(1)
+	KC_RESERVE(2)
+	KC_RESERVE(3)
+	KC_RESERVE(4)
+	KC_RESERVE(5)
+	KC_RESERVE(6)
+	KC_RESERVE(7)
+	KC_RESERVE(8)
+	KC_RESERVE(9)
+	KC_RESERVE(10)
+	KC_RESERVE(11)
+	KC_RESERVE(12)
+	KC_RESERVE(13)
+	KC_RESERVE(14)
+	KC_RESERVE(15)
+	KC_RESERVE(16)
+	}
+	if (!r) {
+		st->lost++;
+		return 0;
+	}
+	d = r + 1;
+	kc_word(d, ctx, size, 1);
+	kc_word(d, ctx, size, 2);
+	kc_word(d, ctx, size, 3);
+	kc_word(d, ctx, size, 4);
+	kc_word(d, ctx, size, 5);
+	kc_word(d, ctx, size, 6);
+	kc_word(d, ctx, size, 7);
+	kc_word(d, ctx, size, 8);
+	kc_word(d, ctx, size, 9);
+	kc_word(d, ctx, size, 10);
+	kc_word(d, ctx, size, 11);
+	kc_word(d, ctx, size, 12);
+	kc_word(d, ctx, size, 13);
+	kc_word(d, ctx, size, 14);
+	kc_word(d, ctx, size, 15);
+	ent = d;
+	ent->type = info->id;
+	ent->flags = 0;
+	ent->preempt_count = 0;
+	ent->pid = (__u32)bpf_get_current_pid_tgid();
+	r->key = key;
+	r->len = size;
+	r->cpu = cpu;
+	ts = kc_now();
+	r->ts = ts;
+	bpf_ringbuf_submit(r, flags);
+	st->emitted++;
+	return ts;
+}
+#endif
+
 /*
  * kc_wakeup computes synthetic:wakeup_latency as the kernel's histogram
  * triggers do (Documentation/trace/histogram.rst, "wakeup_latency"):
@@ -201,8 +337,16 @@ int kc_tracepoint(void *ctx)
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	if (!info)
 		return 0;
-	if ((info->flags & KC_TP_RECORD) && (!kc_hooks || kc_pass()))
-		ts = kc_record(ctx, key, info);
+	if ((info->flags & KC_TP_RECORD) && (!kc_hooks || kc_pass())) {
+#ifndef KC_PERF
+		__u32 small = kc_small_size();
+
+		if (small >= 8 && small <= KC_SMALL_MAX && !(small & 3) && small == info->size)
+			ts = kc_record_small(ctx, key, info, small);
+		else
+#endif
+			ts = kc_record(ctx, key, info);
+	}
 	if (kc_hooks && (info->flags & (KC_TP_WAKING | KC_TP_SWITCH)))
 		kc_wakeup(ctx, info, ts ? ts : kc_now());
 	return 0;

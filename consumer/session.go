@@ -128,9 +128,10 @@ type Session struct {
 	closeErr   error
 	started    atomic.Bool
 	looping    atomic.Bool
-	online     []bool // perf: CPUs online at the last hotplug check
-	useCookie  bool   // event keys come from attach cookies
-	switchKey  uint32 // wakeup_latency: sched_switch's key and info
+	online     []bool   // perf: CPUs online at the last hotplug check
+	useCookie  bool     // event keys come from attach cookies
+	tpProgs    []string // the recorder copy attached for each event key
+	switchKey  uint32   // wakeup_latency: sched_switch's key and info
 	switchInfo gen.RingbufKcTpInfo
 	objects    []*object  // users' programs (Config.Objects)
 	synthMu    sync.Mutex // guards synth after New
@@ -182,7 +183,11 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	s, err := newSession(cfg, len(formats)+len(hooks), &loadOpts{hooks: wake})
+	small := make([]uint32, len(formats))
+	for i, f := range formats {
+		small[i] = smallSize(f)
+	}
+	s, err := newSession(cfg, len(formats)+len(hooks), &loadOpts{hooks: wake, small: small})
 	if err != nil {
 		return nil, err
 	}
@@ -247,6 +252,24 @@ type loadOpts struct {
 	spec  *ebpf.CollectionSpec
 	vars  map[string]any
 	hooks bool
+	small []uint32 // per event key: its record size when smallSize allows, or 0
+}
+
+// smallSize returns the record size of f when the recorder can copy it
+// straight into the ring with a program copy of its own size
+// (kc_record_small in bpf/kconsume.bpf.c): a multiple of 4 from 8 to
+// smallMax bytes, without dynamic fields. Otherwise it returns 0.
+func smallSize(f *tracefs.Format) uint32 {
+	n := f.FixedSize()
+	if n < 8 || n > smallMax || n%4 != 0 {
+		return 0
+	}
+	for _, fl := range f.All() {
+		if fl.Loc != tracefs.Inline {
+			return 0
+		}
+	}
+	return uint32(n)
 }
 
 // newSession loads the BPF objects for nevents event keys and maps the
@@ -368,8 +391,13 @@ func clockDesc(c Clock, id int32) relayfmt.Clock {
 // kernel has attach cookies, so tests exercise both ways on one kernel.
 var noCookie = false
 
-// keyPlaceholder is KC_KEY_PLACEHOLDER of bpf/kconsume.bpf.c.
-const keyPlaceholder = 0x6b634b4559
+// keyPlaceholder and sizePlaceholder are KC_KEY_PLACEHOLDER and
+// KC_SIZE_PLACEHOLDER of bpf/kconsume.bpf.c; smallMax is KC_SMALL_MAX.
+const (
+	keyPlaceholder  = 0x6b634b4559
+	sizePlaceholder = 0x6b6353495a
+	smallMax        = 128
+)
 
 // load creates the maps and the programs of the chosen transport for
 // nevents events: one program told each event's key by the attach cookie,
@@ -408,15 +436,9 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 		set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
 		set[gen.RingbufVarKcHooks] = boolU32(opts != nil && opts.hooks)
 	}
-	if m := spec.Maps[gen.RingbufMapKcTpInfoMap]; m != nil && !s.useCookie {
-		base := spec.Programs[gen.RingbufProgKcTracepoint]
-		delete(spec.Programs, gen.RingbufProgKcTracepoint)
-		for i := 0; i < nevents; i++ {
-			ps, err := patchKey(base, uint32(i))
-			if err != nil {
-				return err
-			}
-			spec.Programs[ps.Name] = ps
+	if m := spec.Maps[gen.RingbufMapKcTpInfoMap]; m != nil {
+		if err := s.recorderCopies(spec, nevents, opts); err != nil {
+			return err
 		}
 	}
 	if s.transport == Ringbuf {
@@ -457,21 +479,66 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 	return s.setFilters()
 }
 
-// patchKey returns a copy of the recorder program with key in place of
-// its one KC_KEY_PLACEHOLDER immediate.
-func patchKey(base *ebpf.ProgramSpec, key uint32) (*ebpf.ProgramSpec, error) {
+// recorderCopies makes the recorder's program copies in spec. With
+// attach cookies: kc_tracepoint for every event, plus kc_tp_sN for the
+// events of small record size N (kc_record_small). Without: kc_tp_I for
+// event key I, with I patched in, on the general path only (a copy that
+// perf refused to attach would have no general copy to fall back to).
+func (s *Session) recorderCopies(spec *ebpf.CollectionSpec, nevents int, opts *loadOpts) error {
+	orig := spec.Programs[gen.RingbufProgKcTracepoint]
+	base := orig
+	if s.transport == Ringbuf { // the perf object has no kc_record_small
+		var err error
+		if base, err = patchImm(base, base.Name, sizePlaceholder, 0); err != nil {
+			return err
+		}
+		spec.Programs[base.Name] = base
+	}
+	if !s.useCookie {
+		delete(spec.Programs, gen.RingbufProgKcTracepoint)
+		for i := 0; i < nevents; i++ {
+			ps, err := patchImm(base, "kc_tp_"+strconv.Itoa(i), keyPlaceholder, uint32(i))
+			if err != nil {
+				return err
+			}
+			spec.Programs[ps.Name] = ps
+		}
+		return nil
+	}
+	if s.transport != Ringbuf || opts == nil {
+		return nil
+	}
+	for _, n := range opts.small {
+		if n == 0 || spec.Programs[smallProg(n)] != nil {
+			continue
+		}
+		ps, err := patchImm(orig, smallProg(n), sizePlaceholder, n)
+		if err != nil {
+			return err
+		}
+		spec.Programs[ps.Name] = ps
+	}
+	return nil
+}
+
+// smallProg names the recorder copy for records of n bytes.
+func smallProg(n uint32) string { return "kc_tp_s" + strconv.Itoa(int(n)) }
+
+// patchImm returns a copy of program base named name with v in place of
+// its one 64-bit immediate placeholder.
+func patchImm(base *ebpf.ProgramSpec, name string, placeholder int64, v uint32) (*ebpf.ProgramSpec, error) {
 	ps := base.Copy()
-	ps.Name = "kc_tp_" + strconv.Itoa(int(key))
+	ps.Name = name
 	n := 0
 	for i := range ps.Instructions {
 		ins := &ps.Instructions[i]
-		if ins.OpCode.IsDWordLoad() && ins.Constant == keyPlaceholder && ins.Reference() == "" {
-			ins.Constant = int64(key)
+		if ins.OpCode.IsDWordLoad() && ins.Constant == placeholder && ins.Reference() == "" {
+			ins.Constant = int64(v)
 			n++
 		}
 	}
 	if n != 1 {
-		return nil, fmt.Errorf("recorder program has %d key placeholders, want 1", n)
+		return nil, fmt.Errorf("recorder program has %d placeholders %#x, want 1", n, placeholder)
 	}
 	return ps, nil
 }
@@ -624,17 +691,26 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 		if err := info.Put(uint32(i), ti); err != nil {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
 		}
-		var lk link.Link
-		var err error
+		name, opts := "kc_tp_"+strconv.Itoa(i), (*link.TracepointOptions)(nil)
 		if s.useCookie {
-			lk, err = link.Tracepoint(f.System, f.Name, s.coll.Programs[gen.RingbufProgKcTracepoint], &link.TracepointOptions{Cookie: uint64(i)})
-		} else {
-			lk, err = link.Tracepoint(f.System, f.Name, s.coll.Programs["kc_tp_"+strconv.Itoa(i)], nil)
+			name, opts = gen.RingbufProgKcTracepoint, &link.TracepointOptions{Cookie: uint64(i)}
+			if small := smallProg(smallSize(f)); i < len(formats) && s.coll.Programs[small] != nil {
+				name = small
+			}
+		}
+		lk, err := link.Tracepoint(f.System, f.Name, s.coll.Programs[name], opts)
+		if errors.Is(err, unix.EACCES) && name != gen.RingbufProgKcTracepoint && s.useCookie {
+			// perf checks a copy's loads against the event's last field
+			// (max_ctx_offset); where that is not its largest, record the
+			// event the general way.
+			name = gen.RingbufProgKcTracepoint
+			lk, err = link.Tracepoint(f.System, f.Name, s.coll.Programs[name], opts)
 		}
 		if err != nil {
 			return fmt.Errorf("attaching to %s: %w", f.FullName(), err)
 		}
 		s.links = append(s.links, lk)
+		s.tpProgs = append(s.tpProgs, name)
 		if i < len(formats) {
 			s.events = append(s.events, f)
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/kconsume/kconsume/gen"
 	"io"
 	"os"
 	"os/exec"
@@ -245,6 +246,18 @@ func TestGetpidExact(t *testing.T) {
 			if s.useCookie == v.noCookie && kernelAtLeast(t, 5, 15) {
 				t.Fatalf("useCookie %v on a 5.15+ kernel with noCookie %v", s.useCookie, v.noCookie)
 			}
+			// sys_enter_getpid's 12 bytes take kc_record_small where
+			// there are cookies and ring buffers.
+			want := "kc_tp_0"
+			if s.useCookie {
+				want = gen.RingbufProgKcTracepoint
+				if v.tr == Ringbuf {
+					want = "kc_tp_s12"
+				}
+			}
+			if s.tpProgs[0] != want {
+				t.Fatalf("recorded by %s, want %s", s.tpProgs[0], want)
+			}
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +272,7 @@ func TestGetpidExact(t *testing.T) {
 			lines, discards := testenv.RunBT2(t, dir)
 			got := 0
 			for _, l := range lines {
-				if strings.Contains(l, "syscalls:sys_enter_getpid:") && strings.Contains(l, "common_pid = "+strconv.Itoa(c.tid)) {
+				if strings.Contains(l, "syscalls:sys_enter_getpid:") && strings.Contains(l, "common_pid = "+strconv.Itoa(c.tid)) && strings.Contains(l, "__syscall_nr = "+strconv.Itoa(unix.SYS_GETPID)) {
 					got++
 				}
 			}
