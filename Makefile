@@ -5,7 +5,7 @@ FUZZTIME ?= 30s
 PKGS     := ./...
 KERNELS  ?= 5.10 6.1 6.12 newest
 
-.PHONY: all build test lint bench fuzz generate generate-check vmlinux vmtest clean
+.PHONY: all build test lint bench fuzz generate generate-check vmlinux syscall-table vmtest clean
 
 all: build
 
@@ -58,6 +58,17 @@ vmtest:
 
 vmlinux:
 	bpftool btf dump file /sys/kernel/btf/vmlinux format c > bpf/include/vmlinux.h
+
+# consumer/sysnr_amd64.go, the x86_64 numbers of the syscall events, from the
+# syscall table of a Debian linux-headers package (apt-get download: needs the
+# archive). Syscalls newer than that kernel keep their tracepoints.
+SYSNR_PKG ?= linux-headers-6.1.0-56-amd64
+syscall-table:
+	set -e; d=$$(mktemp -d); trap 'rm -rf '$$d EXIT; \
+	(cd $$d && apt-get download -q $(SYSNR_PKG) && dpkg-deb -x $(SYSNR_PKG)_*.deb x); \
+	$(GO) run ./consumer/internal/mksysnr "$$(cd $$d && ls $(SYSNR_PKG)_*.deb)" \
+		$$d/x/usr/src/$(SYSNR_PKG)/arch/x86/include/generated/asm/syscalls_64.h > consumer/sysnr_amd64.go.tmp; \
+	mv consumer/sysnr_amd64.go.tmp consumer/sysnr_amd64.go
 
 clean:
 	rm -rf bin bench.out

@@ -14,6 +14,7 @@
  */
 #include "kconsume.h"
 #include "filter.h"
+#include <bpf/bpf_core_read.h>
 
 #define KC_MAX_DYN 8
 #define KC_DYN_REL 0x8000 /* __rel_loc: offset counts from the end of the field */
@@ -351,6 +352,149 @@ int kc_tracepoint(void *ctx)
 		kc_wakeup(ctx, info, ts ? ts : kc_now());
 	return 0;
 }
+
+#ifndef KC_PERF
+/*
+ * Syscall events through the raw syscall tracepoints. The kernel hangs
+ * every syscalls:sys_enter_* and sys_exit_* event off the sys_enter and
+ * sys_exit tracepoints (kernel/trace/trace_syscalls.c); for perf and BPF
+ * it then builds the record and runs the program through
+ * perf_syscall_enter and trace_call_bpf, which costs more than the
+ * recording itself. kc_sys_enter and kc_sys_exit sit on those tracepoints
+ * directly (tp_btf), find the event by syscall number (the consumer
+ * knows the numbers from the kernel's syscall table) and build the same
+ * record as trace_syscalls.c: struct syscall_trace_enter (nr, then one
+ * unsigned long per argument) or struct syscall_trace_exit (nr, ret).
+ * x86_64 only: the arguments come from struct pt_regs as
+ * syscall_get_arguments takes them (arch/x86/include/asm/syscall.h).
+ */
+
+/* Syscall numbers the dispatch covers; x86_64 has about 470. */
+#define KC_SYS_MAX 1024
+
+/*
+ * kc_sys_keys maps nr (sys_enter) and KC_SYS_MAX + nr (sys_exit) to the
+ * event key + 1, or 0 when that syscall's event is not recorded.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * KC_SYS_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+} kc_sys_keys SEC(".maps");
+
+/* Read the current task with bpf_get_current_task_btf (5.11+). */
+const volatile __u32 kc_task_btf = 0;
+
+/*
+ * arch/x86/include/asm/thread_info.h: TS_COMPAT marks a 32-bit syscall
+ * (int $0x80, sysenter, a compat syscall), whose numbers are not the
+ * x86_64 ones; the syscall events ignore those
+ * (ARCH_TRACE_IGNORE_COMPAT_SYSCALLS, in_32bit_syscall) and so does this.
+ */
+#define KC_TS_COMPAT 0x0002
+
+static __always_inline int kc_compat_syscall(void)
+{
+	__u32 status;
+
+	if (kc_task_btf)
+		status = bpf_get_current_task_btf()->thread_info.status;
+	else
+		status = BPF_CORE_READ((struct task_struct *)bpf_get_current_task(), thread_info.status);
+	return status & KC_TS_COMPAT;
+}
+
+/* The ring record of a syscall event: at most six arguments. */
+struct kc_sys_rec {
+	struct kc_rec hdr;
+	struct trace_entry ent;
+	__s32 nr;
+	__u32 pad;
+	__u64 args[6];
+};
+
+/*
+ * kc_sys_record writes the syscall event for nr, if it is recorded: on
+ * entry (exit 0) with the arguments in regs, on exit with ret. These
+ * programs can nest with kc_tracepoint on one CPU (a raw tracepoint
+ * guards only against itself, kernel/trace/bpf_trace.c:__bpf_trace_run)
+ * and run preemptibly on kernels with faultable syscall tracepoints, so
+ * they count with atomic adds.
+ */
+static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 exit, long ret)
+{
+	struct kc_sys_rec rec = {};
+	struct kc_cpu_state *st;
+	struct kc_tp_info *info;
+	__u32 slot, key, cpu, idx, size, *k;
+	void *ring;
+	__u64 len;
+
+	if ((__u64)nr >= KC_SYS_MAX || !kc_running)
+		return;
+	slot = exit * KC_SYS_MAX + nr;
+	k = bpf_map_lookup_elem(&kc_sys_keys, &slot);
+	if (!k || !*k)
+		return;
+	key = *k - 1;
+	if (kc_compat_syscall() || !kc_pass())
+		return;
+	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
+	if (!info)
+		return;
+	cpu = bpf_get_smp_processor_id();
+	st = bpf_map_lookup_elem(&kc_state, &cpu);
+	if (!st || st->disabled)
+		return;
+	idx = kc_global ? 0 : cpu;
+	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	if (!ring)
+		return;
+	size = info->size;
+	rec.ent.type = info->id;
+	rec.ent.pid = (__u32)bpf_get_current_pid_tgid();
+	rec.nr = nr;
+	if (exit) {
+		rec.args[0] = ret;
+	} else {
+		rec.args[0] = regs->di;
+		rec.args[1] = regs->si;
+		rec.args[2] = regs->dx;
+		rec.args[3] = regs->r10;
+		rec.args[4] = regs->r8;
+		rec.args[5] = regs->r9;
+	}
+	rec.hdr.key = key;
+	rec.hdr.len = size;
+	rec.hdr.cpu = cpu;
+	len = sizeof(struct kc_rec) + ((size + 7) & ~7);
+	if (len > sizeof(rec))
+		return;
+	rec.hdr.ts = kc_now();
+	if (bpf_ringbuf_output(ring, &rec, len, kc_wakeup_flags(ring, len, st, 1)))
+		__sync_fetch_and_add(&st->lost, 1);
+	else
+		__sync_fetch_and_add(&st->emitted, 1);
+}
+
+SEC("tp_btf/sys_enter")
+int kc_sys_enter(__u64 *ctx)
+{
+	kc_sys_record((struct pt_regs *)ctx[0], (long)ctx[1], 0, 0);
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int kc_sys_exit(__u64 *ctx)
+{
+	struct pt_regs *regs = (struct pt_regs *)ctx[0];
+
+	/* trace_syscalls.c:ftrace_syscall_exit: the number is orig_ax. */
+	kc_sys_record(regs, regs->orig_ax, 1, (long)ctx[1]);
+	return 0;
+}
+#endif
 
 /*
  * struct kc_inject_rec is one event from user space (a synthetic event, a klog

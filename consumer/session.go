@@ -65,8 +65,9 @@ type CPUStats struct {
 	Undecodable uint64
 	// Missed counts tracepoint hits the kernel did not run the recorder
 	// for because a BPF program was already running on that CPU
-	// (bpf_prog_active in kernel/trace/bpf_trace.c:trace_call_bpf; the
-	// program's recursion_misses). The kernel does not say on which CPU
+	// (bpf_prog_active in kernel/trace/bpf_trace.c:trace_call_bpf; for
+	// the raw syscall path, the program itself, __bpf_trace_run; the
+	// programs' recursion_misses). The kernel does not say on which CPU
 	// nor for which task, so they are reported on CPU 0. Without filters
 	// each was an event lost, placed in stream 0 and counted in
 	// Discarded; with filters some would have been filtered out, so
@@ -131,6 +132,7 @@ type Session struct {
 	online     []bool   // perf: CPUs online at the last hotplug check
 	useCookie  bool     // event keys come from attach cookies
 	tpProgs    []string // the recorder copy attached for each event key
+	sysErr     error    // why syscall events are not on the raw syscall path
 	switchKey  uint32   // wakeup_latency: sched_switch's key and info
 	switchInfo gen.RingbufKcTpInfo
 	objects    []*object  // users' programs (Config.Objects)
@@ -183,11 +185,14 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	small := make([]uint32, len(formats))
+	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats))}
 	for i, f := range formats {
-		small[i] = smallSize(f)
+		opts.small[i] = smallSize(f)
+		if _, ok := sysShape(f); ok {
+			opts.sys = true
+		}
 	}
-	s, err := newSession(cfg, len(formats)+len(hooks), &loadOpts{hooks: wake, small: small})
+	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
 		return nil, err
 	}
@@ -253,6 +258,7 @@ type loadOpts struct {
 	vars  map[string]any
 	hooks bool
 	small []uint32 // per event key: its record size when smallSize allows, or 0
+	sys   bool     // some event may take the raw syscall path (sysShape)
 }
 
 // smallSize returns the record size of f when the recorder can copy it
@@ -453,6 +459,15 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 	if s.transport == Ringbuf {
 		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
 	}
+	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
+		if opts == nil || !opts.sys {
+			dropRawSys(spec)
+		} else if s.sysErr = s.rawSysPossible(); s.sysErr != nil {
+			dropRawSys(spec)
+		} else {
+			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
+		}
+	}
 	for name, v := range set {
 		vs := spec.Variables[name]
 		if vs == nil {
@@ -463,6 +478,13 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 		}
 	}
 	s.coll, err = ebpf.NewCollection(spec)
+	if err != nil && spec.Programs[gen.RingbufProgKcSysEnter] != nil {
+		// The raw syscall path is an optimisation: a kernel that refuses
+		// it records syscall events through their tracepoints.
+		s.sysErr = fmt.Errorf("loading: %w", err)
+		dropRawSys(spec)
+		s.coll, err = ebpf.NewCollection(spec)
+	}
 	if err != nil {
 		return fmt.Errorf("loading the BPF recorder: %w", err)
 	}
@@ -665,6 +687,7 @@ func (s *Session) watch(fd, stream int) error {
 // sched_switch keys carry the wakeup_latency hooks.
 func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) error {
 	info := s.coll.Maps[gen.RingbufMapKcTpInfoMap]
+	raw := s.rawSyscalls(formats)
 	for i, f := range append(slices.Clip(formats), hooks...) {
 		var ti gen.RingbufKcTpInfo
 		if i < len(formats) {
@@ -690,6 +713,11 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 		}
 		if err := info.Put(uint32(i), ti); err != nil {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
+		}
+		if i < len(formats) && raw[i] != "" {
+			s.tpProgs = append(s.tpProgs, raw[i])
+			s.events = append(s.events, f)
+			continue
 		}
 		name, opts := "kc_tp_"+strconv.Itoa(i), (*link.TracepointOptions)(nil)
 		if s.useCookie {
@@ -1121,7 +1149,7 @@ func (s *Session) filtered() bool {
 func (s *Session) placeMissed() {
 	var missed uint64
 	for name, p := range s.coll.Programs {
-		if name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") {
+		if name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && name != gen.RingbufProgKcSysEnter && name != gen.RingbufProgKcSysExit {
 			continue
 		}
 		if st, err := p.Stats(); err == nil {

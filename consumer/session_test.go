@@ -47,6 +47,7 @@ func child(mode string) int {
 	if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&append([]byte(childComm), 0)[0])), 0, 0, 0); err != nil {
 		return 5
 	}
+	pid := int32(os.Getpid()) // before the test starts recording
 	fmt.Println(unix.Gettid())
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		return 3
@@ -72,6 +73,20 @@ func child(mode string) int {
 		for i := 0; i < n; i++ {
 			time.Sleep(time.Millisecond)
 		}
+	case "syscalls":
+		// Calls that fail at once, with arguments that number them.
+		for i := 0; i < n; i++ {
+			_ = unix.Close(closeBase + i)
+			_, _, _ = unix.Syscall6(unix.SYS_MMAP, mmapArgs(i, 0), mmapArgs(i, 1), mmapArgs(i, 2), mmapArgs(i, 3), mmapArgs(i, 4), mmapArgs(i, 5))
+		}
+	case "int80":
+		// 32-bit getpid through int $0x80, then one close as a marker.
+		for i := 0; i < n; i++ {
+			if r := testenv.Int80(int80Getpid); r != pid {
+				return 7
+			}
+		}
+		_ = unix.Close(closeBase)
 	default:
 		return 4
 	}
@@ -229,34 +244,38 @@ func TestGetpidExact(t *testing.T) {
 		tr       Transport
 		global   bool
 		noCookie bool
+		noRaw    bool
 	}
 	var vs []variant
 	for _, tr := range transports(t) {
-		vs = append(vs, variant{tr.String(), tr, false, false}, variant{tr.String() + "/patched", tr, false, true})
+		vs = append(vs, variant{tr.String(), tr, false, false, false}, variant{tr.String() + "/patched", tr, false, true, true})
 		if tr == Ringbuf {
-			vs = append(vs, variant{"ringbuf/global", tr, true, false})
+			vs = append(vs, variant{"ringbuf/global", tr, true, false, false}, variant{"ringbuf/tracepoint", tr, false, false, true})
 		}
 	}
 	for _, v := range vs {
 		t.Run(v.name, func(t *testing.T) {
-			noCookie = v.noCookie
-			defer func() { noCookie = false }()
+			noCookie, noRawSys = v.noCookie, v.noRaw
+			defer func() { noCookie, noRawSys = false, false }()
 			c := startChild(t, "getpid", n)
 			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Transport: v.tr, Global: v.global})
 			if s.useCookie == v.noCookie && kernelAtLeast(t, 5, 15) {
 				t.Fatalf("useCookie %v on a 5.15+ kernel with noCookie %v", s.useCookie, v.noCookie)
 			}
+			// The raw syscall path where it runs; otherwise
 			// sys_enter_getpid's 12 bytes take kc_record_small where
 			// there are cookies and ring buffers.
 			want := "kc_tp_0"
-			if s.useCookie {
+			switch {
+			case v.tr == Ringbuf && !v.noRaw && rawSysExpected(t):
+				want = gen.RingbufProgKcSysEnter
+			case s.useCookie && v.tr == Ringbuf:
+				want = "kc_tp_s12"
+			case s.useCookie:
 				want = gen.RingbufProgKcTracepoint
-				if v.tr == Ringbuf {
-					want = "kc_tp_s12"
-				}
 			}
 			if s.tpProgs[0] != want {
-				t.Fatalf("recorded by %s, want %s", s.tpProgs[0], want)
+				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.tpProgs[0], want, s.sysErr)
 			}
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
@@ -266,8 +285,20 @@ func TestGetpidExact(t *testing.T) {
 				t.Fatal(err)
 			}
 			counts, lost := countEvents(t, dir)
-			if counts["syscalls:sys_enter_getpid"] != n || lost != 0 {
-				t.Fatalf("our reader: %v, %d lost; want %d events", counts, lost, n)
+			st, err := s.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A recorder run the kernel skipped (Missed: another BPF
+			// program on the CPU, which kernels whose syscall
+			// tracepoints run preemptibly make likelier) is the only
+			// excuse for a missing event, and it is counted.
+			rec, missed := counts["syscalls:sys_enter_getpid"], int(st[0].Missed)
+			if lost != 0 || rec > n || rec < n && rec+missed < n {
+				t.Fatalf("our reader: %v, %d lost, %d runs missed; want %d events", counts, lost, missed, n)
+			}
+			if rec < n {
+				t.Logf("%d of %d events missing, %d recorder runs missed by the kernel", n-rec, n, missed)
 			}
 			lines, discards := testenv.RunBT2(t, dir)
 			got := 0
@@ -276,8 +307,8 @@ func TestGetpidExact(t *testing.T) {
 					got++
 				}
 			}
-			if got != n || len(lines) != n || len(discards) != 0 {
-				t.Fatalf("babeltrace2: %d matching of %d lines, discards %v; want %d\nfirst: %q", got, len(lines), discards, n, lines[0])
+			if got != rec || len(lines) != rec || len(discards) != 0 {
+				t.Fatalf("babeltrace2: %d matching of %d lines, discards %v; want %d\nfirst: %q", got, len(lines), discards, rec, lines[0])
 			}
 		})
 	}

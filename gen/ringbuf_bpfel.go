@@ -74,9 +74,12 @@ const (
 	RingbufMapKcRings        = "kc_rings"
 	RingbufMapKcScratchMap   = "kc_scratch_map"
 	RingbufMapKcState        = "kc_state"
+	RingbufMapKcSysKeys      = "kc_sys_keys"
 	RingbufMapKcTpInfoMap    = "kc_tp_info_map"
 	RingbufMapKcWakeTs       = "kc_wake_ts"
 	RingbufProgKcInject      = "kc_inject"
+	RingbufProgKcSysEnter    = "kc_sys_enter"
+	RingbufProgKcSysExit     = "kc_sys_exit"
 	RingbufProgKcTracepoint  = "kc_tracepoint"
 	RingbufVarKcClock        = "kc_clock"
 	RingbufVarKcFilterCgroup = "kc_filter_cgroup"
@@ -85,6 +88,7 @@ const (
 	RingbufVarKcGlobal       = "kc_global"
 	RingbufVarKcHooks        = "kc_hooks"
 	RingbufVarKcRunning      = "kc_running"
+	RingbufVarKcTaskBtf      = "kc_task_btf"
 	RingbufVarKcUseCookie    = "kc_use_cookie"
 	RingbufVarKcWakeupBytes  = "kc_wakeup_bytes"
 )
@@ -132,6 +136,8 @@ type RingbufSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufProgramSpecs struct {
 	KcInject     *ebpf.ProgramSpec `ebpf:"kc_inject"`
+	KcSysEnter   *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
+	KcSysExit    *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
 	KcTracepoint *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
@@ -146,6 +152,7 @@ type RingbufMapSpecs struct {
 	KcRings      *ebpf.MapSpec `ebpf:"kc_rings"`
 	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
 	KcState      *ebpf.MapSpec `ebpf:"kc_state"`
+	KcSysKeys    *ebpf.MapSpec `ebpf:"kc_sys_keys"`
 	KcTpInfoMap  *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
 	KcWakeTs     *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
@@ -161,6 +168,7 @@ type RingbufVariableSpecs struct {
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcHooks        *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcTaskBtf      *ebpf.VariableSpec `ebpf:"kc_task_btf"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 }
@@ -192,6 +200,7 @@ type RingbufMaps struct {
 	KcRings      *ebpf.Map `ebpf:"kc_rings"`
 	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
 	KcState      *ebpf.Map `ebpf:"kc_state"`
+	KcSysKeys    *ebpf.Map `ebpf:"kc_sys_keys"`
 	KcTpInfoMap  *ebpf.Map `ebpf:"kc_tp_info_map"`
 	KcWakeTs     *ebpf.Map `ebpf:"kc_wake_ts"`
 }
@@ -205,6 +214,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcRings,
 		m.KcScratchMap,
 		m.KcState,
+		m.KcSysKeys,
 		m.KcTpInfoMap,
 		m.KcWakeTs,
 	)
@@ -221,6 +231,7 @@ type RingbufVariables struct {
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
 	KcHooks        *ebpf.Variable `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
+	KcTaskBtf      *ebpf.Variable `ebpf:"kc_task_btf"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 }
@@ -230,12 +241,16 @@ type RingbufVariables struct {
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufPrograms struct {
 	KcInject     *ebpf.Program `ebpf:"kc_inject"`
+	KcSysEnter   *ebpf.Program `ebpf:"kc_sys_enter"`
+	KcSysExit    *ebpf.Program `ebpf:"kc_sys_exit"`
 	KcTracepoint *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
 func (p *RingbufPrograms) Close() error {
 	return _RingbufClose(
 		p.KcInject,
+		p.KcSysEnter,
+		p.KcSysExit,
 		p.KcTracepoint,
 	)
 }

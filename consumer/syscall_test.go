@@ -1,0 +1,199 @@
+package consumer
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// int80Getpid is getpid's 32-bit number (arch/x86/entry/syscalls/syscall_32.tbl);
+// 20 is writev on x86_64.
+const int80Getpid = 20
+
+// mmapArgs returns argument k of the "syscalls" child's i-th mmap: six
+// values that tell the arguments and the calls apart. Flags 0 asks for no
+// mapping type and a file, and the fd is not open, so the call fails.
+func mmapArgs(i, k int) uintptr {
+	return [6]uintptr{0x100000 + uintptr(i)<<12, 0x2000 + uintptr(i), unix.PROT_READ, 0, closeBase + uintptr(i), uintptr(i) << 12}[k]
+}
+
+// rawSysExpected reports whether this machine should record syscall
+// events through the raw syscall path: x86_64 with BPF ring buffers and
+// the kernel's BTF.
+func rawSysExpected(t *testing.T) bool {
+	if runtime.GOARCH != "amd64" || !kernelAtLeast(t, 5, 8) {
+		return false
+	}
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		t.Logf("no kernel BTF: %v", err)
+		return false
+	}
+	return true
+}
+
+func TestSysShape(t *testing.T) {
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Skip(err)
+	}
+	cases := map[string]bool{
+		"syscalls:sys_enter_getpid": true,  // no argument: 12 bytes
+		"syscalls:sys_enter_mmap":   true,  // six
+		"syscalls:sys_exit_close":   true,  // ret
+		"sched:sched_switch":        false, // not a syscall
+	}
+	for name, want := range cases {
+		ev, err := tracefs.ParseEvent(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := fs.Format(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		exit, ok := sysShape(f)
+		if ok != want || exit != strings.Contains(name, "exit") {
+			t.Errorf("%s: sysShape = %v, %v; want %v, %v", name, exit, ok, strings.Contains(name, "exit"), want)
+		}
+		if !want {
+			continue
+		}
+		// One field too many or moved: not the kernel's layout.
+		g := *f
+		g.Fields = append(slices.Clone(f.Fields), tracefs.Field{Name: "x", Offset: f.FixedSize(), Size: 8})
+		if _, ok := sysShape(&g); ok {
+			t.Errorf("%s with an extra field: accepted", name)
+		}
+		if len(f.Fields) > 1 {
+			g.Fields = slices.Clone(f.Fields)
+			g.Fields[1].Offset += 8
+			if _, ok := sysShape(&g); ok {
+				t.Errorf("%s with a moved argument: accepted", name)
+			}
+		}
+	}
+}
+
+// TestSyscallRaw records a child's close and mmap calls, entry and exit,
+// through the raw syscall path and through the syscall tracepoints: the
+// two traces must hold the same records, field for field, and those the
+// arguments and results the child passed and got.
+func TestSyscallRaw(t *testing.T) {
+	testenv.RequireRoot(t)
+	if !rawSysExpected(t) {
+		t.Skip("the raw syscall path needs x86_64, Linux 5.8 and kernel BTF")
+	}
+	const n = 2000
+	events := []string{"syscalls:sys_enter_close", "syscalls:sys_exit_close", "syscalls:sys_enter_mmap", "syscalls:sys_exit_mmap"}
+	var runs [2][]string
+	ids := map[string]uint32{}
+	for k, raw := range []bool{true, false} {
+		noRawSys = !raw
+		c := startChild(t, "syscalls", n)
+		s, dir := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf})
+		noRawSys = false
+		if raw {
+			for _, f := range s.Events() {
+				ids[f.FullName()] = f.ID
+			}
+		}
+		for i, p := range s.tpProgs {
+			want := strings.HasPrefix(p, "kc_sys_")
+			if want != raw || raw && (p == gen.RingbufProgKcSysExit) != strings.Contains(events[i], "exit") {
+				t.Fatalf("raw %v: %s recorded by %s (raw syscall path: %v)", raw, events[i], p, s.sysErr)
+			}
+		}
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c.run(t)
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+			if it.Kind != relayfmt.EventItem {
+				t.Fatalf("raw %v: %v in the trace", raw, it.Kind)
+			}
+			line := it.Class.Name
+			for _, v := range vals {
+				switch {
+				case v.Field.Name != "common_pid":
+					line += fmt.Sprintf(" %s=%d", v.Field.Name, v.Int(0))
+				case v.Int(0) != int64(c.tid):
+					t.Fatalf("raw %v: common_pid %d, want %d", raw, v.Int(0), c.tid)
+				}
+			}
+			runs[k] = append(runs[k], line)
+		})
+		lines, discards := testenv.RunBT2(t, dir)
+		if len(lines) != 4*n || len(discards) != 0 {
+			t.Fatalf("raw %v: babeltrace2 read %d events and %v discarded, want %d", raw, len(lines), discards, 4*n)
+		}
+	}
+	if len(runs[0]) != 4*n || len(runs[1]) != 4*n {
+		t.Fatalf("raw path %d records, tracepoints %d; want %d", len(runs[0]), len(runs[1]), 4*n)
+	}
+	for i := range runs[0] {
+		if runs[0][i] != runs[1][i] {
+			t.Fatalf("record %d: raw path %q, tracepoint %q", i, runs[0][i], runs[1][i])
+		}
+	}
+	// The values themselves, from the raw path's trace.
+	head := func(ev string) string {
+		return fmt.Sprintf("%s common_type=%d __syscall_nr=", ev, ids[ev])
+	}
+	for i := 0; i < n; i++ {
+		want := []string{
+			head(events[0]) + fmt.Sprintf("%d fd=%d", unix.SYS_CLOSE, closeBase+i),
+			head(events[1]) + fmt.Sprintf("%d ret=%d", unix.SYS_CLOSE, -int(syscall.EBADF)),
+			head(events[2]) + fmt.Sprintf("%d addr=%d len=%d prot=%d flags=%d fd=%d off=%d",
+				unix.SYS_MMAP, mmapArgs(i, 0), mmapArgs(i, 1), mmapArgs(i, 2), mmapArgs(i, 3), mmapArgs(i, 4), mmapArgs(i, 5)),
+			head(events[3]) + fmt.Sprintf("%d ret=%d", unix.SYS_MMAP, -int(syscall.EBADF)),
+		}
+		for j, w := range want {
+			if got := runs[0][4*i+j]; got != w {
+				t.Fatalf("record %d: %q, want %q", 4*i+j, got, w)
+			}
+		}
+	}
+}
+
+// TestSyscallCompat: 32-bit syscalls are not syscall events, as with the
+// tracepoints; their numbers mean other x86_64 syscalls (20 is writev).
+func TestSyscallCompat(t *testing.T) {
+	testenv.RequireRoot(t)
+	if !rawSysExpected(t) {
+		t.Skip("the raw syscall path needs x86_64, Linux 5.8 and kernel BTF")
+	}
+	if r := testenv.Int80(int80Getpid); r != int32(os.Getpid()) {
+		t.Skipf("int $0x80 getpid returned %d: the kernel runs no 32-bit syscalls", r)
+	}
+	const n = 1000
+	c := startChild(t, "int80", n)
+	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_writev", "syscalls:sys_enter_getpid", "syscalls:sys_enter_close"}, PIDs: []int{c.tid}, Transport: Ringbuf})
+	if s.tpProgs[0] != gen.RingbufProgKcSysEnter {
+		t.Fatalf("recorded by %s (raw syscall path: %v)", s.tpProgs[0], s.sysErr)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.run(t)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	counts, lost := countEvents(t, dir)
+	if want := map[string]int{"syscalls:sys_enter_close": 1}; fmt.Sprint(counts) != fmt.Sprint(want) || lost != 0 {
+		t.Fatalf("recorded %v, %d lost; want %v", counts, lost, want)
+	}
+}
