@@ -477,6 +477,10 @@ func withKconsume(b *testing.B, bin string, fn func() float64, lost *uint64) flo
 			*lost += it.Count
 		}
 	}
+	if *lost != 0 {
+		// Which layer lost them: the summary's per-CPU columns.
+		b.Logf("kconsume record lost %d events:\n%s", *lost, log.String())
+	}
 	return v
 }
 

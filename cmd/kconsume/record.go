@@ -446,16 +446,20 @@ func (r *recorder) summary(stats []consumer.CPUStats) {
 	w := r.stdout
 	records, bytes, discarded := totals(stats)
 	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded)
-	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "dropped", "overwritten", "invalid", "reordered")
-	var kernel, dropped, over uint64
+	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "missed", "dropped", "overwritten", "invalid", "reordered")
+	var kernel, missed, dropped, over uint64
 	for _, c := range stats {
-		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 {
+		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 && c.Missed == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge+c.Undecodable, c.Reordered)
+		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Missed, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge+c.Undecodable, c.Reordered)
 		kernel += c.KernelLost
+		missed += c.Missed
 		dropped += c.Channel.Dropped
 		over += c.Channel.Overwritten
+	}
+	if missed > 0 {
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU; without filters each was an event lost\n", missed)
 	}
 	if kernel > 0 {
 		fmt.Fprintf(w, "advice: %d events were lost in the kernel because the ring was full: raise --ring-size or lower --latency\n", kernel)
