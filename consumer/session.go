@@ -69,9 +69,11 @@ type CPUStats struct {
 	// the raw syscall path, the program itself, __bpf_trace_run; the
 	// programs' recursion_misses). The kernel does not say on which CPU
 	// nor for which task, so they are reported on CPU 0. Without filters
-	// each was an event lost, placed in stream 0 and counted in
-	// Discarded; with filters some would have been filtered out, so
-	// Missed is an upper bound and stays out of the stream.
+	// each miss of a tracepoint's recorder was an event lost, placed in
+	// stream 0 and counted in Discarded. With filters some would have
+	// been filtered out, and the raw syscall programs run for syscalls
+	// that are not recorded too, so those misses are an upper bound and
+	// stay out of the stream.
 	Missed    uint64
 	Reordered uint64 // records written before a record that reached the ring earlier
 	Wakeups   uint64 // times the consumer was woken for this ring
@@ -117,7 +119,8 @@ type Session struct {
 	events     []*tracefs.Format
 	streams    []*stream
 	lostSeen   []uint64 // kernel losses already placed in the stream, per CPU
-	missedSeen uint64   // recursion misses already placed in stream 0
+	missedSeen uint64   // recursion misses counted so far (Stats.Missed)
+	lostMissed uint64   // the part of them placed in stream 0
 	epfd       int
 	evfd       int
 	window     uint64 // reorder window in ns
@@ -945,9 +948,7 @@ func (s *Session) stats() []CPUStats {
 		}
 	}
 	out[0].Missed = s.missedSeen
-	if !s.filtered() {
-		out[0].missedPlaced = s.missedSeen
-	}
+	out[0].missedPlaced = s.lostMissed
 	for _, st := range s.streams {
 		o := &out[st.idx]
 		o.Channel, _ = s.ch.StatsCPU(st.idx)
@@ -1144,23 +1145,30 @@ func (s *Session) filtered() bool {
 }
 
 // placeMissed counts the recorder runs the kernel skipped since the last
-// call and, when nothing is filtered (each was then an event lost),
-// places them in stream 0 (their CPU is unknown).
+// call and places in stream 0 (their CPU is unknown) those that were
+// events lost: when nothing is filtered, the misses of the tracepoint
+// recorders. The raw syscall programs run for every syscall, recorded or
+// not, so their misses only count.
 func (s *Session) placeMissed() {
-	var missed uint64
+	var all, lost uint64
 	for name, p := range s.coll.Programs {
-		if name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && name != gen.RingbufProgKcSysEnter && name != gen.RingbufProgKcSysExit {
+		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
+		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") {
 			continue
 		}
-		if st, err := p.Stats(); err == nil {
-			missed += st.RecursionMisses
+		st, err := p.Stats()
+		if err != nil {
+			continue
+		}
+		all += st.RecursionMisses
+		if !raw {
+			lost += st.RecursionMisses
 		}
 	}
-	if d := missed - s.missedSeen; missed > s.missedSeen {
-		s.missedSeen = missed
-		if !s.filtered() {
-			s.pushLoss(s.streams[0], d)
-		}
+	s.missedSeen = max(s.missedSeen, all)
+	if !s.filtered() && lost > s.lostMissed {
+		s.pushLoss(s.streams[0], lost-s.lostMissed)
+		s.lostMissed = lost
 	}
 }
 

@@ -459,7 +459,7 @@ func (r *recorder) summary(stats []consumer.CPUStats) {
 		over += c.Channel.Overwritten
 	}
 	if missed > 0 {
-		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU; without filters each was an event lost\n", missed)
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost; those known lost are in the discarded count\n", missed)
 	}
 	if kernel > 0 {
 		fmt.Fprintf(w, "advice: %d events were lost in the kernel because the ring was full: raise --ring-size or lower --latency\n", kernel)
