@@ -121,9 +121,26 @@ func TestSyscallRaw(t *testing.T) {
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
+		// The Go runtime of the child maps memory now and then (more
+		// under the race detector): an anonymous mmap, fd -1, and its
+		// exit are not the child's calls.
+		total, runtimeMmap := 0, false
 		walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
 			if it.Kind != relayfmt.EventItem {
 				t.Fatalf("raw %v: %v in the trace", raw, it.Kind)
+			}
+			total++
+			switch it.Class.Name {
+			case "syscalls:sys_enter_mmap":
+				if fd := field(vals, "fd").Uint(0); fd < closeBase || fd >= closeBase+n {
+					runtimeMmap = true
+					return
+				}
+			case "syscalls:sys_exit_mmap":
+				if runtimeMmap {
+					runtimeMmap = false
+					return
+				}
 			}
 			line := it.Class.Name
 			for _, v := range vals {
@@ -136,9 +153,12 @@ func TestSyscallRaw(t *testing.T) {
 			}
 			runs[k] = append(runs[k], line)
 		})
+		if total != len(runs[k]) {
+			t.Logf("raw %v: %d records of the Go runtime's mmap calls left out", raw, total-len(runs[k]))
+		}
 		lines, discards := testenv.RunBT2(t, dir)
-		if len(lines) != 4*n || len(discards) != 0 {
-			t.Fatalf("raw %v: babeltrace2 read %d events and %v discarded, want %d", raw, len(lines), discards, 4*n)
+		if len(lines) != total || len(discards) != 0 {
+			t.Fatalf("raw %v: babeltrace2 read %d events and %v discarded, our reader %d", raw, len(lines), discards, total)
 		}
 	}
 	if len(runs[0]) != 4*n || len(runs[1]) != 4*n {
