@@ -60,6 +60,37 @@ func (c Clock) String() string {
 	return "mono"
 }
 
+// Syscalls is how syscalls:sys_enter_* and sys_exit_* events are
+// recorded.
+type Syscalls uint8
+
+const (
+	// SyscallsAuto takes the raw path where the kernel allows it (see
+	// SyscallsRaw), each event's tracepoint otherwise.
+	SyscallsAuto Syscalls = iota
+	// SyscallsRaw records them from the kernel's raw sys_enter and
+	// sys_exit tracepoints (x86_64, BPF ring buffers, kernel BTF): cheaper
+	// per recorded event, but a program then runs on every syscall of the
+	// machine, recorded or not. New fails when the raw path cannot run.
+	// Events it cannot build (a layout other than the kernel's usual one,
+	// a syscall newer than kconsume's table) keep their tracepoints.
+	SyscallsRaw
+	// SyscallsTracepoint records each event through its own tracepoint,
+	// so syscalls that are not recorded cost nothing.
+	SyscallsTracepoint
+)
+
+// String returns "auto", "raw" or "tracepoint", the CLI's names.
+func (y Syscalls) String() string {
+	switch y {
+	case SyscallsRaw:
+		return "raw"
+	case SyscallsTracepoint:
+		return "tracepoint"
+	}
+	return "auto"
+}
+
 // Config describes a recording session. Zero values take the defaults
 // named on each field.
 type Config struct {
@@ -99,6 +130,7 @@ type Config struct {
 
 	Transport Transport
 	Clock     Clock
+	Syscalls  Syscalls
 
 	// RingSize is the size of each BPF ring buffer or perf ring in bytes, a
 	// power-of-two number of pages (default 4 MiB).
@@ -187,6 +219,12 @@ func (c *Config) Check() error {
 	}
 	if c.Clock > TAI {
 		return fmt.Errorf("%w: unknown clock %d", ErrConfig, c.Clock)
+	}
+	if c.Syscalls > SyscallsTracepoint {
+		return fmt.Errorf("%w: unknown syscall path %d", ErrConfig, c.Syscalls)
+	}
+	if c.Syscalls == SyscallsRaw && c.Transport == Perf {
+		return fmt.Errorf("%w: the raw syscall path needs the ringbuf transport", ErrConfig)
 	}
 	for _, p := range c.PIDs {
 		if p <= 0 {

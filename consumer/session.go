@@ -462,10 +462,14 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 	if s.transport == Ringbuf {
 		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
 	}
+	raw := opts != nil && opts.sys
+	if raw {
+		if s.sysErr = s.rawSysPossible(); s.sysErr != nil && s.cfg.Syscalls == SyscallsRaw {
+			return fmt.Errorf("raw syscall path: %w", s.sysErr)
+		}
+	}
 	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
-		if opts == nil || !opts.sys {
-			dropRawSys(spec)
-		} else if s.sysErr = s.rawSysPossible(); s.sysErr != nil {
+		if !raw || s.sysErr != nil {
 			dropRawSys(spec)
 		} else {
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
@@ -481,7 +485,7 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 		}
 	}
 	s.coll, err = ebpf.NewCollection(spec)
-	if err != nil && spec.Programs[gen.RingbufProgKcSysEnter] != nil {
+	if err != nil && spec.Programs[gen.RingbufProgKcSysEnter] != nil && s.cfg.Syscalls != SyscallsRaw {
 		// The raw syscall path is an optimisation: a kernel that refuses
 		// it records syscall events through their tracepoints.
 		s.sysErr = fmt.Errorf("loading: %w", err)
@@ -690,7 +694,10 @@ func (s *Session) watch(fd, stream int) error {
 // sched_switch keys carry the wakeup_latency hooks.
 func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) error {
 	info := s.coll.Maps[gen.RingbufMapKcTpInfoMap]
-	raw := s.rawSyscalls(formats)
+	raw, err := s.rawSyscalls(formats)
+	if err != nil {
+		return err
+	}
 	for i, f := range append(slices.Clip(formats), hooks...) {
 		var ti gen.RingbufKcTpInfo
 		if i < len(formats) {
@@ -754,6 +761,18 @@ func (s *Session) setLayout(id uint32, l *layout) {
 		s.layouts = append(s.layouts, nil)
 	}
 	s.layouts[id] = l
+}
+
+// RawSyscalls returns the syscall events recorded through the raw
+// syscall path (Config.Syscalls) and, when the raw path could have
+// recorded some of the session's events but did not run, why.
+func (s *Session) RawSyscalls() (events []string, why error) {
+	for i, p := range s.tpProgs[:len(s.events)] {
+		if p == gen.RingbufProgKcSysEnter || p == gen.RingbufProgKcSysExit {
+			events = append(events, s.events[i].FullName())
+		}
+	}
+	return events, s.sysErr
 }
 
 // Events returns the formats of the recorded tracepoints.

@@ -255,10 +255,17 @@ func TestGetpidExact(t *testing.T) {
 	}
 	for _, v := range vs {
 		t.Run(v.name, func(t *testing.T) {
-			noCookie, noRawSys = v.noCookie, v.noRaw
-			defer func() { noCookie, noRawSys = false, false }()
+			noCookie = v.noCookie
+			defer func() { noCookie = false }()
+			sys := SyscallsAuto
+			switch {
+			case v.noRaw:
+				sys = SyscallsTracepoint
+			case v.tr == Ringbuf && rawSysExpected(t):
+				sys = SyscallsRaw
+			}
 			c := startChild(t, "getpid", n)
-			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Transport: v.tr, Global: v.global})
+			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Transport: v.tr, Global: v.global, Syscalls: sys})
 			if s.useCookie == v.noCookie && kernelAtLeast(t, 5, 15) {
 				t.Fatalf("useCookie %v on a 5.15+ kernel with noCookie %v", s.useCookie, v.noCookie)
 			}
@@ -276,6 +283,9 @@ func TestGetpidExact(t *testing.T) {
 			}
 			if s.tpProgs[0] != want {
 				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.tpProgs[0], want, s.sysErr)
+			}
+			if raw, why := s.RawSyscalls(); (len(raw) == 1) != (want == gen.RingbufProgKcSysEnter) || sys == SyscallsTracepoint && why == nil {
+				t.Fatalf("RawSyscalls: %q, %v with %s", raw, why, want)
 			}
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
@@ -330,6 +340,8 @@ func TestConfigErrors(t *testing.T) {
 		"latency":       {Dir: dir, Events: []string{"sched:sched_switch"}, Latency: 10},
 		"no dir":        {Events: []string{"sched:sched_switch"}},
 		"global perf":   {Dir: dir, Events: []string{"sched:sched_switch"}, Global: true, Transport: Perf},
+		"syscalls":      {Dir: dir, Events: []string{"sched:sched_switch"}, Syscalls: 7},
+		"raw perf":      {Dir: dir, Events: []string{"syscalls:sys_enter_getpid"}, Syscalls: SyscallsRaw, Transport: Perf},
 	}
 	for name, cfg := range cases {
 		s, err := New(cfg)

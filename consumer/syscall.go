@@ -27,10 +27,6 @@ import (
 // dispatch map covers.
 const sysMax = 1024
 
-// noRawSys makes the loader record syscall events through their
-// tracepoints, so tests exercise both ways on one kernel.
-var noRawSys = false
-
 // sysShape reports whether the raw syscall programs build f's record as
 // kernel/trace/trace_syscalls.c does, and which of them: an entry event
 // (exit false) with __syscall_nr at 8 and at most six 8-byte arguments
@@ -76,8 +72,8 @@ func sysShape(f *tracefs.Format) (exit, ok bool) {
 // ring buffers and the kernel's BTF (tp_btf programs, CO-RE reads).
 func (s *Session) rawSysPossible() error {
 	switch {
-	case noRawSys:
-		return errors.New("turned off")
+	case s.cfg.Syscalls == SyscallsTracepoint:
+		return errors.New("turned off (syscalls: tracepoint)")
 	case runtime.GOARCH != "amd64":
 		return fmt.Errorf("not on %s", runtime.GOARCH)
 	case s.transport != Ringbuf:
@@ -104,13 +100,13 @@ func taskBTF() bool {
 // (indexed by event key) that sysShape allows and whose syscall number
 // sysNr knows: it fills the dispatch map and attaches kc_sys_enter and
 // kc_sys_exit as needed. It returns, per event key, the program that
-// records the event, or "" for the events left to their tracepoints;
-// when something fails on the way, all of them are, and s.sysErr says
-// why.
-func (s *Session) rawSyscalls(formats []*tracefs.Format) []string {
+// records the event, or "" for the events left to their tracepoints.
+// When something fails on the way, all of them are and s.sysErr says why;
+// with Config.Syscalls SyscallsRaw, that is the error returned instead.
+func (s *Session) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	progs := make([]string, len(formats))
 	if s.coll.Programs[gen.RingbufProgKcSysEnter] == nil {
-		return progs
+		return progs, nil
 	}
 	keys := s.coll.Maps[gen.RingbufMapKcSysKeys]
 	var used [2]bool
@@ -153,10 +149,13 @@ func (s *Session) rawSyscalls(formats []*tracefs.Format) []string {
 		for _, slot := range slots {
 			_ = keys.Put(slot, uint32(0))
 		}
-		return make([]string, len(formats))
+		if s.cfg.Syscalls == SyscallsRaw {
+			return nil, fmt.Errorf("raw syscall path: %w", s.sysErr)
+		}
+		return make([]string, len(formats)), nil
 	}
 	s.links = append(s.links, links...)
-	return progs
+	return progs, nil
 }
 
 // sysNr returns the x86_64 syscall number of the syscall event f, from

@@ -71,6 +71,8 @@ func TestRecordUsageErrors(t *testing.T) {
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--subbuf-size", "256M", "--n-subbufs", "4096"}, "free memory"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--mode", "fast"}, "discard or overwrite"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--transport", "x"}, "ringbuf"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--syscalls", "fast"}, "want auto, raw or tracepoint"},
+		{[]string{"record", "-o", out, "-e", "syscalls:sys_enter_getpid", "--syscalls", "raw", "--transport", "perf"}, "needs the ringbuf transport"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--clock", "x"}, "mono"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--pid", "abc"}, "not a process id"},
 		{[]string{"record", "-o", full, "-e", "sched:sched_switch"}, "not empty"},

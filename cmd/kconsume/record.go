@@ -92,6 +92,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		global        = fs.Bool("global", false, "one buffer and one stream file for all CPUs")
 		transport     = fs.String("transport", "auto", "auto, ringbuf (Linux 5.8+) or perf")
 		clock         = fs.String("clock", "mono", "mono, boot (5.8+) or tai (6.1+)")
+		syscalls      = fs.String("syscalls", "auto", "how syscalls:* events are recorded: raw (from sys_enter/sys_exit: cheaper per event, but runs on every syscall), tracepoint (each event's own), or auto (raw where the kernel allows)")
 		duration      = fs.Duration("duration", 0, "stop after this long (0: until Ctrl-C or the command's exit)")
 		ring          = sizeFlag(consumer.DefaultRingSize)
 		latency       = fs.Duration("latency", consumer.DefaultLatency, "longest a record waits in a ring before the consumer picks it up")
@@ -144,6 +145,9 @@ func record(args []string, stdout, stderr io.Writer) error {
 		return usageError{err}
 	}
 	if cfg.Clock, err = parseClock(*clock); err != nil {
+		return usageError{err}
+	}
+	if cfg.Syscalls, err = parseSyscalls(*syscalls); err != nil {
 		return usageError{err}
 	}
 	if *duration < 0 {
@@ -200,6 +204,9 @@ func record(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	h.set(s)
+	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
+		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", why)
+	}
 	if *metrics != "" {
 		addr, stopMetrics, err := serveMetrics(*metrics, h)
 		if err != nil {
@@ -230,6 +237,15 @@ func parseTransport(t string) (consumer.Transport, error) {
 		}
 	}
 	return 0, fmt.Errorf("--transport %q: want auto, ringbuf or perf", t)
+}
+
+func parseSyscalls(y string) (consumer.Syscalls, error) {
+	for _, v := range []consumer.Syscalls{consumer.SyscallsAuto, consumer.SyscallsRaw, consumer.SyscallsTracepoint} {
+		if v.String() == y {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("--syscalls %q: want auto, raw or tracepoint", y)
 }
 
 func parseClock(c string) (consumer.Clock, error) {
