@@ -228,7 +228,7 @@ func BenchmarkDrainFloor(b *testing.B) {
 		b.StartTimer()
 		prod, off, got := rb.producer(), 0, 0
 		for {
-			o, n, _, _, ok := rb.next(prod)
+			o, n, _, ok := rb.next(prod)
 			if !ok {
 				break
 			}

@@ -23,9 +23,12 @@ const (
 // its place. It is a circular array of a power-of-two capacity; records
 // nearly always arrive in order and are appended at the tail.
 type window struct {
-	buf       []entry
-	mask      int
-	head, n   int
+	buf     []entry
+	mask    int
+	head, n int
+	// newest is at least the newest timestamp waiting, when any waits: a
+	// record stamped no earlier is appended without a search.
+	newest    uint64
 	reordered uint64 // records inserted before a later-stamped one
 	// unsorted counts the pops until every entry that was in the window
 	// at the last out-of-order insert has left; until then time order and
@@ -44,8 +47,26 @@ func newWindow(capacity int) *window {
 func (w *window) full() bool { return w.n == len(w.buf) }
 
 // push inserts e in time order; the window must not be full. Equal
-// timestamps keep arrival order.
+// timestamps keep arrival order. The usual case, a record no older than
+// the newest waiting, is appended inline.
 func (w *window) push(e entry) {
+	if e.ts >= w.newest {
+		w.append(e)
+	} else {
+		w.insert(e)
+	}
+}
+
+// append adds e at the tail: e is stamped no earlier than newest. Hot
+// loops test that themselves and call it inline.
+func (w *window) append(e entry) {
+	w.buf[(w.head+w.n)&w.mask] = e
+	w.n++
+	w.newest = e.ts
+}
+
+// insert is push for a record older than the newest waiting one.
+func (w *window) insert(e entry) {
 	i := w.n
 	w.n++
 	for i > 0 {
@@ -61,6 +82,7 @@ func (w *window) push(e entry) {
 		w.unsorted = w.n
 	}
 	w.buf[(w.head+i)&w.mask] = e
+	w.newest = w.buf[(w.head+w.n-1)&w.mask].ts
 }
 
 // front returns the oldest entry; the window must not be empty.

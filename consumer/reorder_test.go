@@ -157,3 +157,22 @@ func TestWindowReleasePosRandom(t *testing.T) {
 		t.Fatalf("fast path taken %d times, %d reordered: the test did not exercise both ways", fast, w.reordered)
 	}
 }
+
+// TestWindowEmptied: once the window has emptied, a record stamped before
+// the last one that left is no reorder, and order holds after it.
+func TestWindowEmptied(t *testing.T) {
+	w := newWindow(8)
+	w.push(entry{ts: 10, n: 1})
+	w.pop()
+	for _, ts := range []uint64{5, 7, 6} {
+		w.push(entry{ts: ts, n: 1})
+	}
+	for _, want := range []uint64{5, 6, 7} {
+		if got := w.pop().ts; got != want {
+			t.Fatalf("popped %d, want %d", got, want)
+		}
+	}
+	if w.reordered != 1 {
+		t.Fatalf("reordered %d, want 1 (6 before 7)", w.reordered)
+	}
+}

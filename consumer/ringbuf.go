@@ -63,28 +63,25 @@ func newRingbuf(fd int, size int) (*ringbuf, error) {
 	return r, nil
 }
 
-// next returns where the record at the local consumer position starts in
-// data and its length, and moves past it; ok is false when the ring holds
+// next returns where the record at the local consumer position (r.cons,
+// its ring position) starts in data and its length, and moves past it;
+// ok is false when the ring holds
 // no finished record. A discarded record (bpf_ringbuf_discard) comes back
 // with skip set. The producer publishes with a release store of the header
 // after the data (bpf_ringbuf_commit), so the acquire load of the header
 // orders the reads of the data after it.
-func (r *ringbuf) next(prod uint64) (off, n uint32, pos uint64, skip, ok bool) {
+func (r *ringbuf) next(prod uint64) (off, n uint32, skip, ok bool) {
 	if r.cons >= prod {
-		return 0, 0, 0, false, false
+		return
 	}
-	pos = r.cons
-	o := pos & r.mask
+	o := r.cons & r.mask
 	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.data[o])))
 	if hdr&rbBusy != 0 {
-		return 0, 0, 0, false, false
+		return
 	}
 	n = hdr &^ (rbBusy | rbDisc)
 	r.cons += (uint64(n) + rbHdrLen + 7) &^ 7
-	if hdr&rbDisc != 0 {
-		return 0, 0, pos, true, true
-	}
-	return uint32(o + rbHdrLen), n, pos, false, true
+	return uint32(o + rbHdrLen), n, hdr&rbDisc != 0, true
 }
 
 // producer returns the producer position (acquire).
@@ -101,7 +98,7 @@ func (r *ringbuf) release(pos uint64) {
 func (r *ringbuf) skipAll() {
 	prod := r.producer()
 	for {
-		if _, _, _, _, ok := r.next(prod); !ok {
+		if _, _, _, ok := r.next(prod); !ok {
 			break
 		}
 	}

@@ -1130,7 +1130,8 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 		}
 		data := r.data
 		for {
-			off, n, pos, skip, ok := r.next(prod)
+			pos := r.cons
+			off, n, skip, ok := r.next(prod)
 			if !ok {
 				break
 			}
@@ -1144,7 +1145,11 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 			if w.full() {
 				s.emit(st, w.pop())
 			}
-			w.push(entry{ts: binary.LittleEndian.Uint64(data[off:]), pos: pos, off: off, n: n})
+			if e := (entry{ts: binary.LittleEndian.Uint64(data[off:]), pos: pos, off: off, n: n}); e.ts >= w.newest {
+				w.append(e)
+			} else {
+				w.insert(e)
+			}
 		}
 		r.release(w.releasePos(r.cons))
 		if r.cons < prod {
