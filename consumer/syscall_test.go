@@ -98,6 +98,7 @@ func TestSyscallRaw(t *testing.T) {
 	const n = 2000
 	events := []string{"syscalls:sys_enter_close", "syscalls:sys_exit_close", "syscalls:sys_enter_mmap", "syscalls:sys_exit_mmap"}
 	var runs [2][]string
+	var missed [2]int
 	ids := map[string]uint32{}
 	for k, raw := range []bool{true, false} {
 		sys := SyscallsRaw
@@ -123,6 +124,13 @@ func TestSyscallRaw(t *testing.T) {
 		c.run(t)
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
+		}
+		st, err := s.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cs := range st {
+			missed[k] += int(cs.Missed)
 		}
 		// The Go runtime of the child maps memory now and then (more
 		// under the race detector): an anonymous mmap, fd -1, and its
@@ -164,15 +172,38 @@ func TestSyscallRaw(t *testing.T) {
 			t.Fatalf("raw %v: babeltrace2 read %d events and %v discarded, our reader %d", raw, len(lines), discards, total)
 		}
 	}
-	if len(runs[0]) != 4*n || len(runs[1]) != 4*n {
-		t.Fatalf("raw path %d records, tracepoints %d; want %d", len(runs[0]), len(runs[1]), 4*n)
+	// A recorder run the kernel skipped is the only excuse for a missing
+	// record, and it is counted (Stats.Missed): with faultable syscall
+	// tracepoints (7.x) a program preempted on a busy guest makes the
+	// next run on that CPU miss. The short run must then be the full one
+	// with records left out.
+	short, full := 0, 1
+	if len(runs[1]) < len(runs[0]) {
+		short, full = 1, 0
 	}
-	for i := range runs[0] {
-		if runs[0][i] != runs[1][i] {
-			t.Fatalf("record %d: raw path %q, tracepoint %q", i, runs[0][i], runs[1][i])
+	if len(runs[full]) != 4*n || 4*n-len(runs[short]) > missed[short] {
+		t.Fatalf("raw path %d records (%d runs missed), tracepoints %d (%d missed); want %d", len(runs[0]), missed[0], len(runs[1]), missed[1], 4*n)
+	}
+	if len(runs[short]) < 4*n {
+		t.Logf("%d records short, %d runs missed", 4*n-len(runs[short]), missed[short])
+		j := 0
+		for _, line := range runs[full] {
+			if j < len(runs[short]) && runs[short][j] == line {
+				j++
+			}
+		}
+		if j != len(runs[short]) {
+			t.Fatalf("record %d of the short run, %q, is not in the full one", j, runs[short][j])
+		}
+	} else {
+		for i := range runs[0] {
+			if runs[0][i] != runs[1][i] {
+				t.Fatalf("record %d: raw path %q, tracepoint %q", i, runs[0][i], runs[1][i])
+			}
 		}
 	}
-	// The values themselves, from the raw path's trace.
+	// The values themselves, from a full trace (when both are full, they
+	// are equal).
 	head := func(ev string) string {
 		return fmt.Sprintf("%s common_type=%d __syscall_nr=", ev, ids[ev])
 	}
@@ -185,7 +216,7 @@ func TestSyscallRaw(t *testing.T) {
 			head(events[3]) + fmt.Sprintf("%d ret=%d", unix.SYS_MMAP, -int(syscall.EBADF)),
 		}
 		for j, w := range want {
-			if got := runs[0][4*i+j]; got != w {
+			if got := runs[full][4*i+j]; got != w {
 				t.Fatalf("record %d: %q, want %q", 4*i+j, got, w)
 			}
 		}
