@@ -65,9 +65,8 @@ func newRingbuf(fd int, size int) (*ringbuf, error) {
 
 // next returns where the record at the local consumer position (r.cons,
 // its ring position) starts in data and its length, and moves past it;
-// ok is false when the ring holds
-// no finished record. A discarded record (bpf_ringbuf_discard) comes back
-// with skip set. The producer publishes with a release store of the header
+// ok is false when the ring holds no finished record. A discarded record
+// (bpf_ringbuf_discard) comes back with skip set. The producer publishes with a release store of the header
 // after the data (bpf_ringbuf_commit), so the acquire load of the header
 // orders the reads of the data after it.
 func (r *ringbuf) next(prod uint64) (off, n uint32, skip, ok bool) {

@@ -133,12 +133,17 @@ func startChild(t *testing.T, mode string, n int, env ...string) *tracedChild {
 
 func (c *tracedChild) run(t *testing.T) {
 	t.Helper()
-	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Wait(); err != nil {
+	if err := c.finish(); err != nil {
 		t.Fatalf("child: %v", err)
 	}
+}
+
+// finish tells the child to run its load and returns how it ended.
+func (c *tracedChild) finish() error {
+	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+		return err
+	}
+	return c.cmd.Wait()
 }
 
 // newTestSession starts a session into a fresh directory; Close runs at

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"runtime"
 	"slices"
@@ -256,9 +255,5 @@ func TestSyscallCompat(t *testing.T) {
 // failed, or nil. Kernels built without IA32 emulation or booted with it
 // off, and some hypervisors' guests, kill the caller with SIGSEGV.
 func int80Probe(t *testing.T) error {
-	c := startChild(t, "int80", 1)
-	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	return c.cmd.Wait()
+	return startChild(t, "int80", 1).finish()
 }
