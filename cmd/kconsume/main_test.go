@@ -576,3 +576,29 @@ func TestRecordBPF(t *testing.T) {
 		t.Errorf("record of a missing object: exit %d, %q", code, stderr)
 	}
 }
+
+// TestRecordSyscallsFallback: with --syscalls auto, a session whose
+// syscall events cannot take the raw path (the perf transport) says so on
+// stderr; with --syscalls tracepoint, which asked for it, nothing is said.
+func TestRecordSyscallsFallback(t *testing.T) {
+	testenv.RequireRoot(t)
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
+	for _, c := range []struct {
+		flags  []string
+		notice bool
+	}{
+		{[]string{"--transport", "perf"}, true},
+		{[]string{"--syscalls", "tracepoint"}, false},
+	} {
+		args := append([]string{"record", "-q", "-o", filepath.Join(t.TempDir(), "t"), "-e", "syscalls:sys_enter_getpid", "--duration", "100ms"}, c.flags...)
+		code, _, stderr := runCmd(args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", c.flags, code, stderr)
+		}
+		if got := strings.Contains(stderr, "syscall events through their tracepoints"); got != c.notice {
+			t.Fatalf("%v: notice %v, want %v; stderr %q", c.flags, got, c.notice, stderr)
+		}
+	}
+}
