@@ -99,6 +99,8 @@ type Item struct {
 	Class      *EventClass
 	Payload    []byte
 	Offset     int64 // file offset of the event or packet
+
+	offs []uint32 // where each field of Payload begins, and its end
 }
 
 // Fields decodes the item's payload into dst (reused) and returns it. It
@@ -106,6 +108,9 @@ type Item struct {
 func (it *Item) Fields(dst []Value) ([]Value, error) {
 	if it.Kind != EventItem || it.Class == nil {
 		return dst[:0], errors.New("a loss notice has no fields")
+	}
+	if len(it.offs) == len(it.Class.Fields)+1 {
+		return it.Class.values(it.Payload, it.offs, dst[:0]), nil
 	}
 	return it.Class.Decode(it.Payload, dst[:0])
 }
@@ -125,8 +130,9 @@ type StreamReader struct {
 	good    int64 // end of the last packet read whole
 	pktOff  int64
 	hdr     PacketHeader
-	buf     []byte // current packet's content
-	inPkt   bool   // buf holds a packet not yet read to its end
+	buf     []byte   // current packet's content
+	offs    []uint32 // field offsets of the current event
+	inPkt   bool     // buf holds a packet not yet read to its end
 	pos     int
 	clock   uint64
 	packets int
@@ -322,11 +328,18 @@ func (s *StreamReader) event() bool {
 	if cls == nil {
 		return s.fail(off, "unknown event id %d", id)
 	}
-	size, err := cls.PayloadSize(b[n:])
+	if s.offs == nil {
+		s.offs = make([]uint32, MaxFields+1)
+	}
+	offs, size, err := cls.layout(b[n:], s.offs)
 	if err != nil {
 		return s.fail(off, "%v", err)
 	}
-	s.item = Item{Kind: EventItem, Stream: s.name, CPU: cpu, Time: ts, Class: cls, Payload: b[n : n+size], Offset: off}
+	it := &s.item
+	if it.Kind != EventItem || it.Stream != s.name {
+		*it = Item{Kind: EventItem, Stream: s.name} // after a notice, or first
+	}
+	it.CPU, it.Time, it.Class, it.Payload, it.Offset, it.offs = cpu, ts, cls, b[n:n+size], off, offs
 	s.clock = ts
 	s.pos += n + size
 	return true
@@ -336,9 +349,16 @@ func (s *StreamReader) event() bool {
 // stream number (the CPU). Items of one stream keep their order.
 type Merger struct {
 	streams []*StreamReader
-	heap    []int // indexes into streams, a min-heap on (Time, index)
-	last    int   // stream whose item was returned, to advance on Next
+	heap    []mergeHead // a min-heap on (time, stream)
+	last    int         // stream whose item was returned, to advance on Next
 	err     error
+}
+
+// mergeHead is a stream in the merge heap with its current item's time,
+// kept beside the index so sifting reads no item.
+type mergeHead struct {
+	time   uint64
+	stream int
 }
 
 // NewMerger merges the given streams.
@@ -346,7 +366,7 @@ func NewMerger(streams []*StreamReader) *Merger {
 	m := &Merger{streams: streams, last: -1}
 	for i, s := range streams {
 		if s.Next() {
-			m.heap = append(m.heap, i)
+			m.heap = append(m.heap, mergeHead{s.item.Time, i})
 		} else if s.Err() != nil && m.err == nil {
 			m.err = s.Err()
 		}
@@ -375,11 +395,11 @@ func (t *Trace) Merge() (*Merger, error) {
 }
 
 func (m *Merger) less(a, b int) bool {
-	ia, ib := m.streams[m.heap[a]].Item(), m.streams[m.heap[b]].Item()
-	if ia.Time != ib.Time {
-		return ia.Time < ib.Time
+	ha, hb := &m.heap[a], &m.heap[b]
+	if ha.time != hb.time {
+		return ha.time < hb.time
 	}
-	return m.heap[a] < m.heap[b]
+	return ha.stream < hb.stream
 }
 
 func (m *Merger) down(i int) {
@@ -408,8 +428,10 @@ func (m *Merger) Next() bool {
 		return false
 	}
 	if m.last >= 0 {
-		s := m.streams[m.heap[0]]
-		if !s.Next() {
+		s := m.streams[m.heap[0].stream]
+		if s.Next() {
+			m.heap[0].time = s.item.Time
+		} else {
 			if s.Err() != nil {
 				m.err = s.Err()
 				return false
@@ -426,7 +448,7 @@ func (m *Merger) Next() bool {
 		m.last = -1
 		return false
 	}
-	m.last = m.heap[0]
+	m.last = m.heap[0].stream
 	return true
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // IntType is the type of an integer field or of the elements of an array
@@ -111,6 +112,9 @@ type EventClass struct {
 	// fsize[i] is field i's size when it is fixed and fills no length
 	// slot, or -1.
 	fsize []int
+	// offs is, for a class of fixed size, where each field begins and
+	// the payload ends.
+	offs []uint32
 }
 
 // maxStackSlots length fields are tracked without allocating.
@@ -216,6 +220,12 @@ func NewEventClass(id uint32, name string, fields []Field) (*EventClass, error) 
 			c.fsize[i] = f.Len * f.Elem.Size()
 		}
 	}
+	if c.fixed >= 0 {
+		c.offs = make([]uint32, len(c.Fields)+1)
+		for i, n := range c.fsize {
+			c.offs[i+1] = c.offs[i] + uint32(n)
+		}
+	}
 	return c, nil
 }
 
@@ -240,21 +250,41 @@ func (c *EventClass) PayloadSize(b []byte) (int, error) {
 		}
 		return c.fixed, nil
 	}
-	_, n, err := c.walk(b, nil, false)
-	return n, err
+	return c.walk(b, nil)
 }
 
-// walk goes over the fields of the payload at the start of b, appending a
-// Value per field to dst when keep is set, and returns dst and the
-// payload's size.
-func (c *EventClass) walk(b []byte, dst []Value, keep bool) ([]Value, int, error) {
+// layout returns where each field of the payload at the start of b
+// begins, then where the payload ends (len(c.Fields)+1 offsets), and the
+// payload's size. The offsets are the class's own for a class of fixed
+// size, else written to buf, which must hold len(c.Fields)+1. It fails as
+// PayloadSize does. A reader that lays an event out once decodes it with
+// values, without a second walk over its fields.
+func (c *EventClass) layout(b []byte, buf []uint32) (offs []uint32, size int, err error) {
+	if c.fixed >= 0 {
+		if len(b) < c.fixed {
+			return nil, 0, fmt.Errorf("event %q: payload of %d bytes, need %d: %w", c.Name, len(b), c.fixed, errShort)
+		}
+		return c.offs, c.fixed, nil
+	}
+	if len(buf) < len(c.Fields)+1 {
+		return nil, 0, fmt.Errorf("event %q: room for %d offsets, %d fields", c.Name, len(buf), len(c.Fields))
+	}
+	offs = buf[:len(c.Fields)+1]
+	size, err = c.walk(b, offs)
+	return offs, size, err
+}
+
+// walk goes over the fields of the payload at the start of b, noting in
+// offs, unless it is nil, where each begins and where the last ends, and
+// returns the payload's size.
+func (c *EventClass) walk(b []byte, offs []uint32) (int, error) {
 	var stack [maxStackSlots]uint64
 	slots := stack[:]
 	if c.nslots > maxStackSlots {
 		slots = make([]uint64, c.nslots)
 	}
 	if len(c.fsize) != len(c.Fields) || len(c.lenSlot) != len(c.Fields) {
-		return dst, 0, fmt.Errorf("event %q: class not made by NewEventClass", c.Name)
+		return 0, fmt.Errorf("event %q: class not made by NewEventClass", c.Name)
 	}
 	off := 0
 	for i := range c.Fields {
@@ -262,19 +292,18 @@ func (c *EventClass) walk(b []byte, dst []Value, keep bool) ([]Value, int, error
 		if n < 0 || len(b)-off < n {
 			var err error
 			if n, err = c.fieldSize(i, b[off:], slots); err != nil {
-				return dst, 0, err
+				return 0, err
 			}
 		}
-		if keep {
-			raw := b[off : off+n]
-			if c.Fields[i].Kind == String {
-				raw = raw[:n-1]
-			}
-			dst = append(dst, Value{Field: &c.Fields[i], raw: raw})
+		if offs != nil {
+			offs[i] = uint32(off)
 		}
 		off += n
 	}
-	return dst, off, nil
+	if offs != nil {
+		offs[len(c.Fields)] = uint32(off)
+	}
+	return off, nil
 }
 
 // fieldSize returns the size of field i at the start of b. A length field
@@ -319,8 +348,34 @@ type Value struct {
 // Decode appends one Value per field of the payload to dst and returns it.
 // It fails if the payload is short or malformed; it never reads past b.
 func (c *EventClass) Decode(b []byte, dst []Value) ([]Value, error) {
-	dst, _, err := c.walk(b, dst, true)
-	return dst, err
+	var stack [64]uint32
+	buf := stack[:]
+	if len(c.Fields)+1 > len(stack) {
+		buf = make([]uint32, len(c.Fields)+1)
+	}
+	offs, _, err := c.layout(b, buf)
+	if err != nil {
+		return dst, err
+	}
+	return c.values(b, offs, dst), nil
+}
+
+// values appends the Values of the payload b laid out by layout in offs.
+func (c *EventClass) values(b []byte, offs []uint32, dst []Value) []Value {
+	fields := c.Fields
+	offs = offs[:len(fields)+1]
+	n := len(dst)
+	dst = slices.Grow(dst, len(fields))[:n+len(fields)]
+	out := dst[n:]
+	for i := range fields {
+		f := &fields[i]
+		end := offs[i+1]
+		if f.Kind == String {
+			end-- // the NUL
+		}
+		out[i] = Value{Field: f, raw: b[offs[i]:end]}
+	}
+	return dst
 }
 
 // Len returns the number of elements of an array or sequence, the length
