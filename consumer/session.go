@@ -1114,8 +1114,9 @@ func (s *Session) drainAll(cutoff uint64) (more bool) {
 
 // drainRingbuf walks st's ring in place, at most one lap. Each record
 // enters the stream's reorder window; when the window is full its oldest
-// record is written. Ring space is released once per batch of a sixteenth
-// of the ring, up to the oldest record still waiting.
+// records are written, a sixteenth of it at a time. Ring space is
+// released once per batch of a sixteenth of the ring, up to the oldest
+// record still waiting.
 func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	r, w := st.rb, st.win
 	limit := r.cons + r.size // one lap per call, so other rings get their turn
@@ -1123,31 +1124,24 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	// we drain sees the consumer position and must not find the ring full
 	// because a whole lap was read before the first release.
 	batch := r.size / 16
+	room := max(1, len(w.buf)/16)
 	for r.cons < limit {
 		prod := min(r.producer(), r.cons+batch)
 		if r.cons >= prod {
 			break
 		}
-		data := r.data
+	walk:
 		for {
-			pos := r.cons
-			off, n, skip, ok := r.next(prod)
-			if !ok {
-				break
-			}
-			if skip {
-				continue
-			}
-			if n < uint32(recHdrLen) || uint64(n) > r.size {
+			switch why, e := fillWindow(r, w, prod); why {
+			case fillDone:
+				break walk
+			case fillFull:
+				for range room {
+					s.emit(st, w.pop())
+				}
+			case fillBad:
 				s.undecodable(st)
-				continue
-			}
-			if w.full() {
-				s.emit(st, w.pop())
-			}
-			if e := (entry{ts: binary.LittleEndian.Uint64(data[off:]), pos: pos, off: off, n: n}); e.ts >= w.newest {
-				w.append(e)
-			} else {
+			case fillLate:
 				w.insert(e)
 			}
 		}
@@ -1161,6 +1155,43 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 		s.emit(st, w.pop())
 	}
 	r.release(w.releasePos(r.cons))
+}
+
+// Why fillWindow returned.
+const (
+	fillDone = iota // no finished record left before prod
+	fillFull        // the window is full
+	fillBad         // a record too short or too long to decode was skipped
+	fillLate        // the returned record is older than the newest waiting
+)
+
+// fillWindow moves the finished records of r before prod into w, in ring
+// order, while each is stamped no earlier than the newest waiting and w
+// has room; it skips discarded records. It returns at the first record it
+// cannot append, with the reason, so that the loop over the records calls
+// nothing: Go spills every live register around a call, and a write
+// between two records' walks made the walk reload its state each time.
+func fillWindow(r *ringbuf, w *window, prod uint64) (why int, late entry) {
+	data := r.data
+	for w.n < len(w.buf) {
+		pos := r.cons
+		off, n, skip, ok := r.next(prod)
+		if !ok {
+			return fillDone, entry{}
+		}
+		if skip {
+			continue
+		}
+		if n < uint32(recHdrLen) || uint64(n) > r.size {
+			return fillBad, entry{}
+		}
+		e := entry{ts: binary.LittleEndian.Uint64(data[off:]), pos: pos, off: off, n: n}
+		if e.ts < w.newest {
+			return fillLate, e
+		}
+		w.append(e)
+	}
+	return fillFull, entry{}
 }
 
 // filtered reports whether the recorder filters tasks in the kernel.
