@@ -104,7 +104,7 @@ func rows() []sectionRow {
 	const off = "Offline: 400 k events, 2 streams"
 	for _, c := range []struct{ mode, what, target string }{
 		{"report", "`kconsume report` (text) vs `babeltrace2` (text)", "≥ 20 ×"},
-		{"text", "relayfmt reader decode + merge vs `babeltrace2` (text)", ""},
+		{"text", "relayfmt reader decode + merge vs `babeltrace2` (text)", "≥ 20 ×"},
 		{"decode", "relayfmt reader decode + merge vs `babeltrace2 -c sink.utils.dummy`", ""},
 	} {
 		k := "VsBabeltrace2/" + c.mode
