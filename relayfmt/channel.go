@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Mode is what a channel does when every sub-buffer is full.
@@ -314,17 +315,19 @@ func (c *Channel) Write(cpu int, ts uint64, id uint32, payload []byte) error {
 	// fixed-size class with a compact header (id <= 30, no clamp, less
 	// than 2^27 ticks since the last full timestamp) that fits the open
 	// sub-buffer.
-	off := b.off
-	need := CompactHeaderSize + b.ctx + len(payload)
+	off, ctx := b.off, b.ctx
+	need := CompactHeaderSize + ctx + len(payload)
 	if uint64(id) <= MaxCompactID && uint64(id) < uint64(len(b.sizes)) &&
 		int(b.sizes[id]) == len(payload) && ts >= b.lastTS &&
-		ts-b.lastFull <= compactTSMask && need <= len(b.cur)-off {
-		p := b.cur[off : off+need]
-		binary.LittleEndian.PutUint32(p, id|uint32(ts&compactTSMask)<<5)
-		if b.ctx != 0 {
-			binary.LittleEndian.PutUint32(p[CompactHeaderSize:], uint32(cpu))
+		ts-b.lastFull <= compactTSMask && uint(off) <= uint(len(b.cur)) && need <= len(b.cur)-off {
+		// The test above bounds every store below: need bytes from off
+		// lie inside cur.
+		p := unsafe.Add(unsafe.Pointer(unsafe.SliceData(b.cur)), off)
+		binary.LittleEndian.PutUint32(unsafe.Slice((*byte)(p), CompactHeaderSize), id|uint32(ts&compactTSMask)<<5)
+		if ctx != 0 {
+			binary.LittleEndian.PutUint32(unsafe.Slice((*byte)(unsafe.Add(p, CompactHeaderSize)), 4), uint32(cpu))
 		}
-		copy(p[CompactHeaderSize+b.ctx:], payload)
+		copy(unsafe.Slice((*byte)(unsafe.Add(p, CompactHeaderSize+ctx)), len(payload)), payload)
 		b.off = off + need
 		b.lastTS = ts
 		b.events++
