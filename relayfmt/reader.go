@@ -100,7 +100,12 @@ type Item struct {
 	Payload    []byte
 	Offset     int64 // file offset of the event or packet
 
-	offs []uint32 // where each field of Payload begins, and its end
+	// offs is where each field of Payload begins, and its end, as the
+	// reader src laid out its event number gen: a copy of the item kept
+	// past Next decodes its Payload afresh instead.
+	offs []uint32
+	src  *StreamReader
+	gen  uint64
 }
 
 // Fields decodes the item's payload into dst (reused) and returns it. It
@@ -109,7 +114,7 @@ func (it *Item) Fields(dst []Value) ([]Value, error) {
 	if it.Kind != EventItem || it.Class == nil {
 		return dst[:0], errors.New("a loss notice has no fields")
 	}
-	if len(it.offs) == len(it.Class.Fields)+1 {
+	if it.src != nil && it.gen == it.src.gen && len(it.offs) == len(it.Class.Fields)+1 {
 		return it.Class.values(it.Payload, it.offs, dst[:0]), nil
 	}
 	return it.Class.Decode(it.Payload, dst[:0])
@@ -132,6 +137,7 @@ type StreamReader struct {
 	hdr     PacketHeader
 	buf     []byte   // current packet's content
 	offs    []uint32 // field offsets of the current event
+	gen     uint64   // events read, to tell the current item from a copy
 	inPkt   bool     // buf holds a packet not yet read to its end
 	pos     int
 	clock   uint64
@@ -335,11 +341,12 @@ func (s *StreamReader) event() bool {
 	if err != nil {
 		return s.fail(off, "%v", err)
 	}
+	s.gen++
 	it := &s.item
-	if it.Kind != EventItem || it.Stream != s.name {
-		*it = Item{Kind: EventItem, Stream: s.name} // after a notice, or first
+	if it.src != s || it.Kind != EventItem {
+		*it = Item{Kind: EventItem, Stream: s.name, src: s} // after a notice, or first
 	}
-	it.CPU, it.Time, it.Class, it.Payload, it.Offset, it.offs = cpu, ts, cls, b[n:n+size], off, offs
+	it.CPU, it.Time, it.Class, it.Payload, it.Offset, it.offs, it.gen = cpu, ts, cls, b[n:n+size], off, offs, s.gen
 	s.clock = ts
 	s.pos += n + size
 	return true
