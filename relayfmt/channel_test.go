@@ -513,6 +513,19 @@ func TestReaderAPIMisuseIsNotAPanic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A class built by hand, not by NewEventClass, is an error, not a
+	// panic, whether its zero fixed size says "fixed" or not.
+	for _, bad := range []*EventClass{
+		{Name: "hand", Fields: []Field{ScalarField("a", U8)}},
+		{Name: "hand", Fields: []Field{StringField("s")}, fixed: -1},
+	} {
+		if _, err := bad.Decode([]byte{1, 0}, nil); err == nil {
+			t.Errorf("Decode with a hand-made class %+v returned no error", bad.Fields)
+		}
+		if _, err := bad.PayloadSize([]byte{1, 0}); err == nil {
+			t.Errorf("PayloadSize with a hand-made class %+v returned no error", bad.Fields)
+		}
+	}
 	vals, err := c.Decode([]byte("ab\x00\x07\x00"), nil)
 	if err != nil {
 		t.Fatal(err)

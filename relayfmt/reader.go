@@ -343,8 +343,8 @@ func (s *StreamReader) event() bool {
 	}
 	s.gen++
 	it := &s.item
-	if it.src != s || it.Kind != EventItem {
-		*it = Item{Kind: EventItem, Stream: s.name, src: s} // after a notice, or first
+	if it.src != s {
+		*it = Item{Kind: EventItem, Stream: s.name, src: s} // after a notice (no src), or first
 	}
 	it.CPU, it.Time, it.Class, it.Payload, it.Offset, it.offs, it.gen = cpu, ts, cls, b[n:n+size], off, offs, s.gen
 	s.clock = ts

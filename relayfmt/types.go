@@ -244,32 +244,33 @@ var errShort = errors.New("truncated")
 // PayloadSize returns how many bytes of b the payload of one event of
 // class c takes. It fails if b is too short or a string is unterminated.
 func (c *EventClass) PayloadSize(b []byte) (int, error) {
-	if c.fixed >= 0 {
-		if len(b) < c.fixed {
-			return 0, fmt.Errorf("event %q: payload of %d bytes, need %d: %w", c.Name, len(b), c.fixed, errShort)
-		}
-		return c.fixed, nil
-	}
-	return c.walk(b, nil)
+	_, n, err := c.layout(b, nil)
+	return n, err
 }
 
 // layout returns where each field of the payload at the start of b
 // begins, then where the payload ends (len(c.Fields)+1 offsets), and the
 // payload's size. The offsets are the class's own for a class of fixed
-// size, else written to buf, which must hold len(c.Fields)+1. It fails as
-// PayloadSize does. A reader that lays an event out once decodes it with
-// values, without a second walk over its fields.
+// size, else written to buf, which must hold len(c.Fields)+1; with a nil
+// buf only the size is found. It fails as PayloadSize does. A reader that
+// lays an event out once decodes it with values, without a second walk
+// over its fields.
 func (c *EventClass) layout(b []byte, buf []uint32) (offs []uint32, size int, err error) {
 	if c.fixed >= 0 {
+		if len(c.offs) != len(c.Fields)+1 {
+			return nil, 0, fmt.Errorf("event %q: class not made by NewEventClass", c.Name)
+		}
 		if len(b) < c.fixed {
 			return nil, 0, fmt.Errorf("event %q: payload of %d bytes, need %d: %w", c.Name, len(b), c.fixed, errShort)
 		}
 		return c.offs, c.fixed, nil
 	}
-	if len(buf) < len(c.Fields)+1 {
-		return nil, 0, fmt.Errorf("event %q: room for %d offsets, %d fields", c.Name, len(buf), len(c.Fields))
+	if buf != nil {
+		if len(buf) < len(c.Fields)+1 {
+			return nil, 0, fmt.Errorf("event %q: room for %d offsets, %d fields", c.Name, len(buf), len(c.Fields))
+		}
+		offs = buf[:len(c.Fields)+1]
 	}
-	offs = buf[:len(c.Fields)+1]
 	size, err = c.walk(b, offs)
 	return offs, size, err
 }
