@@ -288,7 +288,7 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
 	}
-	s := &Session{cfg: cfg, ncpu: ncpu, epfd: -1, evfd: -1, window: uint64(cfg.ReorderWindow), cmds: make(chan command), done: make(chan struct{})}
+	s := &Session{cfg: cfg, ncpu: ncpu, epfd: -1, evfd: -1, window: uint64(cfg.ReorderWindow), cmds: make(chan command, 1), done: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			if s.ch != nil {
@@ -985,6 +985,9 @@ func (s *Session) stats() []CPUStats {
 // lives, and returns its error.
 func (s *Session) do(fn func() error) error {
 	c := command{fn: fn, reply: make(chan error, 1)}
+	// s.cmds holds one command, so the send completes while the drainer
+	// sleeps and the eventfd below wakes it; unbuffered, the send would
+	// wait for the drainer's next latency tick.
 	select {
 	case s.cmds <- c:
 	case <-s.done:
@@ -994,7 +997,19 @@ func (s *Session) do(fn func() error) error {
 	var one [8]byte
 	binary.NativeEndian.PutUint64(one[:], 1)
 	_, _ = unix.Write(s.evfd, one[:])
-	return <-c.reply
+	// The buffered send also succeeds after the drainer has returned,
+	// which then never replies.
+	select {
+	case err := <-c.reply:
+		return err
+	case <-s.done:
+		select {
+		case err := <-c.reply:
+			return err
+		default:
+			return ErrClosed
+		}
+	}
 }
 
 func (s *Session) startLoop() {
