@@ -223,7 +223,7 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	ring = bpf_map_lookup_elem(&kc_rings, &idx);
 	if (!ring)
 		return 0;
-	flags = kc_wakeup_flags(ring, sizeof(struct kc_rec) + (size + 7) / 8 * 8, st, 0);
+	flags = kc_wakeup_flags(ring, sizeof(struct kc_rec) + (size + 7) / 8 * 8, st, 0, 1);
 	switch ((size + 7) / 8) {
 	KC_RESERVE(1)
 	KC_RESERVE(2)
@@ -423,10 +423,54 @@ struct kc_sys_rec {
 	__u32 pad;
 	__u64 args[6];
 };
+_Static_assert(sizeof(struct kc_sys_rec) <= KC_SAMPLED_MAX, "syscall records are sampled");
+
+/*
+ * kc_sys_fill writes the part of a syscall record that words (the record's
+ * size in 8-byte words, a constant at each call) covers: the entry, the
+ * number, and the arguments on entry or ret on exit. Only stores inside
+ * the reservation are made, which the verifier checks.
+ */
+static __always_inline void kc_sys_fill(struct kc_sys_rec *r, __u32 words, struct pt_regs *regs, long nr, __u32 exit, long ret)
+{
+	r->ent.flags = 0;
+	r->ent.preempt_count = 0;
+	r->nr = nr;
+	r->pad = 0;
+	if (exit) {
+		if (words > 2)
+			r->args[0] = ret;
+		return;
+	}
+	if (words > 2)
+		r->args[0] = regs->di;
+	if (words > 3)
+		r->args[1] = regs->si;
+	if (words > 4)
+		r->args[2] = regs->dx;
+	if (words > 5)
+		r->args[3] = regs->r10;
+	if (words > 6)
+		r->args[4] = regs->r8;
+	if (words > 7)
+		r->args[5] = regs->r9;
+}
+
+/*
+ * bpf_ringbuf_reserve takes only a constant size, so each record size a
+ * syscall event can have (2 to 8 words) gets a reservation of its own.
+ */
+#define KC_SYS_RESERVE(w)                                                         \
+	case w:                                                                   \
+		r = bpf_ringbuf_reserve(ring, sizeof(struct kc_rec) + 8 * (w), 0);  \
+		if (r)                                                            \
+			kc_sys_fill(r, w, regs, nr, exit, ret);                   \
+		break;
 
 /*
  * kc_sys_record writes the syscall event for nr, if it is recorded: on
- * entry (exit 0) with the arguments in regs, on exit with ret. These
+ * entry (exit 0) with the arguments in regs, on exit with ret. The record
+ * is built in place in the ring, with no copy through the stack. These
  * programs can nest with kc_tracepoint on one CPU (a raw tracepoint
  * guards only against itself, kernel/trace/bpf_trace.c:__bpf_trace_run)
  * and run preemptibly on kernels with faultable syscall tracepoints, so
@@ -434,13 +478,13 @@ struct kc_sys_rec {
  */
 static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 exit, long ret)
 {
-	struct kc_sys_rec rec = {};
+	struct kc_sys_rec *r = NULL;
 	struct kc_cpu_state *st;
 	struct kc_tp_info *info;
 	__u32 slot, key, cpu, idx, size, *k;
+	__u64 flags;
 	__s32 pid;
 	void *ring;
-	__u64 len;
 
 	if ((__u64)nr >= KC_SYS_MAX || !kc_running)
 		return;
@@ -464,30 +508,30 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 e
 	if (!ring)
 		return;
 	size = info->size;
-	rec.ent.type = info->id;
-	rec.ent.pid = pid;
-	rec.nr = nr;
-	if (exit) {
-		rec.args[0] = ret;
-	} else {
-		rec.args[0] = regs->di;
-		rec.args[1] = regs->si;
-		rec.args[2] = regs->dx;
-		rec.args[3] = regs->r10;
-		rec.args[4] = regs->r8;
-		rec.args[5] = regs->r9;
+	flags = kc_wakeup_flags(ring, sizeof(struct kc_rec) + ((size + 7) & ~7), st, 1, 1);
+	switch ((size + 7) / 8) {
+	KC_SYS_RESERVE(2)
+	KC_SYS_RESERVE(3)
+	KC_SYS_RESERVE(4)
+	KC_SYS_RESERVE(5)
+	KC_SYS_RESERVE(6)
+	KC_SYS_RESERVE(7)
+	KC_SYS_RESERVE(8)
+	default:
+		return; /* not a syscall record: the loader never maps one here */
 	}
-	rec.hdr.key = key;
-	rec.hdr.len = size;
-	rec.hdr.cpu = cpu;
-	len = sizeof(struct kc_rec) + ((size + 7) & ~7);
-	if (len > sizeof(rec))
-		return;
-	rec.hdr.ts = kc_now();
-	if (bpf_ringbuf_output(ring, &rec, len, kc_wakeup_flags(ring, len, st, 1)))
+	if (!r) {
 		__sync_fetch_and_add(&st->lost, 1);
-	else
-		__sync_fetch_and_add(&st->emitted, 1);
+		return;
+	}
+	r->ent.type = info->id;
+	r->ent.pid = pid;
+	r->hdr.key = key;
+	r->hdr.len = size;
+	r->hdr.cpu = cpu;
+	r->hdr.ts = kc_now();
+	bpf_ringbuf_submit(r, flags);
+	__sync_fetch_and_add(&st->emitted, 1);
 }
 
 SEC("tp_btf/sys_enter")

@@ -51,7 +51,7 @@ struct kc_cpu_state {
 	__u64 emitted;  /* records handed to the transport */
 	__u64 lost;     /* reserve or output failures: records lost in the kernel */
 	__u32 disabled; /* consumer's per-CPU record disable */
-	__u32 pad0;
+	__u32 armed;    /* set by the consumer before it sleeps: the next look over the watermark wakes it */
 	__u64 wakeups;  /* forced wakeups of the consumer (watermark crossings) */
 	__u64 pad[4];
 };
@@ -59,7 +59,12 @@ struct kc_cpu_state {
 /* Set before load (rodata); the verifier prunes the branches not taken. */
 const volatile __u32 kc_clock = KC_CLOCK_MONO;
 const volatile __u32 kc_global = 0;         /* one shared ring at index 0 */
-const volatile __u64 kc_wakeup_bytes = 0;   /* ringbuf: wake the consumer when crossed */
+const volatile __u64 kc_wakeup_bytes = 0;   /* ringbuf: the watermark, in unread bytes */
+const volatile __u64 kc_wakeup_mask = 0;    /* ringbuf: see kc_wakeup_flags */
+
+/* Largest record a sampled wakeup check may pass over (kc_wakeup_flags). */
+#define KC_SAMPLED_MAX 256
+_Static_assert(sizeof(struct kc_rec) + 8 * 16 <= KC_SAMPLED_MAX, "kc_record_small's records are sampled");
 
 /*
  * The state gate the consumer flips: stopped costs this one load and branch.
@@ -118,24 +123,35 @@ struct {
 #ifndef KC_PERF
 /*
  * kc_wakeup_flags returns the submit flags for a record of size bytes:
- * wake the consumer only when this record makes the unread data cross the
- * watermark, one wakeup per batch and never one per record (by default the
- * kernel wakes on every record written into a ring the consumer had caught
- * up with, kernel/bpf/ringbuf.c:bpf_ringbuf_commit). Below the watermark
- * the consumer's latency timer picks the data up.
+ * wake the consumer once it has drained and gone to sleep (armed) and the
+ * unread data reaches the watermark, one wakeup per batch and never one
+ * per record (by default the kernel wakes on every record written into a
+ * ring the consumer had caught up with, kernel/bpf/ringbuf.c:
+ * bpf_ringbuf_commit). Below the watermark the consumer's latency timer
+ * picks the data up.
+ *
+ * Asking the ring for its fill is a helper call, which costs as much as
+ * a tenth of a small record's recording; sampled callers, whose records
+ * are at most KC_SAMPLED_MAX bytes, ask only when the low bits
+ * kc_wakeup_mask of the slot's record count are clear. The loader sizes
+ * the mask so that the records passed over fit well within the ring's
+ * room above the watermark.
  */
-static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size, struct kc_cpu_state *st, int atomic)
+static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size, struct kc_cpu_state *st, int atomic, int sampled)
 {
-	__u64 avail = bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA);
-
-	if (avail < kc_wakeup_bytes && avail + size + 8 >= kc_wakeup_bytes) {
-		if (atomic)
-			__sync_fetch_and_add(&st->wakeups, 1);
-		else
-			st->wakeups++;
-		return BPF_RB_FORCE_WAKEUP;
-	}
-	return BPF_RB_NO_WAKEUP;
+	if (!st->armed)
+		return BPF_RB_NO_WAKEUP;
+	if (sampled && (st->emitted & kc_wakeup_mask))
+		return BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) + size + 8 < kc_wakeup_bytes)
+		return BPF_RB_NO_WAKEUP;
+	/* Racing writers may both wake it: one spare wakeup, no harm. */
+	st->armed = 0;
+	if (atomic)
+		__sync_fetch_and_add(&st->wakeups, 1);
+	else
+		st->wakeups++;
+	return BPF_RB_FORCE_WAKEUP;
 }
 #endif
 
@@ -185,7 +201,7 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 
 	if (!ring)
 		return -2; /* -ENOENT: no ring for this CPU */
-	return bpf_ringbuf_output(ring, s, size, kc_wakeup_flags(ring, size, st, atomic));
+	return bpf_ringbuf_output(ring, s, size, kc_wakeup_flags(ring, size, st, atomic, 0));
 #endif
 }
 

@@ -4,7 +4,108 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/kconsume/kconsume/relayfmt"
 )
+
+// TestWatermarkWakes checks the batched wakeup with the latency timer out
+// of the way (a minute): below the watermark the sleeping consumer is not
+// woken; each watermark's worth of records wakes it about once, although
+// the producer looks at the ring's fill only every 64th record; and a
+// flood that keeps the ring over the watermark does not wake it per pass.
+func TestWatermarkWakes(t *testing.T) {
+	const ring = 256 << 10
+	cfg := Config{Sink: &relayfmt.DiscardSink{}, RingSize: ring, Watermark: ring / 4, Latency: time.Minute, Transport: Ringbuf}
+	r := newRigCfg(t, Ringbuf, 64, cfg, true)
+	if got := wakeupMask(r.s.cfg, r.s.ncpu); got != 63 {
+		t.Fatalf("wakeup mask %d, want 63 for a %d-byte ring", got, ring)
+	}
+	pinCPU(t, 0)
+	// A watermark's worth of records, and one sampling stride more.
+	per := ring/4/recordBytes(64) + 64
+	wakeups := func() uint64 {
+		st, err := r.s.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[0].Wakeups
+	}
+
+	start := time.Now()
+	if w := wakeups(); w != 0 || time.Since(start) > 5*time.Second {
+		t.Fatalf("first stats took %v and saw %d wakeups: a command must wake the drainer", time.Since(start), w)
+	}
+	r.produce(t, per/2)
+	time.Sleep(100 * time.Millisecond)
+	if w := wakeups(); w != 0 {
+		t.Fatalf("woken %d times below the watermark", w)
+	}
+	r.produce(t, per)
+	for deadline := time.Now().Add(5 * time.Second); wakeups() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not woken in 5 s after the ring passed the watermark")
+		}
+	}
+
+	const batches = 16
+	before := wakeups()
+	for range batches {
+		r.produce(t, per)
+		time.Sleep(20 * time.Millisecond) // drained and asleep again
+	}
+	if w := wakeups() - before; w < batches/2 || w > 2*batches {
+		t.Errorf("%d wakeups for %d batches of a watermark each: want about one per batch", w, batches)
+	}
+
+	// A flood: each wakeup needs the drainer asleep, which it is only
+	// after a pass left less than an eighth of a watermark unread, and
+	// then a watermark unread again: 7/8 of one written per wakeup.
+	before = wakeups()
+	_, emitted0 := r.lost()
+	r.produce(t, 40*per)
+	time.Sleep(20 * time.Millisecond)
+	_, emitted := r.lost()
+	written := (emitted - emitted0) * uint64(recordBytes(64))
+	w := wakeups() - before
+	t.Logf("flood: %d records written, %d wakeups", emitted-emitted0, w)
+	if written == 0 {
+		t.Fatal("the flood wrote nothing")
+	}
+	if limit := written/(uint64(cfg.Watermark)*7/8) + 1; w > limit {
+		t.Errorf("%d wakeups for %d bytes written: more than %d, a wakeup storm", w, written, limit)
+	}
+}
+
+// TestWakeupMask checks how far apart the producers' looks at a ring's
+// fill may be: never more records than fit in half the room above the
+// watermark, at most 64, and every record for a tiny ring.
+func TestWakeupMask(t *testing.T) {
+	for _, c := range []struct {
+		ring, mark, ncpu int
+		global           bool
+		want             uint64
+	}{
+		{4 << 20, 1 << 20, 2, false, 63},
+		{4 << 20, 1 << 20, 64, true, 63},
+		{4 << 20, 1 << 20, 256, true, 15},
+		{4096, 1024, 2, false, 3},
+		{4096, 4096, 2, false, 0},
+		{4096, 1024, 8, true, 0},
+	} {
+		cfg := Config{RingSize: c.ring, Watermark: c.mark, Global: c.global}
+		got := wakeupMask(cfg, c.ncpu)
+		if got != c.want {
+			t.Errorf("ring %d, watermark %d, %d CPUs, global %v: mask %d, want %d", c.ring, c.mark, c.ncpu, c.global, got, c.want)
+		}
+		writers := 1
+		if c.global {
+			writers = c.ncpu
+		}
+		if got > 0 && int(got+1)*sampledMax*writers > (c.ring-c.mark)/2 {
+			t.Errorf("ring %d: mask %d passes over more than half the room above the watermark", c.ring, got)
+		}
+	}
+}
 
 // TestCommandAfterClose checks that a command sent to a closed session's
 // drainer fails with ErrClosed instead of waiting for a reply that never

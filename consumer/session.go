@@ -461,6 +461,7 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 	set[gen.RingbufVarKcGlobal] = boolU32(cfg.Global)
 	if s.transport == Ringbuf {
 		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
+		set[gen.RingbufVarKcWakeupMask] = wakeupMask(cfg, s.ncpu)
 	}
 	raw := opts != nil && opts.sys
 	if raw {
@@ -502,6 +503,9 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 		return fmt.Errorf("mapping kc_state: %w", err)
 	}
 	s.lostSeen = make([]uint64, s.ncpu)
+	for slot := range 2 * s.ncpu {
+		s.cpuState(slot).Armed = 1
+	}
 	if opts != nil && opts.spec != nil {
 		return nil
 	}
@@ -620,6 +624,50 @@ func (s *Session) setFilters() error {
 // slots from s.ncpu on count the records of users' programs.
 func (s *Session) cpuState(cpu int) *gen.RingbufKcCpuState {
 	return (*gen.RingbufKcCpuState)(unsafe.Pointer(&s.stateMem[cpu*cpuStateLen]))
+}
+
+// wakeupMask returns kc_wakeup_mask for cfg: one less than how many
+// records of at most sampledMax bytes a writer may put into a ring between
+// two looks at its fill (bpf/kconsume.h:kc_wakeup_flags). All the CPUs'
+// writers together may pass over no more than half the ring's room above
+// the watermark, so a late look still wakes the consumer well before the
+// ring is full; tiny rings get a look at every record.
+func wakeupMask(cfg Config, ncpu int) uint64 {
+	writers := 1
+	if cfg.Global {
+		writers = ncpu
+	}
+	room := (cfg.RingSize - cfg.Watermark) / 2
+	n := 1
+	for n < maxWakeupStride && 2*n*sampledMax*writers <= room {
+		n *= 2
+	}
+	return uint64(n - 1)
+}
+
+const (
+	// sampledMax mirrors KC_SAMPLED_MAX in bpf/kconsume.h, the largest
+	// ring record a sampled wakeup check may pass over.
+	sampledMax = 256
+	// maxWakeupStride caps the records between two looks at a ring's fill.
+	maxWakeupStride = 64
+)
+
+// arm tells the writers into the rings that the drainer is about to
+// sleep: their next look at a ring's fill over the watermark wakes it. A
+// drainer that goes round again at once is not armed, or a ring kept
+// over the watermark would wake it on every pass. The store is skipped
+// when a slot is armed already, so the writers' cache line is not taken
+// away for nothing.
+func (s *Session) arm() {
+	if s.transport != Ringbuf {
+		return
+	}
+	for slot := range 2 * s.ncpu {
+		if cs := s.cpuState(slot); atomic.LoadUint32(&cs.Armed) == 0 {
+			atomic.StoreUint32(&cs.Armed, 1)
+		}
+	}
 }
 
 // emitted returns the records the kernel side put into cpu's ring.
@@ -1059,6 +1107,8 @@ func (s *Session) loop() {
 		timeout = latency
 		if s.drainAll(s.cutoff()) {
 			timeout = 0
+		} else {
+			s.arm()
 		}
 		for {
 			select {
@@ -1242,13 +1292,19 @@ func (s *Session) placeMissed() {
 	}
 }
 
+// cpusOf returns the first and last CPU whose records go through st's
+// ring: its own, or in global mode all of them.
+func (s *Session) cpusOf(st *stream) (first, last int) {
+	if s.cfg.Global {
+		return 0, s.ncpu - 1
+	}
+	return st.idx, st.idx
+}
+
 // placeLossesOf puts the kernel-side losses of st's CPUs into its window
 // after the newest record there, so they land where they happened.
 func (s *Session) placeLossesOf(st *stream) {
-	first, last := st.idx, st.idx
-	if s.cfg.Global {
-		first, last = 0, s.ncpu-1
-	}
+	first, last := s.cpusOf(st)
 	for cpu := first; cpu <= last; cpu++ {
 		lost := s.kernelLost(cpu)
 		if d := lost - s.lostSeen[cpu]; d > 0 {

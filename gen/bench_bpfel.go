@@ -18,7 +18,7 @@ type BenchKcCpuState struct {
 	Emitted  uint64
 	Lost     uint64
 	Disabled uint32
-	Pad0     uint32
+	Armed    uint32
 	Wakeups  uint64
 	Pad      [4]uint64
 }
@@ -51,6 +51,7 @@ const (
 	BenchVarKcGlobal      = "kc_global"
 	BenchVarKcRunning     = "kc_running"
 	BenchVarKcWakeupBytes = "kc_wakeup_bytes"
+	BenchVarKcWakeupMask  = "kc_wakeup_mask"
 )
 
 // LoadBench returns the embedded CollectionSpec for Bench.
@@ -119,6 +120,7 @@ type BenchVariableSpecs struct {
 	KcGlobal      *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcRunning     *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcWakeupBytes *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask  *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 }
 
 // BenchObjects contains all objects after they have been loaded into the kernel.
@@ -166,6 +168,7 @@ type BenchVariables struct {
 	KcGlobal      *ebpf.Variable `ebpf:"kc_global"`
 	KcRunning     *ebpf.Variable `ebpf:"kc_running"`
 	KcWakeupBytes *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask  *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 }
 
 // BenchPrograms contains all programs after they have been loaded into the kernel.

@@ -18,7 +18,7 @@ type BenchPerfKcCpuState struct {
 	Emitted  uint64
 	Lost     uint64
 	Disabled uint32
-	Pad0     uint32
+	Armed    uint32
 	Wakeups  uint64
 	Pad      [4]uint64
 }
@@ -51,6 +51,7 @@ const (
 	BenchPerfVarKcGlobal      = "kc_global"
 	BenchPerfVarKcRunning     = "kc_running"
 	BenchPerfVarKcWakeupBytes = "kc_wakeup_bytes"
+	BenchPerfVarKcWakeupMask  = "kc_wakeup_mask"
 )
 
 // LoadBenchPerf returns the embedded CollectionSpec for BenchPerf.
@@ -119,6 +120,7 @@ type BenchPerfVariableSpecs struct {
 	KcGlobal      *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcRunning     *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcWakeupBytes *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask  *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 }
 
 // BenchPerfObjects contains all objects after they have been loaded into the kernel.
@@ -166,6 +168,7 @@ type BenchPerfVariables struct {
 	KcGlobal      *ebpf.Variable `ebpf:"kc_global"`
 	KcRunning     *ebpf.Variable `ebpf:"kc_running"`
 	KcWakeupBytes *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask  *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 }
 
 // BenchPerfPrograms contains all programs after they have been loaded into the kernel.

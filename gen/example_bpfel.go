@@ -18,7 +18,7 @@ type ExampleKcCpuState struct {
 	Emitted  uint64
 	Lost     uint64
 	Disabled uint32
-	Pad0     uint32
+	Armed    uint32
 	Wakeups  uint64
 	Pad      [4]uint64
 }
@@ -58,6 +58,7 @@ const (
 	ExampleVarKcNcpu           = "kc_ncpu"
 	ExampleVarKcRunning        = "kc_running"
 	ExampleVarKcWakeupBytes    = "kc_wakeup_bytes"
+	ExampleVarKcWakeupMask     = "kc_wakeup_mask"
 	ExampleVarTargetTgid       = "target_tgid"
 )
 
@@ -134,6 +135,7 @@ type ExampleVariableSpecs struct {
 	KcNcpu           *ebpf.VariableSpec `ebpf:"kc_ncpu"`
 	KcRunning        *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcWakeupBytes    *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask     *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
 }
 
@@ -190,6 +192,7 @@ type ExampleVariables struct {
 	KcNcpu           *ebpf.Variable `ebpf:"kc_ncpu"`
 	KcRunning        *ebpf.Variable `ebpf:"kc_running"`
 	KcWakeupBytes    *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask     *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`
 }
 

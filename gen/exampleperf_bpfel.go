@@ -18,7 +18,7 @@ type ExamplePerfKcCpuState struct {
 	Emitted  uint64
 	Lost     uint64
 	Disabled uint32
-	Pad0     uint32
+	Armed    uint32
 	Wakeups  uint64
 	Pad      [4]uint64
 }
@@ -58,6 +58,7 @@ const (
 	ExamplePerfVarKcNcpu           = "kc_ncpu"
 	ExamplePerfVarKcRunning        = "kc_running"
 	ExamplePerfVarKcWakeupBytes    = "kc_wakeup_bytes"
+	ExamplePerfVarKcWakeupMask     = "kc_wakeup_mask"
 	ExamplePerfVarTargetTgid       = "target_tgid"
 )
 
@@ -134,6 +135,7 @@ type ExamplePerfVariableSpecs struct {
 	KcNcpu           *ebpf.VariableSpec `ebpf:"kc_ncpu"`
 	KcRunning        *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcWakeupBytes    *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask     *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
 }
 
@@ -190,6 +192,7 @@ type ExamplePerfVariables struct {
 	KcNcpu           *ebpf.Variable `ebpf:"kc_ncpu"`
 	KcRunning        *ebpf.Variable `ebpf:"kc_running"`
 	KcWakeupBytes    *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask     *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`
 }
 

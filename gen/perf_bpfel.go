@@ -23,7 +23,7 @@ type PerfKcCpuState struct {
 	Emitted  uint64
 	Lost     uint64
 	Disabled uint32
-	Pad0     uint32
+	Armed    uint32
 	Wakeups  uint64
 	Pad      [4]uint64
 }
@@ -85,6 +85,7 @@ const (
 	PerfVarKcRunning      = "kc_running"
 	PerfVarKcUseCookie    = "kc_use_cookie"
 	PerfVarKcWakeupBytes  = "kc_wakeup_bytes"
+	PerfVarKcWakeupMask   = "kc_wakeup_mask"
 )
 
 // LoadPerf returns the embedded CollectionSpec for Perf.
@@ -161,6 +162,7 @@ type PerfVariableSpecs struct {
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask   *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 }
 
 // PerfObjects contains all objects after they have been loaded into the kernel.
@@ -221,6 +223,7 @@ type PerfVariables struct {
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask   *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 }
 
 // PerfPrograms contains all programs after they have been loaded into the kernel.

@@ -23,7 +23,7 @@ type RingbufKcCpuState struct {
 	Emitted  uint64
 	Lost     uint64
 	Disabled uint32
-	Pad0     uint32
+	Armed    uint32
 	Wakeups  uint64
 	Pad      [4]uint64
 }
@@ -91,6 +91,7 @@ const (
 	RingbufVarKcTaskBtf      = "kc_task_btf"
 	RingbufVarKcUseCookie    = "kc_use_cookie"
 	RingbufVarKcWakeupBytes  = "kc_wakeup_bytes"
+	RingbufVarKcWakeupMask   = "kc_wakeup_mask"
 )
 
 // LoadRingbuf returns the embedded CollectionSpec for Ringbuf.
@@ -171,6 +172,7 @@ type RingbufVariableSpecs struct {
 	KcTaskBtf      *ebpf.VariableSpec `ebpf:"kc_task_btf"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask   *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 }
 
 // RingbufObjects contains all objects after they have been loaded into the kernel.
@@ -234,6 +236,7 @@ type RingbufVariables struct {
 	KcTaskBtf      *ebpf.Variable `ebpf:"kc_task_btf"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask   *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 }
 
 // RingbufPrograms contains all programs after they have been loaded into the kernel.
