@@ -213,7 +213,7 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	struct kc_rec *r = NULL;
 	__u32 cpu, idx;
 	void *ring, *d;
-	__u64 ts, flags;
+	__u64 ts;
 
 	cpu = bpf_get_smp_processor_id();
 	st = bpf_map_lookup_elem(&kc_state, &cpu);
@@ -223,7 +223,6 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	ring = bpf_map_lookup_elem(&kc_rings, &idx);
 	if (!ring)
 		return 0;
-	flags = kc_wakeup_flags(ring, sizeof(struct kc_rec) + (size + 7) / 8 * 8, st, 0, 1);
 	switch ((size + 7) / 8) {
 	KC_RESERVE(1)
 	KC_RESERVE(2)
@@ -272,7 +271,7 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	r->cpu = cpu;
 	ts = kc_now();
 	r->ts = ts;
-	bpf_ringbuf_submit(r, flags);
+	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 0, 1));
 	st->emitted++;
 	return ts;
 }
@@ -482,7 +481,6 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 e
 	struct kc_cpu_state *st;
 	struct kc_tp_info *info;
 	__u32 slot, key, cpu, idx, size, *k;
-	__u64 flags;
 	__s32 pid;
 	void *ring;
 
@@ -508,7 +506,6 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 e
 	if (!ring)
 		return;
 	size = info->size;
-	flags = kc_wakeup_flags(ring, sizeof(struct kc_rec) + ((size + 7) & ~7), st, 1, 1);
 	switch ((size + 7) / 8) {
 	KC_SYS_RESERVE(2)
 	KC_SYS_RESERVE(3)
@@ -530,7 +527,7 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 e
 	r->hdr.len = size;
 	r->hdr.cpu = cpu;
 	r->hdr.ts = kc_now();
-	bpf_ringbuf_submit(r, flags);
+	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 1, 1));
 	__sync_fetch_and_add(&st->emitted, 1);
 }
 

@@ -136,14 +136,21 @@ struct {
  * kc_wakeup_mask of the slot's record count are clear. The loader sizes
  * the mask so that the records passed over fit well within the ring's
  * room above the watermark.
+ *
+ * pending is what the caller's record will add to the unread data: 0
+ * once it is reserved (the producer position covers it), its size and
+ * the ring's 8-byte header for bpf_ringbuf_output. Forcing a wakeup
+ * disarms the slot; a caller whose record then fails to go out must
+ * hand the wakeup back with kc_wakeup_unused, or the sleeping drainer
+ * would wait for its latency tick.
  */
-static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size, struct kc_cpu_state *st, int atomic, int sampled)
+static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 pending, struct kc_cpu_state *st, int atomic, int sampled)
 {
 	if (!st->armed)
 		return BPF_RB_NO_WAKEUP;
 	if (sampled && (st->emitted & kc_wakeup_mask))
 		return BPF_RB_NO_WAKEUP;
-	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) + size + 8 < kc_wakeup_bytes)
+	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) + pending < kc_wakeup_bytes)
 		return BPF_RB_NO_WAKEUP;
 	/* Racing writers may both wake it: one spare wakeup, no harm. */
 	st->armed = 0;
@@ -152,6 +159,18 @@ static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 size, struct kc_c
 	else
 		st->wakeups++;
 	return BPF_RB_FORCE_WAKEUP;
+}
+
+/* kc_wakeup_unused re-arms st after a record given flags failed to go out. */
+static __always_inline void kc_wakeup_unused(struct kc_cpu_state *st, __u64 flags, int atomic)
+{
+	if (flags != BPF_RB_FORCE_WAKEUP)
+		return;
+	st->armed = 1;
+	if (atomic)
+		__sync_fetch_and_add(&st->wakeups, -1);
+	else
+		st->wakeups--;
 }
 #endif
 
@@ -199,9 +218,16 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 	__u32 idx = kc_global ? 0 : s->hdr.cpu;
 	void *ring = bpf_map_lookup_elem(&kc_rings, &idx);
 
+	__u64 flags;
+	long err;
+
 	if (!ring)
 		return -2; /* -ENOENT: no ring for this CPU */
-	return bpf_ringbuf_output(ring, s, size, kc_wakeup_flags(ring, size, st, atomic, 0));
+	flags = kc_wakeup_flags(ring, size + 8, st, atomic, 0);
+	err = bpf_ringbuf_output(ring, s, size, flags);
+	if (err)
+		kc_wakeup_unused(st, flags, atomic);
+	return err;
 #endif
 }
 
