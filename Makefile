@@ -9,9 +9,11 @@ KERNELS  ?= 5.10 6.1 6.12 newest
 
 all: build
 
+# bin/kconsume is static (no cgo: nothing in it needs C), so it runs in
+# any VM image or initramfs without the host's libc, and maps 1.5 MiB less.
 build:
 	$(GO) build $(PKGS)
-	$(GO) build -o $(BIN) ./cmd/kconsume
+	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/kconsume
 
 # KCONSUME_STRICT turns every "tool or privilege missing" skip into a failure.
 test:

@@ -8,6 +8,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/kconsume/kconsume/internal/kcbuild"
 )
 
 // family is one benchmark invocation of a round.
@@ -53,7 +56,7 @@ func run(rounds int, out string) error {
 	}
 	defer os.RemoveAll(tmp)
 	bin := filepath.Join(tmp, "kconsume")
-	if err := sh(os.Stderr, "go", "build", "-o", bin, "./cmd/kconsume"); err != nil {
+	if err := kcbuild.Build(context.Background(), bin); err != nil {
 		return err
 	}
 	tests := map[string]string{}

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/kconsume/kconsume/internal/kcbuild"
 )
 
 // Suite is a Go test suite compiled on the host, ready to run in guests:
@@ -67,8 +69,8 @@ func BuildSuite(ctx context.Context, dir string, pkgs, testArgs []string) (*Suit
 	}
 	script.WriteString("if [ -n \"$failed\" ]; then echo \"vmtest: failed:$failed\"; exit 1; fi\n")
 	bin := filepath.Join(work, "kconsume")
-	if b, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/kconsume/kconsume/cmd/kconsume").CombinedOutput(); err != nil {
-		return fail(fmt.Errorf("go build kconsume: %w: %s", err, strings.TrimSpace(string(b))))
+	if err := kcbuild.Build(ctx, bin); err != nil {
+		return fail(err)
 	}
 	s.Env = []string{"KCONSUME_BIN=" + bin, "KCONSUME_VMTEST=1", "KCONSUME_STRICT=1"}
 	s.Script = filepath.Join(work, "suite.sh")

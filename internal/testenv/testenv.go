@@ -5,6 +5,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/kcbuild"
 )
 
 // Strict reports whether missing requirements fail tests (make test).
@@ -125,10 +128,7 @@ func KconsumeBin(tb testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "kconsume")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/kconsume/kconsume/cmd/kconsume").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("%w\n%s", err, out)
-		}
+		binErr = kcbuild.Build(context.Background(), binPath)
 	})
 	if binErr != nil {
 		tb.Fatalf("building kconsume: %v", binErr)
