@@ -122,7 +122,7 @@ struct {
 
 #ifndef KC_PERF
 /*
- * kc_wakeup_flags returns the submit flags for a record of size bytes:
+ * kc_wakeup_flags returns the submit flags for the caller's record:
  * wake the consumer once it has drained and gone to sleep (armed) and the
  * unread data reaches the watermark, one wakeup per batch and never one
  * per record (by default the kernel wakes on every record written into a
