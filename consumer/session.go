@@ -503,9 +503,7 @@ func (s *Session) load(nevents int, opts *loadOpts) error {
 		return fmt.Errorf("mapping kc_state: %w", err)
 	}
 	s.lostSeen = make([]uint64, s.ncpu)
-	for slot := range 2 * s.ncpu {
-		s.cpuState(slot).Armed = 1
-	}
+	s.arm() // the drainer starts asleep
 	if opts != nil && opts.spec != nil {
 		return nil
 	}
@@ -1292,19 +1290,13 @@ func (s *Session) placeMissed() {
 	}
 }
 
-// cpusOf returns the first and last CPU whose records go through st's
-// ring: its own, or in global mode all of them.
-func (s *Session) cpusOf(st *stream) (first, last int) {
-	if s.cfg.Global {
-		return 0, s.ncpu - 1
-	}
-	return st.idx, st.idx
-}
-
 // placeLossesOf puts the kernel-side losses of st's CPUs into its window
 // after the newest record there, so they land where they happened.
 func (s *Session) placeLossesOf(st *stream) {
-	first, last := s.cpusOf(st)
+	first, last := st.idx, st.idx
+	if s.cfg.Global {
+		first, last = 0, s.ncpu-1
+	}
 	for cpu := first; cpu <= last; cpu++ {
 		lost := s.kernelLost(cpu)
 		if d := lost - s.lostSeen[cpu]; d > 0 {
