@@ -135,6 +135,7 @@ type buffer struct {
 	hdr  PacketHeader // static fields of every packet
 
 	// Writer-owned, touched once per packet or per loss.
+	opens       uint64 // sub-buffers opened or dropped: a Mark's generation
 	seq         uint64 // sequence number the next opened packet gets
 	discarded   uint64 // running total, written into each packet
 	pktDisc     uint64 // discarded as of the last finished packet
@@ -304,10 +305,25 @@ func (c *Channel) buf(cpu int) (*buffer, error) {
 // no sub-buffer is free (NoOverwrite), ErrTooLarge or ErrInvalid; each of
 // them is counted and reported in the stream as discarded events.
 func (c *Channel) Write(cpu int, ts uint64, id uint32, payload []byte) error {
+	_, err := c.write(cpu, ts, id, payload, true)
+	return err
+}
+
+// Append is Write kept inside the open sub-buffer, for a writer that may
+// still Undo: starting a sub-buffer makes every event before it final.
+// When the event does not fit the open sub-buffer, or none is open, it
+// writes and counts nothing and returns false, and the caller writes the
+// event later with Write. Otherwise it returns true and Write's error.
+func (c *Channel) Append(cpu int, ts uint64, id uint32, payload []byte) (bool, error) {
+	return c.write(cpu, ts, id, payload, false)
+}
+
+// write is Write (open set: a sub-buffer may be started) and Append.
+func (c *Channel) write(cpu int, ts uint64, id uint32, payload []byte, open bool) (bool, error) {
 	b := c.global
 	if b == nil {
 		if uint(cpu) >= uint(len(c.bufs)) {
-			return fmt.Errorf("cpu %d: %w", cpu, ErrNoStream)
+			return true, fmt.Errorf("cpu %d: %w", cpu, ErrNoStream)
 		}
 		b = c.bufs[cpu]
 	}
@@ -331,24 +347,26 @@ func (c *Channel) Write(cpu int, ts uint64, id uint32, payload []byte) error {
 		b.off = off + need
 		b.lastTS = ts
 		b.events++
-		return nil
+		return true, nil
 	}
-	return b.writeSlow(ts, id, payload, uint32(cpu))
+	return b.writeSlow(ts, id, payload, uint32(cpu), open)
 }
 
-// writeSlow is Write for every other case: a class to validate or newly
-// added, a clamped timestamp, an extended header, a sub-buffer switch.
-func (b *buffer) writeSlow(ts uint64, id uint32, payload []byte, cpu uint32) error {
+// writeSlow is write for every other case: a class to validate or newly
+// added, a clamped timestamp, an extended header, a sub-buffer switch
+// (only when open is set; otherwise it returns false having changed
+// nothing).
+func (b *buffer) writeSlow(ts uint64, id uint32, payload []byte, cpu uint32, open bool) (bool, error) {
 	ctx := b.ctx
 	if uint64(id) >= uint64(len(b.sizes)) && !b.refreshSizes(id) {
-		return b.lose(&b.stats.Invalid, ErrInvalid)
+		return true, b.lose(&b.stats.Invalid, ErrInvalid)
 	}
 	if fs := b.sizes[id]; int(fs) != len(payload) && (fs >= 0 || !b.validPayload(id, payload)) {
-		return b.lose(&b.stats.Invalid, ErrInvalid)
+		return true, b.lose(&b.stats.Invalid, ErrInvalid)
 	}
-	if ts < b.lastTS {
+	clamped := ts < b.lastTS
+	if clamped {
 		ts = b.lastTS
-		b.stats.Clamped++
 	}
 	ext := needsExtended(id, ts, b.lastFull)
 	need := CompactHeaderSize + ctx + len(payload)
@@ -356,6 +374,9 @@ func (b *buffer) writeSlow(ts uint64, id uint32, payload []byte, cpu uint32) err
 		need += ExtendedHeaderSize - CompactHeaderSize
 	}
 	if b.off+need > len(b.cur) {
+		if !open {
+			return false, nil
+		}
 		// A fresh packet sets the full timestamp, so only the id can still
 		// force the extended header.
 		ext = id > MaxCompactID
@@ -364,14 +385,17 @@ func (b *buffer) writeSlow(ts uint64, id uint32, payload []byte, cpu uint32) err
 			need += ExtendedHeaderSize - CompactHeaderSize
 		}
 		if need > b.size-PacketHeaderSize {
-			return b.lose(&b.stats.TooLarge, ErrTooLarge)
+			return true, b.lose(&b.stats.TooLarge, ErrTooLarge)
 		}
 		if b.cur != nil {
 			b.finish()
 		}
 		if !b.open(ts) {
-			return b.lose(&b.stats.Dropped, ErrDropped)
+			return true, b.lose(&b.stats.Dropped, ErrDropped)
 		}
+	}
+	if clamped {
+		b.stats.Clamped++
 	}
 	p := b.cur[b.off : b.off+need]
 	n := putEventHeader(p, id, ts, ext)
@@ -386,7 +410,61 @@ func (b *buffer) writeSlow(ts uint64, id uint32, payload []byte, cpu uint32) err
 		b.lastFull = ts
 	}
 	b.events++
-	return nil
+	return true, nil
+}
+
+// Mark is a place in one buffer of a Channel, between two events of its
+// open sub-buffer, that Undo can take the buffer back to.
+type Mark struct {
+	b                          *buffer
+	opens                      uint64
+	off                        int
+	lastTS, lastFull, events   uint64
+	invalid, tooLarge, clamped uint64
+}
+
+// Mark returns the place after the last event written to cpu's buffer
+// (the one buffer in global mode); the zero Mark for an unknown cpu.
+func (c *Channel) Mark(cpu int) Mark {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return Mark{}
+	}
+	return Mark{b: b, opens: b.opens, off: b.off, lastTS: b.lastTS, lastFull: b.lastFull, events: b.events,
+		invalid: b.stats.Invalid, tooLarge: b.stats.TooLarge, clamped: b.stats.Clamped}
+}
+
+// TS returns the timestamp of the newest event written before m.
+func (m Mark) TS() uint64 { return m.lastTS }
+
+// LastTS returns the timestamp of the newest event written to cpu's
+// buffer (the one buffer in global mode), before which Write clamps a
+// later event's timestamp; 0 for an unknown cpu.
+func (c *Channel) LastTS(cpu int) uint64 {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return 0
+	}
+	return b.lastTS
+}
+
+// Undo takes m's buffer back to m: the events written since are gone, as
+// are the counts of records Write rejected since (invalid, too large) and
+// of timestamps it clamped, since the caller will write those records
+// again. Losses reported through Discard stay counted. It reports whether
+// it could: not once the sub-buffer open at m has been finished or
+// dropped (a flush, a snapshot, a reset, or a Write that started a new
+// one), nor when none was open at m.
+func (c *Channel) Undo(m Mark) bool {
+	b := m.b
+	if b == nil || b.ch != c || b.cur == nil || b.opens != m.opens || m.off > b.off {
+		return false
+	}
+	rejected := b.stats.Invalid - m.invalid + b.stats.TooLarge - m.tooLarge
+	b.stats.Invalid, b.stats.TooLarge, b.stats.Clamped = m.invalid, m.tooLarge, m.clamped
+	b.discarded -= rejected
+	b.off, b.lastTS, b.lastFull, b.events = m.off, m.lastTS, m.lastFull, m.events
+	return true
 }
 
 // settle adds the records and bytes of the open sub-buffer to the stats,
@@ -453,6 +531,7 @@ func (b *buffer) open(ts uint64) bool {
 	}
 	slot := int(p % b.n)
 	b.cur = b.mem[slot*b.size : (slot+1)*b.size]
+	b.opens++
 	h := b.hdr
 	h.TimestampBegin = ts
 	h.SeqNum = b.seq
@@ -564,6 +643,7 @@ func (c *Channel) Reset() {
 }
 
 func (b *buffer) reset() {
+	b.opens++
 	if b.cur != nil {
 		b.settle()
 		b.cur = nil
