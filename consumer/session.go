@@ -95,8 +95,14 @@ type stream struct {
 	scratch     []byte
 	wakeups     uint64
 	undecodable uint64 // records the consumer could not decode
-	rb          *ringbuf
-	pr          *perfRing
+	cps         checkpoints
+	rollbacks   int // times a late record sent the ring's walk back
+	// replayEnd is just past the ring position of the late record that
+	// last sent the walk back: until the walk passes it, every record
+	// goes through the window, where the late one takes its place.
+	replayEnd uint64
+	rb        *ringbuf
+	pr        *perfRing
 }
 
 // Session is a running recording: BPF programs attached, rings mapped, a
@@ -696,7 +702,7 @@ func (s *Session) openRings() error {
 		nstreams = 1
 	}
 	for i := 0; i < nstreams; i++ {
-		s.streams = append(s.streams, &stream{idx: i, win: newWindow(s.cfg.ReorderMax), scratch: make([]byte, 0, tracefs.MaxRecordSize*2)})
+		s.streams = append(s.streams, &stream{idx: i, win: newWindow(s.cfg.ReorderMax), cps: newCheckpoints(s.cfg.ReorderMax), scratch: make([]byte, 0, tracefs.MaxRecordSize*2)})
 	}
 	if s.transport == Perf {
 		return s.openPerf()
@@ -938,6 +944,7 @@ func (s *Session) resetStream(st *stream) {
 	for st.win.n > 0 {
 		st.win.pop()
 	}
+	st.cps.clear()
 	if st.rb != nil {
 		st.rb.skipAll()
 	}
@@ -1175,11 +1182,17 @@ func (s *Session) drainAll(cutoff uint64) (more bool) {
 	return more
 }
 
-// drainRingbuf walks st's ring in place, at most one lap. Each record
-// enters the stream's reorder window; when the window is full its oldest
-// records are written, a sixteenth of it at a time. Ring space is
-// released once per batch of a sixteenth of the ring, up to the oldest
-// record still waiting.
+// drainRingbuf walks st's ring in place, at most one lap. While no record
+// waits in the stream's reorder window, records are written straight from
+// the ring into the open sub-buffer as they are walked (walkOnce), every
+// record read once; a record stamped before one already written sends the
+// walk back to a checkpoint (rollback) and the window takes over. In the
+// window, each record waits; when the window is full its oldest records
+// are written, a sixteenth of it at a time, and once what waits is in
+// ring order again it is all written out (catchUp) and the straight walk
+// resumes. Ring space is released once per batch of a sixteenth of the
+// ring, up to the oldest record still waiting or that a checkpoint may
+// walk again.
 func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	r, w := st.rb, st.win
 	limit := r.cons + r.size // one lap per call, so other rings get their turn
@@ -1195,6 +1208,14 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 		}
 	walk:
 		for {
+			if r.cons >= st.replayEnd && (w.n == 0 || s.catchUp(st)) {
+				switch why, ts := s.walkOnce(st, prod); why {
+				case onceDone:
+					break walk
+				case onceLate:
+					s.rollback(st, ts, r.cons)
+				}
+			}
 			switch why, e := fillWindow(r, w, prod); why {
 			case fillDone:
 				break walk
@@ -1205,10 +1226,12 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 			case fillBad:
 				s.undecodable(st)
 			case fillLate:
-				w.insert(e)
+				if e.ts >= s.ch.LastTS(st.idx) || !s.rollback(st, e.ts, e.pos) {
+					w.insert(e)
+				}
 			}
 		}
-		r.release(w.releasePos(r.cons))
+		r.release(st.cps.releasePos(w.releasePos(r.cons)))
 		if r.cons < prod {
 			break // stopped at a record still being written
 		}
@@ -1217,7 +1240,133 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	for w.n > 0 && w.front().ts <= cutoff {
 		s.emit(st, w.pop())
 	}
-	r.release(w.releasePos(r.cons))
+	if w.n > 0 {
+		s.catchUp(st)
+	}
+	st.cps.dropFinal(cutoff, s.ch.LastTS(st.idx))
+	r.release(st.cps.releasePos(w.releasePos(r.cons)))
+}
+
+// Why walkOnce returned.
+const (
+	onceDone  = iota // no finished record left before prod
+	onceLate         // the record at r.cons is stamped before one written
+	onceOther        // the record at r.cons goes through the window
+)
+
+// walkOnce writes the finished records of st's ring before prod straight
+// into the channel, in ring order, while each is stamped no earlier than
+// the newest written and fits the open sub-buffer; st's window must be
+// empty. Every cps.every records it takes a checkpoint. It returns at the
+// first record it cannot write so, with the ring's walk at that record
+// (and its timestamp when it is late): a late one, one that needs a new
+// sub-buffer (which makes everything before it final, so it waits in the
+// window past the reorder bound), or one too short or long to be a record
+// (which the window counts). A record it cannot decode is counted and
+// placed as discarded, as emit does.
+func (s *Session) walkOnce(st *stream, prod uint64) (why int, late uint64) {
+	r, cps := st.rb, &st.cps
+	data := r.data
+	last := s.ch.LastTS(st.idx)
+	for {
+		pos := r.cons
+		off, n, skip, ok := r.next(prod)
+		if !ok {
+			return onceDone, 0
+		}
+		if skip {
+			continue
+		}
+		if n < uint32(recHdrLen) || uint64(n) > r.size {
+			r.cons = pos
+			return onceOther, 0
+		}
+		ts := binary.LittleEndian.Uint64(data[off:])
+		if ts < last {
+			r.cons = pos
+			return onceLate, ts
+		}
+		if cps.left <= 0 {
+			cps.push(checkpoint{mark: s.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
+		}
+		if !s.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false) {
+			r.cons = pos
+			return onceOther, 0
+		}
+		last = ts
+		cps.left--
+	}
+}
+
+// rollback is called for a record stamped late, before the newest one
+// written, at ring position pos. It undoes the channel's writes back to the newest checkpoint
+// before which nothing is stamped later (or, when none is, the oldest that
+// can still be undone), empties the window (its records come after the
+// checkpoint) and moves the ring's walk back there, so that the window
+// takes the records again and inserts the late one in its place. It
+// reports false, having changed nothing, when no checkpoint can be undone:
+// the late record is then written with its timestamp raised
+// (Stats.Clamped), as when it comes after its place left the window.
+func (s *Session) rollback(st *stream, late, pos uint64) bool {
+	cps, w := &st.cps, st.win
+	i := cps.n - 1
+	for i > 0 && cps.at(i).mark.TS() > late {
+		i--
+	}
+	for ; i >= 0 && i < cps.n; i++ {
+		cp := cps.at(i)
+		if !s.ch.Undo(cp.mark) {
+			continue
+		}
+		for w.n > 0 {
+			if e := w.pop(); e.n == 0 {
+				_ = s.ch.Discard(st.idx, e.pos)
+			}
+		}
+		st.rb.cons, st.replayEnd = cp.pos, pos+1
+		w.newest, w.reordered = cp.mark.TS(), cp.reordered
+		cps.truncate(i)
+		st.rollbacks++
+		return true
+	}
+	// A checkpoint that cannot be undone was taken in a sub-buffer that
+	// is finished now, as were all the older ones.
+	cps.clear()
+	return false
+}
+
+// catchUp writes out every record waiting in st's window when they wait
+// in ring order (no late record among them), behind a checkpoint at the
+// first, and reports whether the window is empty then. It stops at a
+// record that needs a new sub-buffer: that one waits until the window
+// writes it, past the reorder bound.
+func (s *Session) catchUp(st *stream) bool {
+	w := st.win
+	if w.unsorted != 0 {
+		return false
+	}
+	var cp checkpoint
+	marked := false
+	for w.n > 0 {
+		e := w.front()
+		if e.n == 0 {
+			s.emit(st, w.pop())
+			continue
+		}
+		if !marked {
+			cp = checkpoint{mark: s.ch.Mark(st.idx), pos: e.pos, reordered: w.reordered}
+		}
+		if !s.write(st, *e, false) {
+			return false
+		}
+		if !marked {
+			st.cps.push(cp)
+			marked = true
+		}
+		st.cps.left--
+		w.pop()
+	}
+	return true
 }
 
 // Why fillWindow returned.
@@ -1316,6 +1465,8 @@ func (s *Session) pushLoss(st *stream, n uint64) {
 // undecodable counts a record the consumer cannot decode and writes it
 // into the stream as discarded at this place.
 func (s *Session) undecodable(st *stream) {
+	// Walked again after a rollback, it would be counted twice.
+	st.cps.clear()
 	st.undecodable++
 	_ = s.ch.Discard(st.idx, 1)
 }
@@ -1333,21 +1484,27 @@ func (st *stream) record(e entry) []byte {
 // emit writes one waiting entry into the channel. Records the channel
 // cannot take are counted there (dropped, invalid) and reported in the
 // stream; a record this consumer cannot decode counts as undecodable.
-func (s *Session) emit(st *stream, e entry) {
+func (s *Session) emit(st *stream, e entry) { s.write(st, e, true) }
+
+// write is emit, and with open false what the channel's Append does: it
+// returns false, having written nothing, when the record needs a new
+// sub-buffer. The record is decoded here, not in a function of its own:
+// a second call per record cost the perf drain 5 %.
+func (s *Session) write(st *stream, e entry, open bool) bool {
 	if e.n == 0 {
 		_ = s.ch.Discard(st.idx, e.pos)
-		return
+		return true
 	}
 	rec := st.record(e)
 	key := binary.LittleEndian.Uint32(rec[8:])
 	n := int(binary.LittleEndian.Uint16(rec[12:]))
-	cpu := int(binary.LittleEndian.Uint16(rec[14:]))
-	if !s.cfg.Global {
-		cpu = st.idx
+	cpu := st.idx
+	if s.cfg.Global {
+		cpu = int(binary.LittleEndian.Uint16(rec[14:]))
 	}
 	if recHdrLen+n > len(rec) || uint64(key) >= uint64(len(s.layouts)) || s.layouts[key] == nil {
 		s.undecodable(st)
-		return
+		return true
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
 	l := s.layouts[key]
@@ -1357,18 +1514,24 @@ func (s *Session) emit(st *stream, e entry) {
 	} else if l.direct {
 		if n < l.fixed {
 			s.undecodable(st)
-			return
+			return true
 		}
 		payload = raw[:l.fixed]
 	} else {
 		var ok bool
 		if st.scratch, ok = l.transcode(st.scratch[:0], raw); !ok {
 			s.undecodable(st)
-			return
+			return true
 		}
 		payload = st.scratch
 	}
-	_ = s.ch.Write(cpu, e.ts, key, payload)
+	// A record the channel rejects is counted there.
+	if open {
+		_ = s.ch.Write(cpu, e.ts, key, payload)
+		return true
+	}
+	written, _ := s.ch.Append(cpu, e.ts, key, payload)
+	return written
 }
 
 // Close stops recording, detaches every program, drains and writes out
