@@ -1299,14 +1299,15 @@ func (s *Session) walkOnce(st *stream, prod uint64) (why int, late uint64) {
 }
 
 // rollback is called for a record stamped late, before the newest one
-// written, at ring position pos. It undoes the channel's writes back to the newest checkpoint
-// before which nothing is stamped later (or, when none is, the oldest that
-// can still be undone), empties the window (its records come after the
-// checkpoint) and moves the ring's walk back there, so that the window
-// takes the records again and inserts the late one in its place. It
-// reports false, having changed nothing, when no checkpoint can be undone:
-// the late record is then written with its timestamp raised
-// (Stats.Clamped), as when it comes after its place left the window.
+// written, at ring position pos. It undoes the channel's writes back to
+// the newest checkpoint before which nothing is stamped later (or, when
+// none is, the oldest that can still be undone), empties the window (its
+// records come after the checkpoint) and moves the ring's walk back
+// there, so that the window takes the records again and inserts the late
+// one in its place. It reports false when no checkpoint can be undone,
+// having only forgotten them: the late record is then written with its
+// timestamp raised (Stats.Clamped), as when it comes after its place
+// left the window.
 func (s *Session) rollback(st *stream, late, pos uint64) bool {
 	cps, w := &st.cps, st.win
 	i := cps.n - 1
