@@ -1240,9 +1240,7 @@ func (s *Session) drainRingbuf(st *stream, cutoff uint64) {
 	for w.n > 0 && w.front().ts <= cutoff {
 		s.emit(st, w.pop())
 	}
-	if w.n > 0 {
-		s.catchUp(st)
-	}
+	s.catchUp(st)
 	st.cps.dropFinal(cutoff, s.ch.LastTS(st.idx))
 	r.release(st.cps.releasePos(w.releasePos(r.cons)))
 }
@@ -1321,7 +1319,7 @@ func (s *Session) rollback(st *stream, late, pos uint64) bool {
 		}
 		for w.n > 0 {
 			if e := w.pop(); e.n == 0 {
-				_ = s.ch.Discard(st.idx, e.pos)
+				s.emit(st, e) // a loss notice: not in the ring to walk again
 			}
 		}
 		st.rb.cons, st.replayEnd = cp.pos, pos+1
