@@ -1,0 +1,94 @@
+package relayfmt
+
+import (
+	"encoding/binary"
+	"math"
+)
+
+// Run is a writer's fast path into the open sub-buffer of one buffer, for
+// a loop that writes many events in a row: the buffer's writer state is
+// copied into the Run, and Put, small enough for the compiler to inline,
+// writes an event with no call but the payload's copy. A Run takes only
+// an event that needs nothing else, as Write's own fast path: a class id
+// of at most MaxCompactID with a fixed payload size (so a compact
+// header), a timestamp no lower than the last one written and less than
+// 2^27 ticks after the packet's last full one, room left in the open
+// sub-buffer. It refuses everything else; the caller then Syncs the Run
+// and writes that event with Write or Append.
+//
+// The events Put reach the buffer at Sync. Every other call on the buffer
+// (Write, Append, Mark, Undo, Discard, LastTS, StatsCPU, FlushCPU...) must
+// come after a Sync, and a Run used after a call that changed the buffer
+// (all of them but Mark, LastTS and StatsCPU) must be started again with
+// Channel.Run. Only the buffer's writer may hold a Run on it.
+type Run struct {
+	b      *buffer
+	free   []byte  // the open sub-buffer after the last event
+	sizes  []int32 // b.sizes up to MaxCompactID
+	lastTS uint64
+	maxTS  uint64 // the latest timestamp a compact header can carry
+	events uint64
+	opens  uint64 // b.opens at the start: a switch ends the Run
+	off    int    // b.off at the start or the last Sync
+	room   int    // len(free) then
+}
+
+// Run starts a Run on cpu's buffer (the one buffer in global mode) at its
+// current state. A Run on an unknown cpu, on a buffer with no open
+// sub-buffer or on a global channel (whose events carry the CPU as their
+// context, which Put does not write) refuses every event.
+func (c *Channel) Run(cpu int) Run {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return Run{}
+	}
+	r := Run{b: b, lastTS: b.lastTS, maxTS: math.MaxUint64, events: b.events, opens: b.opens, off: b.off}
+	if b.lastFull <= math.MaxUint64-compactTSMask {
+		r.maxTS = b.lastFull + compactTSMask
+	}
+	if b.cur != nil && b.ctx == 0 {
+		r.free = b.cur[b.off:]
+		r.sizes = b.sizes[:min(len(b.sizes), MaxCompactID+1)]
+		r.room = len(r.free)
+	}
+	return r
+}
+
+// Put writes one event of class id with timestamp ts into the Run, as
+// Write would, and reports true; or it writes nothing and reports false
+// when the event needs more than a Run does (see Run).
+func (r *Run) Put(ts uint64, id uint32, payload []byte) bool {
+	n := len(payload)
+	if uint64(id) >= uint64(len(r.sizes)) || int(r.sizes[id]) != n || ts < r.lastTS || ts > r.maxTS || n+CompactHeaderSize > len(r.free) {
+		return false
+	}
+	binary.LittleEndian.PutUint32(r.free, id|uint32(ts&compactTSMask)<<5)
+	copy(r.free[CompactHeaderSize:], payload)
+	r.free = r.free[CompactHeaderSize+n:]
+	r.lastTS = ts
+	r.events++
+	return true
+}
+
+// LastTS returns the timestamp of the newest event written to the Run's
+// buffer, the Run's included: Put refuses an earlier one.
+func (r *Run) LastTS() uint64 { return r.lastTS }
+
+// Sync stores the events Put since the Run started, or since the last
+// Sync, into the buffer, where the other calls see them; the Run may go
+// on after it. It reports false, storing nothing, when the buffer was
+// written, undone or switched to another sub-buffer since (the Run was
+// not started again after another call): the events Put since are lost.
+func (r *Run) Sync() bool {
+	b := r.b
+	if b == nil {
+		return true
+	}
+	if b.opens != r.opens || b.off != r.off {
+		return false
+	}
+	r.off += r.room - len(r.free)
+	r.room = len(r.free)
+	b.off, b.lastTS, b.events = r.off, r.lastTS, r.events
+	return true
+}
