@@ -48,12 +48,14 @@ func (c *checkpoints) push(cp checkpoint) {
 func (c *checkpoints) truncate(i int) { c.n = i }
 
 // clear forgets every checkpoint: nothing written so far can be undone.
-func (c *checkpoints) clear() { c.n = 0 }
+// The next record written takes a new one.
+func (c *checkpoints) clear() { c.n, c.left = 0, 0 }
 
 // dropFinal forgets the checkpoints that only records stamped no later
 // than cutoff follow up to the next one (or up to last, the newest
 // timestamp written, for the newest): those records are final, as
-// records leaving the window by time are.
+// records leaving the window by time are. When it forgets them all, the
+// next record written takes a new one.
 func (c *checkpoints) dropFinal(cutoff, last uint64) {
 	for c.n > 0 {
 		next := last
@@ -66,6 +68,7 @@ func (c *checkpoints) dropFinal(cutoff, last uint64) {
 		c.head = (c.head + 1) % len(c.buf)
 		c.n--
 	}
+	c.left = 0
 }
 
 // releasePos returns how far the ring may be released for the

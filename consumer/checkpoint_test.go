@@ -27,6 +27,10 @@ func TestLateRecordsPlaced(t *testing.T) {
 		late                         [][2]int // ring index, records late by
 		far                          int      // ring index of a record far too late, or 0
 		name                         string
+		// final drains each chunk with every record final, as a live
+		// drain does once the reorder time has passed: the late records
+		// of the next chunk still have checkpoints to go back to.
+		final bool
 	}
 	cases := []lateCase{
 		{subbuf: 4096, reorderMax: 16, n: 3000, chunk: 37,
@@ -36,6 +40,11 @@ func TestLateRecordsPlaced(t *testing.T) {
 			late: [][2]int{{2000, 1}, {5000, 100}, {9000, 900}, {12000, 3}, {15000, 512}},
 			far:  18000},
 	}
+	final := lateCase{subbuf: 64 << 10, reorderMax: 64, n: 5000, chunk: 200, final: true, name: "final-chunks"}
+	for at := 210; at < final.n; at += 400 {
+		final.late = append(final.late, [2]int{at, 1 + at%7})
+	}
+	cases = append(cases, final)
 	// Late records at random places, so that some land at every distance
 	// from a packet boundary and from a drain's end.
 	for seed := uint64(1); seed <= 6; seed++ {
@@ -95,7 +104,11 @@ func TestLateRecordsPlaced(t *testing.T) {
 			end := *rb.prodPos
 			for i := 0; i < tc.n; i += tc.chunk {
 				*rb.prodPos = min(end, uint64(i+tc.chunk)*uint64(recordBytes(64)))
-				s.drainRingbuf(st, 0)
+				cutoff := uint64(0)
+				if tc.final {
+					cutoff = ^uint64(0)
+				}
+				s.drainRingbuf(st, cutoff)
 			}
 			s.drainRingbuf(st, ^uint64(0)) // as Close drains when the drainer runs
 			rollbacks := st.rollbacks
