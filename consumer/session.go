@@ -119,6 +119,7 @@ type Session struct {
 	running    *ebpf.Variable
 	stateMem   []byte
 	layouts    []*layout // by class id
+	direct     []int32   // by class id: a direct layout's payload size, else -1
 	synth      map[string]synthClass
 	injectMu   sync.Mutex
 	injectRec  *gen.RingbufKcInjectRec
@@ -811,8 +812,13 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 func (s *Session) setLayout(id uint32, l *layout) {
 	for uint32(len(s.layouts)) <= id {
 		s.layouts = append(s.layouts, nil)
+		s.direct = append(s.direct, -1)
 	}
 	s.layouts[id] = l
+	s.direct[id] = -1
+	if l != nil && l.direct {
+		s.direct[id] = int32(l.fixed)
+	}
 }
 
 // RawSyscalls returns the syscall events recorded through the raw
@@ -1262,7 +1268,59 @@ const (
 // window past the reorder bound), or one too short or long to be a record
 // (which the window counts). A record it cannot decode is counted and
 // placed as discarded, as emit does.
+//
+// A record of a class whose payload is the record as it is goes through a
+// relayfmt.Run, inline; any other, or one the Run refuses, through write,
+// with the Run synced around it. A global channel's Run takes nothing (its
+// events carry their CPU), so walkWrite walks a global ring: a test for
+// it in this loop cost the per-CPU drain a tenth of its speed.
 func (s *Session) walkOnce(st *stream, prod uint64) (why int, late uint64) {
+	if s.cfg.Global {
+		return s.walkWrite(st, prod)
+	}
+	r, cps := st.rb, &st.cps
+	data := r.data
+	run := s.ch.Run(st.idx)
+	defer run.Sync()
+	cc := classCache{key: ^uint32(0)}
+	for {
+		pos := r.cons
+		off, n, skip, ok := r.next(prod)
+		if !ok {
+			return onceDone, 0
+		}
+		if skip {
+			continue
+		}
+		if n < uint32(recHdrLen) || uint64(n) > r.size {
+			r.cons = pos
+			return onceOther, 0
+		}
+		rec := data[off : off+n : off+n]
+		ts := binary.LittleEndian.Uint64(rec)
+		if ts < run.LastTS() {
+			r.cons = pos
+			return onceLate, ts
+		}
+		if cps.left <= 0 {
+			run.Sync()
+			cps.push(checkpoint{mark: s.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
+		}
+		if key, payload := s.directPayload(rec, &cc); payload == nil || !run.Put(ts, key, payload) {
+			run.Sync()
+			written := s.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false)
+			run = s.ch.Run(st.idx)
+			if !written {
+				r.cons = pos
+				return onceOther, 0
+			}
+		}
+		cps.left--
+	}
+}
+
+// walkWrite is walkOnce writing every record through write.
+func (s *Session) walkWrite(st *stream, prod uint64) (why int, late uint64) {
 	r, cps := st.rb, &st.cps
 	data := r.data
 	last := s.ch.LastTS(st.idx)
@@ -1293,6 +1351,37 @@ func (s *Session) walkOnce(st *stream, prod uint64) (why int, late uint64) {
 		}
 		last = ts
 		cps.left--
+	}
+}
+
+// directPayload returns the class id of rec, a record of at least
+// recHdrLen bytes, and its payload when its class's layout is the record's
+// bytes as they are (layout.direct, the usual case, decoded here inline);
+// a nil payload otherwise. c remembers the last class it looked up.
+func (s *Session) directPayload(rec []byte, c *classCache) (uint32, []byte) {
+	key := binary.LittleEndian.Uint32(rec[8:])
+	n := int(binary.LittleEndian.Uint16(rec[12:]))
+	if key != c.key {
+		c.lookup(s, key)
+	}
+	if uint(c.size) > uint(n) || recHdrLen+n > len(rec) { // a size of -1 is above any n
+		return key, nil
+	}
+	return key, rec[recHdrLen : recHdrLen+c.size]
+}
+
+// classCache is the last class a drain loop met and its payload size
+// when its layout is direct (else -1): a run of records of one class
+// reads no table.
+type classCache struct {
+	key  uint32
+	size int
+}
+
+func (c *classCache) lookup(s *Session, key uint32) {
+	c.key, c.size = key, -1
+	if uint64(key) < uint64(len(s.direct)) {
+		c.size = int(s.direct[key])
 	}
 }
 
@@ -1346,17 +1435,43 @@ func (s *Session) catchUp(st *stream) bool {
 	}
 	var cp checkpoint
 	marked := false
+	// As in walkOnce; a global channel's Run takes nothing, and starting
+	// it again is not free.
+	fast := !s.cfg.Global
+	var run relayfmt.Run
+	if fast {
+		run = s.ch.Run(st.idx)
+	}
+	defer run.Sync()
+	cc := classCache{key: ^uint32(0)}
 	for w.n > 0 {
 		e := w.front()
 		if e.n == 0 {
+			run.Sync()
 			s.emit(st, w.pop())
+			if fast {
+				run = s.ch.Run(st.idx)
+			}
 			continue
 		}
 		if !marked {
+			run.Sync()
 			cp = checkpoint{mark: s.ch.Mark(st.idx), pos: e.pos, reordered: w.reordered}
 		}
-		if !s.write(st, *e, false) {
-			return false
+		put := false
+		if fast {
+			key, payload := s.directPayload(st.record(*e), &cc)
+			put = payload != nil && run.Put(e.ts, key, payload)
+		}
+		if !put {
+			run.Sync()
+			written := s.write(st, *e, false)
+			if fast {
+				run = s.ch.Run(st.idx)
+			}
+			if !written {
+				return false
+			}
 		}
 		if !marked {
 			st.cps.push(cp)
