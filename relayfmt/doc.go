@@ -3,7 +3,9 @@
 // CTF 1.8 packet, so babeltrace2 reads the traces directly.
 //
 // The writer side is Channel (Write, Discard, Flush, Reset, Snapshot,
-// Close) with a Sink (DirSink writes a trace directory). The reader side is
+// Close) with a Sink (DirSink writes a trace directory); a writer that
+// may take events back uses Append, Mark and Undo, and a loop writing
+// many events a Run, whose Put is inlined. The reader side is
 // Open, StreamReader and Merger, which check every offset against the file
 // and return errors naming the file and byte offset. Recover cuts
 // crash-damaged stream files back to their last whole packet.
