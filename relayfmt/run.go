@@ -2,6 +2,7 @@ package relayfmt
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 )
 
@@ -31,6 +32,7 @@ type Run struct {
 	opens  uint64 // b.opens at the start: a switch ends the Run
 	off    int    // b.off at the start or the last Sync
 	room   int    // len(free) then
+	cpu    uint32 // the cpu the Run was started for
 }
 
 // Run starts a Run on cpu's buffer (the one buffer in global mode) at its
@@ -42,7 +44,11 @@ func (c *Channel) Run(cpu int) Run {
 	if err != nil {
 		return Run{}
 	}
-	r := Run{b: b, lastTS: b.lastTS, maxTS: math.MaxUint64, events: b.events, opens: b.opens, off: b.off}
+	return b.run(uint32(cpu))
+}
+
+func (b *buffer) run(cpu uint32) Run {
+	r := Run{b: b, cpu: cpu, lastTS: b.lastTS, maxTS: math.MaxUint64, events: b.events, opens: b.opens, off: b.off}
 	if b.lastFull <= math.MaxUint64-compactTSMask {
 		r.maxTS = b.lastFull + compactTSMask
 	}
@@ -68,6 +74,23 @@ func (r *Run) Put(ts uint64, id uint32, payload []byte) bool {
 	r.lastTS = ts
 	r.events++
 	return true
+}
+
+// Append is Channel.Append through the Run, for an event Put refused: it
+// Syncs the Run, appends the event to the Run's buffer (on a global
+// channel, with the cpu the Run was started for as its context), and
+// starts the Run again there. Events Put since a Sync that fails are
+// lost, as they are at that Sync. On a Run of an unknown cpu it returns
+// ErrNoStream.
+func (r *Run) Append(ts uint64, id uint32, payload []byte) (bool, error) {
+	b, cpu := r.b, r.cpu
+	if b == nil {
+		return true, fmt.Errorf("run: %w", ErrNoStream)
+	}
+	r.Sync()
+	written, err := b.writeSlow(ts, id, payload, cpu, false)
+	*r = b.run(cpu)
+	return written, err
 }
 
 // LastTS returns the timestamp of the newest event written to the Run's

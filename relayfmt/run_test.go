@@ -2,6 +2,7 @@ package relayfmt
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,8 +11,9 @@ import (
 
 // TestRunWritesWhatWriteWrites feeds one random sequence of events to two
 // channels with one UUID: to the first with Write alone, to the second
-// through a Run per CPU, falling back to Write where the Run refuses, with
-// flushes in between. The two traces must be the same bytes, and read back
+// through a Run per CPU, falling back to the Run's Append where Put
+// refuses and to Write where Append needs a new sub-buffer, with flushes
+// in between. The two traces must be the same bytes, and read back
 // by our reader and by babeltrace2 as written.
 func TestRunWritesWhatWriteWrites(t *testing.T) {
 	tests := []struct {
@@ -60,7 +62,7 @@ func TestRunWritesWhatWriteWrites(t *testing.T) {
 				}
 			}
 			restart()
-			put, refused := 0, 0
+			put, appended, written := 0, 0, 0
 			for i := range 6000 {
 				dt := uint64(1 + g.rng.IntN(5000))
 				if tt.gap > 0 && i%tt.gap == tt.gap-1 {
@@ -74,19 +76,28 @@ func TestRunWritesWhatWriteWrites(t *testing.T) {
 				r := &runs[cpu]
 				if r.Put(ev.ts, ev.id, ev.payload) {
 					put++
-					continue
-				}
-				refused++
-				if !r.Sync() {
-					t.Fatalf("event %d: sync failed", i)
-				}
-				if err := c.Write(cpu, ev.ts, ev.id, ev.payload); err != nil {
-					t.Fatalf("event %d: %v", i, err)
-				}
-				if tt.global {
-					restart() // every CPU's Run is on the one buffer
 				} else {
-					*r = c.Run(cpu)
+					// What Put refuses goes through Append, which starts
+					// the Run again, or, needing a new sub-buffer, Write.
+					ok, err := r.Append(ev.ts, ev.id, ev.payload)
+					if err != nil {
+						t.Fatalf("event %d: %v", i, err)
+					}
+					if ok {
+						appended++
+					} else {
+						written++
+						if !r.Sync() {
+							t.Fatalf("event %d: sync failed", i)
+						}
+						if err := c.Write(cpu, ev.ts, ev.id, ev.payload); err != nil {
+							t.Fatalf("event %d: %v", i, err)
+						}
+						*r = c.Run(cpu)
+					}
+					if tt.global {
+						restart() // every CPU's Run is on the one buffer
+					}
 				}
 				if i%1500 == 1499 {
 					syncAll()
@@ -100,8 +111,8 @@ func TestRunWritesWhatWriteWrites(t *testing.T) {
 				}
 			}
 			syncAll()
-			if tt.global != (put == 0) || refused == 0 {
-				t.Fatalf("%d events put, %d refused", put, refused)
+			if tt.global != (put == 0) || appended == 0 || written == 0 {
+				t.Fatalf("%d events put, %d appended, %d written", put, appended, written)
 			}
 			for cpu := range g.c.Streams() {
 				want, _ := g.c.StatsCPU(cpu)
@@ -204,6 +215,10 @@ func TestRunRefuses(t *testing.T) {
 	if r := c.Run(7); put(&r, 0, 10, fixed.ID, p8) || !r.Sync() {
 		t.Fatal("a run on an unknown cpu took an event")
 	}
+	unknown := c.Run(7)
+	if _, err := unknown.Append(10, fixed.ID, p8); !errors.Is(err, ErrNoStream) {
+		t.Fatalf("append on an unknown cpu's run: %v", err)
+	}
 
 	// A class added after a buffer's writer last looked is new to its
 	// Runs until Write has met it there.
@@ -292,6 +307,9 @@ func TestRunRefuses(t *testing.T) {
 	}
 	if !r.Sync() {
 		t.Fatal("sync failed")
+	}
+	if ok, err := r.Append(r.LastTS(), fixed.ID, p8); ok || err != nil {
+		t.Fatalf("append past the end of the sub-buffer: %v %v", ok, err)
 	}
 	if st, _ := c.StatsCPU(0); st.Packets != 0 {
 		t.Fatal("a run started a sub-buffer")
