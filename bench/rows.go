@@ -32,6 +32,22 @@ func rows() []sectionRow {
 			r.ok = func(_ results, f, rat stat) bool { return f.med >= 100 && rat.med >= 2.5 }
 		}
 		add(drain, r)
+		if size == 64 {
+			for _, v := range [][2]string{
+				{"transcoded", "kconsume drain, a tracepoint's layout (fields copied in runs), 64 B"},
+				{"global", "kconsume drain, global mode (one ring for all CPUs), 64 B"},
+			} {
+				k := "Drain/kconsume-" + v[0] + "/64B"
+				add(drain, row{
+					what: v[1],
+					cmd:  "go test -bench 'Drain/kconsume-" + v[0] + "/64B' -benchtime 100x ./consumer",
+					fig:  m(k, "rec/s"), scale: 1e6, label: "M rec/s",
+					extra:    []extra{{m(k, "cpu-ns/rec"), "CPU ns/rec"}},
+					base:     pm("Drain/cilium-ReadInto/64B", "rec/s"),
+					baseName: "cilium ReadInto",
+				})
+			}
+		}
 		for _, rd := range []string{"ReadInto", "Read"} {
 			c := fmt.Sprintf("Drain/cilium-%s/%dB", rd, size)
 			add(drain, row{

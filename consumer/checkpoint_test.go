@@ -31,6 +31,14 @@ func TestLateRecordsPlaced(t *testing.T) {
 		// drain does once the reorder time has passed: the late records
 		// of the next chunk still have checkpoints to go back to.
 		final bool
+		// transcoded gives the class a layout that copies its fields in
+		// runs, as a tracepoint's is: its records take the drain's other
+		// path.
+		transcoded bool
+		// bad lists ring indices of records of an unknown class: each
+		// must come out as one discarded event, the records around it
+		// in place.
+		bad []int
 	}
 	cases := []lateCase{
 		{subbuf: 4096, reorderMax: 16, n: 3000, chunk: 37,
@@ -45,6 +53,14 @@ func TestLateRecordsPlaced(t *testing.T) {
 		final.late = append(final.late, [2]int{at, 1 + at%7})
 	}
 	cases = append(cases, final)
+	tc := cases[0]
+	tc.transcoded, tc.name = true, "transcoded"
+	cases = append(cases, tc)
+	for _, transcoded := range []bool{false, true} {
+		tc := cases[0]
+		tc.transcoded, tc.bad, tc.name = transcoded, []int{50, 300, 301, 800, 1400, 2400}, fmt.Sprintf("undecodable-transcoded%v", transcoded)
+		cases = append(cases, tc)
+	}
 	// Late records at random places, so that some land at every distance
 	// from a packet boundary and from a drain's end.
 	for seed := uint64(1); seed <= 6; seed++ {
@@ -81,6 +97,9 @@ func TestLateRecordsPlaced(t *testing.T) {
 			if l := s.layouts[0]; l == nil || l.name != "bench" {
 				t.Fatal("class 0 is not the bench class")
 			}
+			if tc.transcoded {
+				s.setLayout(0, &layout{name: "bench", fixed: 64, ops: []op{{kind: opCopy, n: 8}, {kind: opCopy, off: 8, n: 56}}})
+			}
 			// Ring order: time order with each late record moved d places on.
 			order := make([]int, tc.n)
 			for i := range order {
@@ -100,6 +119,11 @@ func TestLateRecordsPlaced(t *testing.T) {
 			st := s.streams[0]
 			st.rb.close()
 			rb := memRing(t, order)
+			skip := map[int]bool{}
+			for _, i := range tc.bad {
+				binary.LittleEndian.PutUint32(rb.data[i*recordBytes(64)+rbHdrLen+8:], 999)
+				skip[order[i]] = true
+			}
 			st.rb, st.data = rb, rb.data
 			end := *rb.prodPos
 			for i := 0; i < tc.n; i += tc.chunk {
@@ -117,28 +141,36 @@ func TestLateRecordsPlaced(t *testing.T) {
 				t.Fatal(err)
 			}
 			var seqs []int
+			discarded := uint64(0)
 			walkTrace(t, dir, func(it *relayfmt.Item, _ []relayfmt.Value) {
 				if it.Kind == relayfmt.EventItem {
 					seqs = append(seqs, int(binary.LittleEndian.Uint64(it.Payload)))
 				} else if it.Kind == relayfmt.DiscardedEvents {
-					t.Errorf("%d events discarded", it.Count)
+					discarded += it.Count
 				}
 			})
+			if discarded != uint64(len(tc.bad)) || stats[0].Undecodable != uint64(len(tc.bad)) {
+				t.Errorf("%d events discarded, %d undecodable, want %d of each", discarded, stats[0].Undecodable, len(tc.bad))
+			}
 			wantClamped := uint64(0)
 			if tc.far != 0 {
 				// Its place long written, the far record comes out with
 				// its timestamp raised, as the window alone would write it.
 				wantClamped = 1
 			}
-			if len(seqs) != tc.n {
-				t.Fatalf("trace holds %d records, want %d", len(seqs), tc.n)
+			want := make([]int, 0, tc.n)
+			for v := range tc.n {
+				if !skip[v] {
+					want = append(want, v)
+				}
+			}
+			if len(seqs) != len(want) {
+				t.Fatalf("trace holds %d records, want %d", len(seqs), len(want))
 			}
 			sorted := slices.Clone(seqs)
 			slices.Sort(sorted)
-			for i, v := range sorted {
-				if v != i {
-					t.Fatalf("trace holds %d records, seq %d at %d: want each of %d once", len(seqs), v, i, tc.n)
-				}
+			if !slices.Equal(sorted, want) {
+				t.Fatalf("trace holds %d records, not each of the %d decodable ones once", len(seqs), len(want))
 			}
 			if tc.far == 0 && !slices.Equal(seqs, sorted) {
 				for i := 1; i < len(seqs); i++ {

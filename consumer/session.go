@@ -1306,14 +1306,9 @@ func (s *Session) walkOnce(st *stream, prod uint64) (why int, late uint64) {
 			run.Sync()
 			cps.push(checkpoint{mark: s.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
-		if key, payload := s.directPayload(rec, &cc); payload == nil || !run.Put(ts, key, payload) {
-			run.Sync()
-			written := s.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false)
-			run = s.ch.Run(st.idx)
-			if !written {
-				r.cons = pos
-				return onceOther, 0
-			}
+		if key, payload := s.directPayload(rec, &cc); (payload == nil || !run.Put(ts, key, payload)) && !s.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, &run) {
+			r.cons = pos
+			return onceOther, 0
 		}
 		cps.left--
 	}
@@ -1345,7 +1340,7 @@ func (s *Session) walkWrite(st *stream, prod uint64) (why int, late uint64) {
 		if cps.left <= 0 {
 			cps.push(checkpoint{mark: s.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
-		if !s.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false) {
+		if !s.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, nil) {
 			r.cons = pos
 			return onceOther, 0
 		}
@@ -1458,20 +1453,13 @@ func (s *Session) catchUp(st *stream) bool {
 			run.Sync()
 			cp = checkpoint{mark: s.ch.Mark(st.idx), pos: e.pos, reordered: w.reordered}
 		}
-		put := false
 		if fast {
-			key, payload := s.directPayload(st.record(*e), &cc)
-			put = payload != nil && run.Put(e.ts, key, payload)
-		}
-		if !put {
-			run.Sync()
-			written := s.write(st, *e, false)
-			if fast {
-				run = s.ch.Run(st.idx)
-			}
-			if !written {
+			rec := st.record(*e)
+			if key, payload := s.directPayload(rec, &cc); (payload == nil || !run.Put(e.ts, key, payload)) && !s.write(st, *e, false, &run) {
 				return false
 			}
+		} else if !s.write(st, *e, false, nil) {
+			return false
 		}
 		if !marked {
 			st.cps.push(cp)
@@ -1598,13 +1586,16 @@ func (st *stream) record(e entry) []byte {
 // emit writes one waiting entry into the channel. Records the channel
 // cannot take are counted there (dropped, invalid) and reported in the
 // stream; a record this consumer cannot decode counts as undecodable.
-func (s *Session) emit(st *stream, e entry) { s.write(st, e, true) }
+func (s *Session) emit(st *stream, e entry) { s.write(st, e, true, nil) }
 
 // write is emit, and with open false what the channel's Append does: it
 // returns false, having written nothing, when the record needs a new
-// sub-buffer. The record is decoded here, not in a function of its own:
-// a second call per record cost the perf drain 5 %.
-func (s *Session) write(st *stream, e entry, open bool) bool {
+// sub-buffer. With run set (a Run on st's buffer) it writes through the
+// Run, open false: the drain's path for a record its inline path does
+// not take, which may still fit the Run once decoded (a transcoded one).
+// The record is decoded here, not in a function of its own: a second
+// call per record cost the perf drain 5 %.
+func (s *Session) write(st *stream, e entry, open bool, run *relayfmt.Run) bool {
 	if e.n == 0 {
 		_ = s.ch.Discard(st.idx, e.pos)
 		return true
@@ -1617,7 +1608,7 @@ func (s *Session) write(st *stream, e entry, open bool) bool {
 		cpu = int(binary.LittleEndian.Uint16(rec[14:]))
 	}
 	if recHdrLen+n > len(rec) || uint64(key) >= uint64(len(s.layouts)) || s.layouts[key] == nil {
-		s.undecodable(st)
+		s.undecodableRun(st, run)
 		return true
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
@@ -1627,25 +1618,44 @@ func (s *Session) write(st *stream, e entry, open bool) bool {
 		payload = raw
 	} else if l.direct {
 		if n < l.fixed {
-			s.undecodable(st)
+			s.undecodableRun(st, run)
 			return true
 		}
 		payload = raw[:l.fixed]
 	} else {
 		var ok bool
 		if st.scratch, ok = l.transcode(st.scratch[:0], raw); !ok {
-			s.undecodable(st)
+			s.undecodableRun(st, run)
 			return true
 		}
 		payload = st.scratch
 	}
 	// A record the channel rejects is counted there.
+	if run != nil {
+		if run.Put(e.ts, key, payload) {
+			return true
+		}
+		written, _ := run.Append(e.ts, key, payload)
+		return written
+	}
 	if open {
 		_ = s.ch.Write(cpu, e.ts, key, payload)
 		return true
 	}
 	written, _ := s.ch.Append(cpu, e.ts, key, payload)
 	return written
+}
+
+// undecodableRun is undecodable for write, with st's Run (when not nil)
+// synced before and started again after.
+func (s *Session) undecodableRun(st *stream, run *relayfmt.Run) {
+	if run == nil {
+		s.undecodable(st)
+		return
+	}
+	run.Sync()
+	s.undecodable(st)
+	*run = s.ch.Run(st.idx)
 }
 
 // Close stops recording, detaches every program, drains and writes out
