@@ -1,6 +1,9 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 type sectionRow struct {
 	section string
@@ -80,6 +83,11 @@ func rows() []sectionRow {
 			what: what, cmd: fmt.Sprintf("go test -bench 'Concurrent/%s/%dB' -benchtime 1000x ./consumer", name, size),
 			fig: m(k, "rec/s"), scale: 1e6, label: "M rec/s kept",
 			extra: []extra{{m(k, "lost-%"), "% lost"}, {m(k, "consumer-%cpu"), "% of a core"}},
+		}
+		if strings.HasPrefix(name, "kconsume") {
+			// A lossy round with a long overrun lost records while the
+			// consumer was not run, not because it drained too slowly.
+			r.extra = append(r.extra, extra{m(k, "overrun-ms"), "ms longest drainer overrun"})
 		}
 		if base != "" {
 			r.base = pm(fmt.Sprintf("Concurrent/%s/%dB", base, size), "rec/s")

@@ -172,6 +172,11 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 	b.ReportMetric(float64(read)/elapsed.Seconds(), "rec/s")
 	b.ReportMetric(100*float64(lost)/float64(max(emitted+lost, 1)), "lost-%")
 	b.ReportMetric(100*cpu.Seconds()/elapsed.Seconds(), "consumer-%cpu")
+	if own {
+		// How much later than it asked to the drainer ran, at worst: a
+		// loss with an overrun near the ring's span is the host's.
+		b.ReportMetric(float64(r.s.Drainer().LongestOverrun)/1e6, "overrun-ms")
+	}
 	if read != emitted {
 		b.Fatalf("read %d records, the producer emitted %d", read, emitted)
 	}

@@ -2,8 +2,13 @@ package consumer
 
 import (
 	"errors"
+	"os"
+	"runtime"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -141,4 +146,84 @@ func TestCommandAfterClose(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("flush after close hangs")
 	}
+}
+
+// TestDrainerLate keeps the drainer off its CPU for a while, as a host
+// that does not run a virtual CPU does: a SCHED_FIFO thread spins on the
+// one CPU the drainer may use. The drainer's sleep then outlasts its 1 ms
+// timeout, and Drainer must say by how much.
+func TestDrainerLate(t *testing.T) {
+	s, _ := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{os.Getpid()}})
+	waitLoop(t, s)
+	var c0 unix.CPUSet
+	c0.Set(0)
+	if err := unix.SchedSetaffinity(int(s.loopTID.Load()), &c0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	before := s.Drainer()
+	if before.Waits == 0 {
+		t.Fatal("the drainer has not slept in 20 ms")
+	}
+	if before.LongestOverrun >= hold/2 {
+		t.Fatalf("drainer %+v: late by %v before its CPU was held", before, before.LongestOverrun)
+	}
+	// The drainer may be in a pass, not asleep, when the CPU is taken:
+	// then it runs late without a sleep to show it. Try again.
+	var after DrainerStats
+	for try := 0; try < 5; try++ {
+		if err := holdCPU0(hold); err != nil {
+			t.Fatalf("holding CPU 0 with a SCHED_FIFO thread: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // the drainer's next sleep begins
+		after = s.Drainer()
+		if after.LongestOverrun >= hold*2/3 {
+			break
+		}
+	}
+	if after.LongestOverrun < hold*2/3 || after.Late <= before.Late {
+		t.Fatalf("CPU 0 held for %v: drainer %+v, before %+v", hold, after, before)
+	}
+	if after.Waits <= before.Waits {
+		t.Fatalf("drainer waits went from %d to %d", before.Waits, after.Waits)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if final := s.Drainer(); final.LongestOverrun < after.LongestOverrun {
+		t.Fatalf("after Close: %+v, before it %+v", final, after)
+	}
+	t.Logf("CPU 0 held for %v: %+v", hold, after)
+}
+
+// hold is how long TestDrainerLate keeps CPU 0 from the drainer: long
+// enough to stand out of this noisy machine's scheduling, short enough
+// not to disturb the tests of other packages running beside it.
+const hold = 30 * time.Millisecond
+
+// holdCPU0 runs a SCHED_FIFO thread on CPU 0 for d, which no thread of
+// an ordinary policy can preempt there.
+func holdCPU0(d time.Duration) error {
+	errc := make(chan error, 1)
+	go func() {
+		// The thread is not unlocked: it ends with the goroutine, and its
+		// policy with it.
+		runtime.LockOSThread()
+		var c0 unix.CPUSet
+		c0.Set(0)
+		if err := unix.SchedSetaffinity(0, &c0); err != nil {
+			errc <- err
+			return
+		}
+		attr := unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: 1}
+		attr.Size = uint32(unsafe.Sizeof(attr))
+		if err := unix.SchedSetAttr(0, &attr, 0); err != nil {
+			errc <- err
+			return
+		}
+		for end := time.Now().Add(d); time.Now().Before(end); {
+		}
+		errc <- nil
+	}()
+	return <-errc
 }

@@ -148,6 +148,7 @@ type Session struct {
 	objects    []*object  // users' programs (Config.Objects)
 	synthMu    sync.Mutex // guards synth after New
 	loopTID    atomic.Int32
+	drainer    drainerCounts
 	final      []CPUStats // counts at Close
 	lastPlug   time.Time
 	lastMissed time.Time
@@ -1091,7 +1092,9 @@ func (s *Session) loop() {
 	timeout := latency
 	var buf [8]byte
 	for {
+		t0 := time.Now()
 		n, err := unix.EpollWait(s.epfd, events, timeout)
+		s.drainer.wait(time.Since(t0), time.Duration(timeout)*time.Millisecond, s.cfg.Latency)
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			s.loopErr = fmt.Errorf("epoll_wait: %w", err)
 			return
@@ -1134,6 +1137,51 @@ func (s *Session) loop() {
 			}
 			break
 		}
+	}
+}
+
+// DrainerStats tells how promptly the drainer ran. Records reach the
+// rings whether or not it runs, so a drainer not run for longer than a
+// ring holds loses records however fast it drains: these counts tell that
+// loss apart from one a faster drain would have avoided.
+type DrainerStats struct {
+	// Waits counts the drainer's sleeps between passes over the rings.
+	Waits uint64
+	// Late counts the sleeps that outlasted their timeout by more than
+	// Config.Latency: the drainer ran that much later than it asked to,
+	// its CPU busy with other work or, on a virtual machine, not run by
+	// the host.
+	Late uint64
+	// LongestOverrun is the most a sleep outlasted its timeout.
+	LongestOverrun time.Duration
+}
+
+// drainerCounts are DrainerStats as the drainer keeps them: atomic, so
+// they can be read while it is late.
+type drainerCounts struct {
+	waits, late atomic.Uint64
+	longest     atomic.Int64
+}
+
+// wait counts a sleep of d given timeout, late past it by more than latency.
+func (c *drainerCounts) wait(d, timeout, latency time.Duration) {
+	c.waits.Add(1)
+	over := d - timeout
+	if over > time.Duration(c.longest.Load()) {
+		c.longest.Store(int64(over)) // the drainer is the only writer
+	}
+	if over > latency {
+		c.late.Add(1)
+	}
+}
+
+// Drainer returns how promptly the drainer ran, so far. It does not wait
+// for the drainer, and works after Close.
+func (s *Session) Drainer() DrainerStats {
+	return DrainerStats{
+		Waits:          s.drainer.waits.Load(),
+		Late:           s.drainer.late.Load(),
+		LongestOverrun: time.Duration(s.drainer.longest.Load()),
 	}
 }
 

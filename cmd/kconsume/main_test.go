@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/internal/testenv"
 )
 
@@ -367,10 +369,13 @@ func TestMetrics(t *testing.T) {
 		// the gap): wait for the running one.
 		return resp.StatusCode == 200 && strings.Contains(body, "kconsume_running 1")
 	})
-	for _, want := range []string{"# TYPE kconsume_lost_total counter", `layer="kernel"`, `kconsume_events_total{cpu="0"}`, "kconsume_emitted_total"} {
+	for _, want := range []string{"# TYPE kconsume_lost_total counter", `layer="kernel"`, `kconsume_events_total{cpu="0"}`, "kconsume_emitted_total", "\nkconsume_drainer_late_total ", "# TYPE kconsume_drainer_overrun_max_seconds gauge"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
+	}
+	if !regexp.MustCompile(`\nkconsume_drainer_overrun_max_seconds [0-9.e+-]+\n`).MatchString(body) {
+		t.Errorf("metrics lack the drainer's overrun as a number:\n%s", body)
 	}
 	if code := <-done; code != 0 {
 		t.Fatalf("record: exit %d", code)
@@ -599,6 +604,31 @@ func TestRecordSyscallsFallback(t *testing.T) {
 		}
 		if got := strings.Contains(stderr, "syscall events through their tracepoints"); got != c.notice {
 			t.Fatalf("%v: notice %v, want %v; stderr %q", c.flags, got, c.notice, stderr)
+		}
+	}
+}
+
+// TestSummaryLate: the summary explains a ring loss that came with a late
+// consumer, and says nothing of lateness without a loss.
+func TestSummaryLate(t *testing.T) {
+	stats := []consumer.CPUStats{{CPU: 0, Emitted: 900, KernelLost: 100}}
+	stats[0].Channel.Records = 900
+	late := consumer.DrainerStats{Waits: 50, Late: 2, LongestOverrun: 9700 * time.Microsecond}
+	for _, tc := range []struct {
+		stats []consumer.CPUStats
+		d     consumer.DrainerStats
+		want  string // "" for no note
+	}{
+		{stats, late, "note: 2 times the consumer ran more than --latency after it asked to, once 9.7ms late"},
+		{stats, consumer.DrainerStats{Waits: 50}, ""},
+		{[]consumer.CPUStats{{CPU: 0, Emitted: 900}}, late, ""},
+	} {
+		var out bytes.Buffer
+		r := &recorder{stdout: &out, start: time.Now()}
+		r.summary(tc.stats, tc.d)
+		got := out.String()
+		if tc.want == "" && strings.Contains(got, "consumer ran") || tc.want != "" && !strings.Contains(got, tc.want) {
+			t.Errorf("drainer %+v, kernel lost %d: summary\n%s\nwant the note %q", tc.d, tc.stats[0].KernelLost, got, tc.want)
 		}
 	}
 }

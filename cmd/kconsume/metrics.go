@@ -32,7 +32,7 @@ func serveMetrics(addr string, h *handler) (net.Addr, func(), error) {
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		_, _ = w.Write(promText(s.Running(), stats))
+		_, _ = w.Write(promText(s.Running(), stats, s.Drainer()))
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
@@ -46,7 +46,7 @@ func serveMetrics(addr string, h *handler) (net.Addr, func(), error) {
 }
 
 // promText renders the counters in the Prometheus text exposition format.
-func promText(running bool, stats []consumer.CPUStats) []byte {
+func promText(running bool, stats []consumer.CPUStats, d consumer.DrainerStats) []byte {
 	var b bytes.Buffer
 	up := 0
 	if running {
@@ -74,5 +74,7 @@ func promText(running bool, stats []consumer.CPUStats) []byte {
 			fmt.Fprintf(&b, "kconsume_lost_total{cpu=\"%d\",layer=%q} %d\n", c.CPU, l.layer, l.n)
 		}
 	}
+	fmt.Fprintf(&b, "# HELP kconsume_drainer_late_total Times the consumer ran more than its latency after it asked to.\n# TYPE kconsume_drainer_late_total counter\nkconsume_drainer_late_total %d\n", d.Late)
+	fmt.Fprintf(&b, "# HELP kconsume_drainer_overrun_max_seconds The longest the consumer ran after it asked to.\n# TYPE kconsume_drainer_overrun_max_seconds gauge\nkconsume_drainer_overrun_max_seconds %g\n", d.LongestOverrun.Seconds())
 	return b.Bytes()
 }

@@ -413,7 +413,7 @@ loop:
 	}
 	closeErr := r.s.Close()
 	stats, _ := r.s.Stats()
-	r.summary(stats)
+	r.summary(stats, r.s.Drainer())
 	if failure == nil {
 		failure = closeErr
 	}
@@ -458,7 +458,7 @@ func (r *recorder) status() {
 }
 
 // summary prints per-CPU counts, losses by layer and advice.
-func (r *recorder) summary(stats []consumer.CPUStats) {
+func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	w := r.stdout
 	records, bytes, discarded := totals(stats)
 	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded)
@@ -479,6 +479,11 @@ func (r *recorder) summary(stats []consumer.CPUStats) {
 	}
 	if kernel > 0 {
 		fmt.Fprintf(w, "advice: %d events were lost in the kernel because the ring was full: raise --ring-size or lower --latency\n", kernel)
+		if d.Late > 0 {
+			// No drain speed saves records produced while the consumer
+			// does not run: only room in the ring does.
+			fmt.Fprintf(w, "note: %d times the consumer ran more than --latency after it asked to, once %s late: its CPU was busy or, on a VM, not run by the host; a ring that holds that long is what keeps such records\n", d.Late, d.LongestOverrun.Round(10*time.Microsecond))
+		}
 	}
 	if dropped > 0 {
 		fmt.Fprintf(w, "advice: %d events were dropped because every sub-buffer was full: raise --subbuf-size or --n-subbufs, or write to a faster disk\n", dropped)
