@@ -49,10 +49,10 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 	if !own {
 		if tr == Perf {
 			// perf.Reader opens its own perf events into the array.
-			for _, st := range r.s.streams {
-				st.pr.close()
+			for _, st := range r.s.dr.streams {
+				st.src.close()
 			}
-			rd, err := perf.NewReaderWithOptions(r.s.coll.Maps[gen.PerfMapKcPerf], ring, perf.ReaderOptions{Watermark: ring / 4})
+			rd, err := perf.NewReaderWithOptions(r.s.rec.coll.Maps[gen.PerfMapKcPerf], ring, perf.ReaderOptions{Watermark: ring / 4})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -63,7 +63,7 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 				return rd.ReadInto(&rec)
 			}
 		} else {
-			rd, err := ciliumrb.NewReader(r.s.rings[1])
+			rd, err := ciliumrb.NewReader(r.s.rec.rings[1])
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -112,7 +112,7 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 		waitLoop(b, r.s)
 		var c0 unix.CPUSet
 		c0.Set(0)
-		if err := unix.SchedSetaffinity(int(r.s.loopTID.Load()), &c0); err != nil {
+		if err := unix.SchedSetaffinity(int(r.s.dr.loopTID.Load()), &c0); err != nil {
 			b.Fatal(err)
 		}
 	} else {

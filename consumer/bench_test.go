@@ -87,20 +87,20 @@ func newRigCfg(tb testing.TB, tr Transport, payload int, cfg Config, loop bool) 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s.setLayout(cls.ID, &layout{name: "bench", fixed: payload, direct: true})
+	s.w.setLayout(cls.ID, &layout{name: "bench", fixed: payload, direct: true})
 	if err := s.Start(); err != nil {
 		tb.Fatal(err)
 	}
 	if loop {
-		s.startLoop()
+		s.dr.start()
 	}
-	return &rig{s: s, prog: s.coll.Programs[prog], n: s.coll.Variables[gen.BenchVarKcBenchN], seq: s.coll.Variables[gen.BenchVarKcBenchSeq]}
+	return &rig{s: s, prog: s.rec.coll.Programs[prog], n: s.rec.coll.Variables[gen.BenchVarKcBenchN], seq: s.rec.coll.Variables[gen.BenchVarKcBenchSeq]}
 }
 
 // produce writes n records from the calling thread's CPU: one bpf_loop
 // run for the ring buffer, one run per record for perf.
 func (r *rig) produce(tb testing.TB, n int) {
-	if r.s.transport == Perf {
+	if r.s.rec.transport == Perf {
 		for i := 0; i < n; i++ {
 			if _, err := r.prog.Run(&ebpf.RunOptions{}); err != nil {
 				tb.Fatal(err)
@@ -122,8 +122,8 @@ func (r *rig) produce(tb testing.TB, n int) {
 
 func (r *rig) lost() (lost, emitted uint64) {
 	for cpu := 0; cpu < r.s.ncpu; cpu++ {
-		lost += r.s.kernelLost(cpu)
-		emitted += r.s.emitted(cpu)
+		lost += r.s.rec.kernelLost(cpu)
+		emitted += r.s.rec.emitted(cpu)
 	}
 	return lost, emitted
 }
@@ -178,7 +178,7 @@ func BenchmarkDrain(b *testing.B) {
 			b.Run(fmt.Sprintf("cilium-%s/%dB", mode, payload), func(b *testing.B) {
 				pinCPU(b, 0)
 				r := newRig(b, Ringbuf, payload, benchRing, relayfmt.Overwrite, nil, false)
-				rd, err := ciliumrb.NewReader(r.s.rings[0])
+				rd, err := ciliumrb.NewReader(r.s.rec.rings[0])
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -225,7 +225,7 @@ func BenchmarkDrainFloor(b *testing.B) {
 	pinCPU(b, 0)
 	k := fillCount(payload)
 	r := newRig(b, Ringbuf, payload, benchRing, relayfmt.Overwrite, nil, false)
-	rb := r.s.streams[0].rb
+	rb := r.s.dr.streams[0].src.(*ringbuf)
 	out := make([]byte, 1<<20)
 	var cpu time.Duration
 	b.ResetTimer()
@@ -274,8 +274,8 @@ func BenchmarkDrainPerf(b *testing.B) {
 		pinCPU(b, 0)
 		r := newRig(b, Perf, payload, ring, relayfmt.Overwrite, nil, false)
 		// perf.Reader opens its own perf events into the array.
-		r.s.streams[0].pr.close()
-		rd, err := perf.NewReaderWithOptions(r.s.coll.Maps[gen.PerfMapKcPerf], ring, perf.ReaderOptions{Watermark: ring / 4})
+		r.s.dr.streams[0].src.close()
+		rd, err := perf.NewReaderWithOptions(r.s.rec.coll.Maps[gen.PerfMapKcPerf], ring, perf.ReaderOptions{Watermark: ring / 4})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -321,9 +321,9 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k, variant in
 	cfg := Config{Sink: &relayfmt.DiscardSink{}, Mode: relayfmt.Overwrite, SubbufSize: 256 << 10, NSubbufs: 4, RingSize: ring, Transport: tr, Global: variant == drainGlobal}
 	r := newRigCfg(b, tr, payload, cfg, false)
 	if variant == drainTranscoded {
-		r.s.setLayout(0, &layout{name: "bench", fixed: payload, ops: []op{{kind: opCopy, n: 8}, {kind: opCopy, off: 8, n: payload - 8}}})
+		r.s.w.setLayout(0, &layout{name: "bench", fixed: payload, ops: []op{{kind: opCopy, n: 8}, {kind: opCopy, off: 8, n: payload - 8}}})
 	}
-	st := r.s.streams[0]
+	st := r.s.dr.streams[0]
 	var cpu time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -332,9 +332,9 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k, variant in
 		c0 := threadCPU()
 		b.StartTimer()
 		if tr == Perf {
-			r.s.drainPerf(st, ^uint64(0))
+			st.src.drain(r.s.dr, st, ^uint64(0))
 		} else {
-			r.s.drainRingbuf(st, ^uint64(0))
+			st.src.drain(r.s.dr, st, ^uint64(0))
 		}
 		b.StopTimer()
 		cpu += threadCPU() - c0
@@ -368,7 +368,7 @@ func threadCPU() time.Duration {
 
 // waitLoop waits until the drainer thread has started.
 func waitLoop(tb testing.TB, s *Session) {
-	for i := 0; s.loopTID.Load() == 0; i++ {
+	for i := 0; s.dr.loopTID.Load() == 0; i++ {
 		if i > 1000 {
 			tb.Fatal("drainer did not start")
 		}
@@ -378,7 +378,7 @@ func waitLoop(tb testing.TB, s *Session) {
 
 // loopCPUTime returns the CPU time of the drainer thread so far.
 func (s *Session) loopCPUTime() time.Duration {
-	tid := s.loopTID.Load()
+	tid := s.dr.loopTID.Load()
 	if tid == 0 {
 		return 0
 	}

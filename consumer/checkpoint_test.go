@@ -94,11 +94,11 @@ func TestLateRecordsPlaced(t *testing.T) {
 			}
 			r := newRigCfg(t, Ringbuf, 64, Config{Sink: sink, SubbufSize: tc.subbuf, NSubbufs: 256, RingSize: 1 << 20, Transport: Ringbuf, ReorderMax: tc.reorderMax}, false)
 			s := r.s
-			if l := s.layouts[0]; l == nil || l.name != "bench" {
+			if l := s.w.layouts[0]; l == nil || l.name != "bench" {
 				t.Fatal("class 0 is not the bench class")
 			}
 			if tc.transcoded {
-				s.setLayout(0, &layout{name: "bench", fixed: 64, ops: []op{{kind: opCopy, n: 8}, {kind: opCopy, off: 8, n: 56}}})
+				s.w.setLayout(0, &layout{name: "bench", fixed: 64, ops: []op{{kind: opCopy, n: 8}, {kind: opCopy, off: 8, n: 56}}})
 			}
 			// Ring order: time order with each late record moved d places on.
 			order := make([]int, tc.n)
@@ -116,15 +116,15 @@ func TestLateRecordsPlaced(t *testing.T) {
 			if tc.far != 0 {
 				move(tc.far, 10*tc.reorderMax)
 			}
-			st := s.streams[0]
-			st.rb.close()
+			st := s.dr.streams[0]
+			st.src.close()
 			rb := memRing(t, order)
 			skip := map[int]bool{}
 			for _, i := range tc.bad {
 				binary.LittleEndian.PutUint32(rb.data[i*recordBytes(64)+rbHdrLen+8:], 999)
 				skip[order[i]] = true
 			}
-			st.rb, st.data = rb, rb.data
+			st.src, st.data = rb, rb.data
 			end := *rb.prodPos
 			for i := 0; i < tc.n; i += tc.chunk {
 				*rb.prodPos = min(end, uint64(i+tc.chunk)*uint64(recordBytes(64)))
@@ -132,9 +132,9 @@ func TestLateRecordsPlaced(t *testing.T) {
 				if tc.final {
 					cutoff = ^uint64(0)
 				}
-				s.drainRingbuf(st, cutoff)
+				st.src.drain(s.dr, st, cutoff)
 			}
-			s.drainRingbuf(st, ^uint64(0)) // as Close drains when the drainer runs
+			st.src.drain(s.dr, st, ^uint64(0)) // as Close drains when the drainer runs
 			rollbacks := st.rollbacks
 			stats := s.stats() // no drainer goroutine runs in this rig
 			if err := s.Close(); err != nil {

@@ -159,7 +159,7 @@ func TestDrainerLate(t *testing.T) {
 	waitLoop(t, s)
 	var c0 unix.CPUSet
 	c0.Set(0)
-	if err := unix.SchedSetaffinity(int(s.loopTID.Load()), &c0); err != nil {
+	if err := unix.SchedSetaffinity(int(s.dr.loopTID.Load()), &c0); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(20 * time.Millisecond)

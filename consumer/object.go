@@ -46,53 +46,54 @@ const (
 
 // addObjects loads and attaches each user object: it takes the session's
 // gate, rings and counters in place of its own maps, each kc_key_NAME is
-// set to the class of synthetic:NAME (declared from the object's
-// kc_def_NAME, which must agree with Config.Synth and the built-in events),
+// set to the class of synthetic:NAME that declare returns for the
+// object's kc_def_NAME (which must agree with Config.Synth and the
+// built-in events),
 // and each program is attached by its section. It fails, loading nothing
 // of that object, on an object not built on kc_synth.h or for the other
 // transport, a bad or clashing definition, or a program kconsume cannot
 // attach.
-func (s *Session) addObjects(specs []*ebpf.CollectionSpec) error {
+func (r *recorder) addObjects(specs []*ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
 	for i, spec := range specs {
-		if err := s.addObject(spec.Copy()); err != nil {
+		if err := r.addObject(spec.Copy(), declare); err != nil {
 			return fmt.Errorf("BPF object %d: %w", i+1, err)
 		}
 	}
 	return nil
 }
 
-func (s *Session) addObject(spec *ebpf.CollectionSpec) error {
+func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
 	if spec.Variables[gen.ExampleVarKcNcpu] == nil || spec.Maps[gen.ExampleMapKcState] == nil || spec.Maps[gateMap] == nil {
 		return fmt.Errorf("%w: not built on kc_synth.h (no kc_ncpu, kc_state or %s)", ErrConfig, gateMap)
 	}
 	rep := map[string]*ebpf.Map{
-		gen.ExampleMapKcState: s.coll.Maps[gen.RingbufMapKcState],
-		gateMap:               s.coll.Maps[gateMap],
+		gen.ExampleMapKcState: r.coll.Maps[gen.RingbufMapKcState],
+		gateMap:               r.coll.Maps[gateMap],
 	}
-	spec.Maps[gen.ExampleMapKcState].MaxEntries = uint32(2 * s.ncpu)
-	if s.transport == Ringbuf {
+	spec.Maps[gen.ExampleMapKcState].MaxEntries = uint32(2 * r.ncpu)
+	if r.transport == Ringbuf {
 		m := spec.Maps[gen.ExampleMapKcRings]
 		if m == nil {
 			return fmt.Errorf("%w: built for the perf transport (-DKC_PERF), the session uses ring buffers", ErrConfig)
 		}
-		m.MaxEntries = uint32(s.ncpu)
-		m.InnerMap.MaxEntries = uint32(s.cfg.RingSize)
-		rep[gen.ExampleMapKcRings] = s.coll.Maps[gen.RingbufMapKcRings]
+		m.MaxEntries = uint32(r.ncpu)
+		m.InnerMap.MaxEntries = uint32(r.cfg.RingSize)
+		rep[gen.ExampleMapKcRings] = r.coll.Maps[gen.RingbufMapKcRings]
 	} else {
 		m := spec.Maps[gen.ExamplePerfMapKcPerf]
 		if m == nil {
 			return fmt.Errorf("%w: built for ring buffers, the session uses the perf transport (build with -DKC_PERF)", ErrConfig)
 		}
-		m.MaxEntries = uint32(s.ncpu)
-		rep[gen.ExamplePerfMapKcPerf] = s.coll.Maps[gen.PerfMapKcPerf]
+		m.MaxEntries = uint32(r.ncpu)
+		rep[gen.ExamplePerfMapKcPerf] = r.coll.Maps[gen.PerfMapKcPerf]
 	}
 	set := map[string]any{
-		gen.ExampleVarKcNcpu:   uint32(s.ncpu),
-		gen.ExampleVarKcClock:  uint32(s.cfg.Clock),
-		gen.ExampleVarKcGlobal: boolU32(s.cfg.Global),
+		gen.ExampleVarKcNcpu:   uint32(r.ncpu),
+		gen.ExampleVarKcClock:  uint32(r.cfg.Clock),
+		gen.ExampleVarKcGlobal: boolU32(r.cfg.Global),
 	}
-	if s.transport == Ringbuf {
-		set[gen.ExampleVarKcWakeupBytes] = uint64(s.cfg.Watermark)
+	if r.transport == Ringbuf {
+		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)
 	}
 	var names []string
 	for name := range spec.Variables {
@@ -106,7 +107,7 @@ func (s *Session) addObject(spec *ebpf.CollectionSpec) error {
 		if err != nil {
 			return err
 		}
-		key, err := s.declareSynth(def)
+		key, err := declare(def)
 		if err != nil {
 			return err
 		}
@@ -139,7 +140,7 @@ func (s *Session) addObject(spec *ebpf.CollectionSpec) error {
 		}
 		o.links = append(o.links, l)
 	}
-	s.objects = append(s.objects, o)
+	r.objects = append(r.objects, o)
 	return nil
 }
 
@@ -163,30 +164,6 @@ func objectDef(spec *ebpf.CollectionSpec, ev string) (*synth.Event, error) {
 		return nil, fmt.Errorf("%w: %s%s defines %q", ErrConfig, defVarPrefix, ev, def.Name)
 	}
 	return def, nil
-}
-
-// declareSynth returns the class of synthetic event def, declaring it
-// unless the session has it already; the definitions must then agree, as
-// must a built-in's.
-func (s *Session) declareSynth(def *synth.Event) (uint32, error) {
-	if b := synth.Builtin(def.Name); b != nil && b.String() != def.String() {
-		return 0, fmt.Errorf("%w: synthetic:%s is built in as %q, not %q", ErrConfig, def.Name, b, def)
-	}
-	for _, d := range s.cfg.Synth {
-		if d.Name == def.Name && d.String() != def.String() {
-			return 0, fmt.Errorf("%w: synthetic:%s is defined as %q, the object says %q", ErrConfig, def.Name, d, def)
-		}
-	}
-	if c, ok := s.synth[def.Name]; ok {
-		if c.ev.String() != def.String() {
-			return 0, fmt.Errorf("%w: synthetic:%s is recorded as %q, the object says %q", ErrConfig, def.Name, c.ev, def)
-		}
-		return c.key, nil
-	}
-	if err := s.addSynth([]*synth.Event{def}); err != nil {
-		return 0, err
-	}
-	return s.synth[def.Name].key, nil
 }
 
 // errAttach explains which programs a user's object may hold.

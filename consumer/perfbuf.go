@@ -2,17 +2,12 @@ package consumer
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/kconsume/kconsume/gen"
 )
 
 // Offsets in struct perf_event_mmap_page (include/uapi/linux/perf_event.h).
@@ -35,15 +30,15 @@ const (
 // past the oldest waiting record and so at most two wrapped records (one
 // per lap parity) can wait at once.
 type perfRing struct {
-	cpu  int
-	fd   int
-	mem  []byte
-	data []byte
-	size uint64
-	mask uint64
-	tail uint64
-	lost uint64 // records perf reported lost
-	wrap [2][]byte
+	cpu   int
+	fd    int
+	mem   []byte
+	data  []byte
+	size  uint64
+	mask  uint64
+	tail  uint64
+	nlost uint64 // records perf reported lost
+	wrap  [2][]byte
 }
 
 // openPerfRing opens the BPF output perf event of cpu and maps its ring
@@ -142,6 +137,12 @@ func (p *perfRing) next(head uint64) (off, n uint32, lost, pos uint64, ok bool) 
 	return 0, 0, 0, 0, false
 }
 
+// waiting returns the bytes in the ring not yet read.
+func (p *perfRing) waiting() uint64 { return p.head() - p.tail }
+
+// lost returns the records perf reported lost so far.
+func (p *perfRing) lost() uint64 { return p.nlost }
+
 func (p *perfRing) skipAll() {
 	p.tail = p.head()
 	p.release(p.tail)
@@ -158,119 +159,13 @@ func (p *perfRing) close() {
 	}
 }
 
-// openPerf opens a perf ring on every online CPU. A CPU that comes
-// online later gets its ring from checkHotplug.
-func (s *Session) openPerf() error {
-	if s.cfg.Global {
-		return fmt.Errorf("%w: global mode needs the ringbuf transport", ErrConfig)
-	}
-	online, err := onlineCPUs(s.ncpu)
-	if err != nil {
-		return err
-	}
-	for cpu := 0; cpu < s.ncpu; cpu++ {
-		if online[cpu] {
-			if err := s.openPerfCPU(cpu); err != nil {
-				return err
-			}
-		}
-	}
-	s.online = online
-	return nil
-}
-
-func (s *Session) openPerfCPU(cpu int) error {
-	p, err := openPerfRing(cpu, s.cfg.RingSize, s.cfg.Watermark)
-	if err != nil {
-		return err
-	}
-	if err := s.coll.Maps[gen.PerfMapKcPerf].Put(uint32(cpu), uint32(p.fd)); err != nil {
-		p.close()
-		return fmt.Errorf("perf event array slot %d: %w", cpu, err)
-	}
-	if err := s.watch(p.fd, cpu); err != nil {
-		p.close()
-		return err
-	}
-	st := s.streams[cpu]
-	if st.pr != nil {
-		st.pr.close()
-	}
-	st.pr, st.data = p, p.data
-	return nil
-}
-
-// checkHotplug reopens the perf rings of CPUs that came online: a perf
-// event stops counting when its CPU goes offline and is not re-enabled
-// when it returns (kernel/events/core.c:perf_event_exit_cpu_context).
-// The old ring is drained first, so nothing it held is lost.
-func (s *Session) checkHotplug() error {
-	online, err := onlineCPUs(s.ncpu)
-	if err != nil {
-		return err
-	}
-	for cpu := 0; cpu < s.ncpu; cpu++ {
-		if online[cpu] && !s.online[cpu] {
-			st := s.streams[cpu]
-			if st.pr != nil {
-				s.drainPerf(st, ^uint64(0))
-			}
-			if err := s.openPerfCPU(cpu); err != nil {
-				return err
-			}
-		}
-	}
-	s.online = online
-	return nil
-}
-
-// onlineCPUs parses /sys/devices/system/cpu/online ("0-3,5") into at
-// least n flags: the list ends at the last online CPU, so a trailing
-// offline one is absent.
-func onlineCPUs(n int) ([]bool, error) {
-	b, err := os.ReadFile("/sys/devices/system/cpu/online")
-	if err != nil {
-		return nil, fmt.Errorf("online CPUs: %w", err)
-	}
-	on, err := parseCPUList(strings.TrimSpace(string(b)))
-	for len(on) < n {
-		on = append(on, false)
-	}
-	return on, err
-}
-
-func parseCPUList(s string) ([]bool, error) {
-	var out []bool
-	if s == "" {
-		return out, nil
-	}
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err1 := strconv.Atoi(lo)
-		b := a
-		var err2 error
-		if isRange {
-			b, err2 = strconv.Atoi(hi)
-		}
-		if err := errors.Join(err1, err2); err != nil || a < 0 || b < a || b > 1<<16 {
-			return nil, fmt.Errorf("cpu list %q: bad part %q", s, part)
-		}
-		for len(out) <= b {
-			out = append(out, false)
-		}
-		for i := a; i <= b; i++ {
-			out[i] = true
-		}
-	}
-	return out, nil
-}
-
-// drainPerf walks st's perf ring like drainRingbuf; perf's lost records
-// enter the window as loss notices at their place.
-func (s *Session) drainPerf(st *stream, cutoff uint64) {
-	p, w := st.pr, st.win
+// drain walks the perf ring as a ringbuf's drain does, through st's
+// reorder window; perf's lost records enter the window as loss notices
+// at their place.
+func (p *perfRing) drain(d *drainer, st *stream, cutoff uint64) {
+	wr, w := d.w, st.win
 	head := p.head()
-	// Release every sixteenth of the ring, as drainRingbuf does. A record
+	// Release every sixteenth of the ring, as a ringbuf's drain does. A record
 	// that starts before stop is whole: data_head only moves past whole
 	// records.
 	stop := min(head, p.tail+p.size/16)
@@ -284,35 +179,34 @@ func (s *Session) drainPerf(st *stream, cutoff uint64) {
 			break
 		}
 		if n == badSample {
-			s.undecodable(st)
+			wr.undecodable(st)
 			continue
 		}
 		if w.full() {
-			s.emit(st, w.pop())
+			wr.emit(st, w.pop())
 		}
 		if n == 0 {
 			// perf's count is a subset of the recorder's own lost counter
 			// (every failed bpf_perf_event_output is counted there too),
-			// which placeLossesOf may have placed already: place only what
+			// which placeLosses may have placed already: place only what
 			// is new, here, where perf says it happened.
-			p.lost += lost
-			if p.lost > s.lostSeen[p.cpu] {
-				w.push(entry{ts: w.last(), pos: p.lost - s.lostSeen[p.cpu]})
-				s.lostSeen[p.cpu] = p.lost
+			p.nlost += lost
+			if n := d.loss.place(p.cpu, p.nlost); n > 0 {
+				w.push(entry{ts: w.last(), pos: n})
 			}
 			continue
 		}
 		e := entry{pos: pos, off: off, n: n}
 		if n < uint32(recHdrLen) {
-			s.undecodable(st)
+			wr.undecodable(st)
 			continue
 		}
 		e.ts = binary.LittleEndian.Uint64(st.record(e))
 		w.push(e)
 	}
-	s.placeLossesOf(st)
+	d.placeLosses(st)
 	for w.n > 0 && w.front().ts <= cutoff {
-		s.emit(st, w.pop())
+		wr.emit(st, w.pop())
 	}
 	p.release(w.releasePos(p.tail))
 }

@@ -92,6 +92,13 @@ func (r *ringbuf) release(pos uint64) {
 	atomic.StoreUint64(r.consPos, pos)
 }
 
+// waiting returns the bytes written into the ring and not yet released.
+func (r *ringbuf) waiting() uint64 { return r.producer() - atomic.LoadUint64(r.consPos) }
+
+// lost returns 0: a BPF ring buffer reports no losses of its own; the
+// recorder counts the reservations that failed.
+func (r *ringbuf) lost() uint64 { return 0 }
+
 // skipAll drops everything the ring holds now (reset), up to a record
 // still being written.
 func (r *ringbuf) skipAll() {

@@ -271,8 +271,8 @@ func TestGetpidExact(t *testing.T) {
 			}
 			c := startChild(t, "getpid", n)
 			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Transport: v.tr, Global: v.global, Syscalls: sys})
-			if s.useCookie == v.noCookie && kernelAtLeast(t, 5, 15) {
-				t.Fatalf("useCookie %v on a 5.15+ kernel with noCookie %v", s.useCookie, v.noCookie)
+			if s.rec.useCookie == v.noCookie && kernelAtLeast(t, 5, 15) {
+				t.Fatalf("useCookie %v on a 5.15+ kernel with noCookie %v", s.rec.useCookie, v.noCookie)
 			}
 			// The raw syscall path where it runs; otherwise
 			// sys_enter_getpid's 12 bytes take kc_record_small where
@@ -281,13 +281,13 @@ func TestGetpidExact(t *testing.T) {
 			switch {
 			case v.tr == Ringbuf && !v.noRaw && rawSysExpected(t):
 				want = gen.RingbufProgKcSysEnter
-			case s.useCookie && v.tr == Ringbuf:
+			case s.rec.useCookie && v.tr == Ringbuf:
 				want = "kc_tp_s12"
-			case s.useCookie:
+			case s.rec.useCookie:
 				want = gen.RingbufProgKcTracepoint
 			}
-			if s.tpProgs[0] != want {
-				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.tpProgs[0], want, s.sysErr)
+			if s.rec.tpProgs[0] != want {
+				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.rec.tpProgs[0], want, s.rec.sysErr)
 			}
 			if raw, why := s.RawSyscalls(); (len(raw) == 1) != (want == gen.RingbufProgKcSysEnter) || sys == SyscallsTracepoint && why == nil {
 				t.Fatalf("RawSyscalls: %q, %v with %s", raw, why, want)

@@ -8,10 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
-
-	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/synth"
 )
 
@@ -92,15 +88,14 @@ func (s *Session) addSynth(defs []*synth.Event) error {
 			return fmt.Errorf("%w: synthetic:%s is not finalized", ErrConfig, e.Name)
 		}
 		name := SynthSystem + ":" + e.Name
-		cls, err := s.ch.AddEventClass(name, e.RelayFields())
+		id, err := s.w.declare(name, e.RelayFields(), &layout{name: name, fields: e.RelayFields(), asIs: true})
 		if err != nil {
-			return fmt.Errorf("event %s: %w", name, err)
+			return err
 		}
-		s.setLayout(cls.ID, &layout{name: name, fields: e.RelayFields(), asIs: true})
 		if s.synth == nil {
 			s.synth = map[string]synthClass{}
 		}
-		s.synth[e.Name] = synthClass{ev: e, key: cls.ID}
+		s.synth[e.Name] = synthClass{ev: e, key: id}
 	}
 	return nil
 }
@@ -141,7 +136,7 @@ func (s *Session) EmitSynth(cpu int, name string, payload []byte) error {
 	c, ok := s.synth[name]
 	s.synthMu.Unlock()
 	if !ok && name == synth.Klog {
-		err := s.do(func() error {
+		err := s.dr.do(func() error {
 			if s.Synth(name) != nil {
 				return nil
 			}
@@ -160,44 +155,29 @@ func (s *Session) EmitSynth(cpu int, name string, payload []byte) error {
 	if len(payload) > c.ev.MaxPayload() {
 		return fmt.Errorf("synthetic:%s: payload of %d bytes, at most %d", name, len(payload), c.ev.MaxPayload())
 	}
-	return s.inject(cpu, c.key, payload)
+	return s.rec.inject(cpu, c.key, payload)
 }
 
-// inject runs the injector on cpu with one record of key.
-func (s *Session) inject(cpu int, key uint32, payload []byte) error {
-	prog := s.coll.Programs[gen.RingbufProgKcInject]
-	buf := s.coll.Maps[gen.RingbufMapKcInjectBuf]
-	if prog == nil || buf == nil {
-		return errors.New("inject: this session's recorder has no injector")
+// declareSynth returns the class of synthetic event def, declaring it
+// unless the session has it already; the definitions must then agree, as
+// must a built-in's.
+func (s *Session) declareSynth(def *synth.Event) (uint32, error) {
+	if b := synth.Builtin(def.Name); b != nil && b.String() != def.String() {
+		return 0, fmt.Errorf("%w: synthetic:%s is built in as %q, not %q", ErrConfig, def.Name, b, def)
 	}
-	if cpu < 0 || cpu >= s.ncpu {
-		return fmt.Errorf("%w: inject: no CPU %d (0..%d)", ErrConfig, cpu, s.ncpu-1)
+	for _, d := range s.cfg.Synth {
+		if d.Name == def.Name && d.String() != def.String() {
+			return 0, fmt.Errorf("%w: synthetic:%s is defined as %q, the object says %q", ErrConfig, def.Name, d, def)
+		}
 	}
-	s.injectMu.Lock()
-	defer s.injectMu.Unlock()
-	if s.injectRec == nil {
-		s.injectRec = new(gen.RingbufKcInjectRec)
+	if c, ok := s.synth[def.Name]; ok {
+		if c.ev.String() != def.String() {
+			return 0, fmt.Errorf("%w: synthetic:%s is recorded as %q, the object says %q", ErrConfig, def.Name, c.ev, def)
+		}
+		return c.key, nil
 	}
-	rec := s.injectRec
-	if len(payload) > len(rec.Data)-1 {
-		return fmt.Errorf("inject: payload of %d bytes, at most %d", len(payload), len(rec.Data)-1)
+	if err := s.addSynth([]*synth.Event{def}); err != nil {
+		return 0, err
 	}
-	rec.Key, rec.Len = key, uint32(len(payload))
-	copy(rec.Data[:], payload)
-	if err := buf.Put(uint32(0), rec); err != nil {
-		return fmt.Errorf("inject: %w", err)
-	}
-	ret, err := prog.Run(&ebpf.RunOptions{CPU: uint32(cpu), Flags: unix.BPF_F_TEST_RUN_ON_CPU})
-	if err != nil {
-		return fmt.Errorf("inject on CPU %d: %w", cpu, err)
-	}
-	switch ret {
-	case 0:
-		return nil
-	case 1:
-		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrStopped)
-	case 3:
-		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrInjectLost)
-	}
-	return fmt.Errorf("inject on CPU %d: injector returned %d", cpu, ret)
+	return s.synth[def.Name].key, nil
 }

@@ -70,13 +70,13 @@ func sysShape(f *tracefs.Format) (exit, ok bool) {
 // rawSysPossible returns why the raw syscall path cannot run here, or
 // nil: it needs x86_64 (it reads the arguments from struct pt_regs), BPF
 // ring buffers and the kernel's BTF (tp_btf programs, CO-RE reads).
-func (s *Session) rawSysPossible() error {
+func (r *recorder) rawSysPossible() error {
 	switch {
-	case s.cfg.Syscalls == SyscallsTracepoint:
+	case r.cfg.Syscalls == SyscallsTracepoint:
 		return errors.New("turned off (syscalls: tracepoint)")
 	case runtime.GOARCH != "amd64":
 		return fmt.Errorf("not on %s", runtime.GOARCH)
-	case s.transport != Ringbuf:
+	case r.transport != Ringbuf:
 		return errors.New("needs BPF ring buffers")
 	}
 	if _, err := btf.LoadKernelSpec(); err != nil {
@@ -101,14 +101,14 @@ func taskBTF() bool {
 // sysNr knows: it fills the dispatch map and attaches kc_sys_enter and
 // kc_sys_exit as needed. It returns, per event key, the program that
 // records the event, or "" for the events left to their tracepoints.
-// When something fails on the way, all of them are and s.sysErr says why;
+// When something fails on the way, all of them are and r.sysErr says why;
 // with Config.Syscalls SyscallsRaw, that is the error returned instead.
-func (s *Session) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
+func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	progs := make([]string, len(formats))
-	if s.coll.Programs[gen.RingbufProgKcSysEnter] == nil {
+	if r.coll.Programs[gen.RingbufProgKcSysEnter] == nil {
 		return progs, nil
 	}
-	keys := s.coll.Maps[gen.RingbufMapKcSysKeys]
+	keys := r.coll.Maps[gen.RingbufMapKcSysKeys]
 	var used [2]bool
 	var slots []uint32
 	for i, f := range formats {
@@ -124,7 +124,7 @@ func (s *Session) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			progs[i] = gen.RingbufProgKcSysExit
 		}
 		if err := keys.Put(slot, uint32(i+1)); err != nil {
-			s.sysErr = fmt.Errorf("dispatching %s: %w", f.FullName(), err)
+			r.sysErr = fmt.Errorf("dispatching %s: %w", f.FullName(), err)
 			break
 		}
 		slots = append(slots, slot)
@@ -132,29 +132,29 @@ func (s *Session) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	}
 	var links []link.Link
 	for dir, name := range []string{gen.RingbufProgKcSysEnter, gen.RingbufProgKcSysExit} {
-		if !used[dir] || s.sysErr != nil {
+		if !used[dir] || r.sysErr != nil {
 			continue
 		}
-		l, err := link.AttachTracing(link.TracingOptions{Program: s.coll.Programs[name]})
+		l, err := link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
 		if err != nil {
-			s.sysErr = fmt.Errorf("attaching %s: %w", name, err)
+			r.sysErr = fmt.Errorf("attaching %s: %w", name, err)
 			break
 		}
 		links = append(links, l)
 	}
-	if s.sysErr != nil {
+	if r.sysErr != nil {
 		for _, l := range links {
 			_ = l.Close()
 		}
 		for _, slot := range slots {
 			_ = keys.Put(slot, uint32(0))
 		}
-		if s.cfg.Syscalls == SyscallsRaw {
-			return nil, fmt.Errorf("raw syscall path: %w", s.sysErr)
+		if r.cfg.Syscalls == SyscallsRaw {
+			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)
 		}
 		return make([]string, len(formats)), nil
 	}
-	s.links = append(s.links, links...)
+	r.links = append(r.links, links...)
 	return progs, nil
 }
 

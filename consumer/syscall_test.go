@@ -111,10 +111,10 @@ func TestSyscallRaw(t *testing.T) {
 				ids[f.FullName()] = f.ID
 			}
 		}
-		for i, p := range s.tpProgs {
+		for i, p := range s.rec.tpProgs {
 			want := strings.HasPrefix(p, "kc_sys_")
 			if want != raw || raw && (p == gen.RingbufProgKcSysExit) != strings.Contains(events[i], "exit") {
-				t.Fatalf("raw %v: %s recorded by %s (raw syscall path: %v)", raw, events[i], p, s.sysErr)
+				t.Fatalf("raw %v: %s recorded by %s (raw syscall path: %v)", raw, events[i], p, s.rec.sysErr)
 			}
 		}
 		if err := s.Start(); err != nil {
@@ -235,8 +235,8 @@ func TestSyscallCompat(t *testing.T) {
 	const n = 1000
 	c := startChild(t, "int80", n)
 	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_writev", "syscalls:sys_enter_getpid", "syscalls:sys_enter_close"}, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
-	if s.tpProgs[0] != gen.RingbufProgKcSysEnter {
-		t.Fatalf("recorded by %s (raw syscall path: %v)", s.tpProgs[0], s.sysErr)
+	if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
+		t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.sysErr)
 	}
 	if err := s.Start(); err != nil {
 		t.Fatal(err)

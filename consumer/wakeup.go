@@ -44,7 +44,7 @@ func wakeupHooks(fs tracefs.FS, recorded []*tracefs.Format) ([]*tracefs.Format, 
 
 // wakeupInfo sets the hook of the tracepoint f, with key, in ti: the
 // offsets of the fields the recorder reads, checked against the format.
-func (s *Session) wakeupInfo(f *tracefs.Format, key uint32, ti *gen.RingbufKcTpInfo) error {
+func (r *recorder) wakeupInfo(f *tracefs.Format, key uint32, ti *gen.RingbufKcTpInfo) error {
 	var pid string
 	switch (tracefs.Event{System: f.System, Name: f.Name}) {
 	case wakingEvent:
@@ -71,7 +71,7 @@ func (s *Session) wakeupInfo(f *tracefs.Format, key uint32, ti *gen.RingbufKcTpI
 	}
 	ti.PidOff = uint16(off)
 	if ti.Flags&tpSwitch != 0 {
-		s.switchKey, s.switchInfo = key, *ti
+		r.switchKey, r.switchInfo = key, *ti
 	}
 	return nil
 }
@@ -86,15 +86,12 @@ func hookField(f *tracefs.Format, name string, size int) (int, error) {
 	return 0, fmt.Errorf("%w: synthetic:%s: %s has no %d-byte field %s", ErrNotSupported, synth.WakeupLatency, f.FullName(), size, name)
 }
 
-// linkWakeup tells the sched_switch hook the class of wakeup_latency,
-// which exists only once the synthetic events are declared.
-func (s *Session) linkWakeup() error {
-	c, ok := s.synth[synth.WakeupLatency]
-	if !ok {
-		return fmt.Errorf("synthetic:%s is not declared", synth.WakeupLatency)
-	}
-	s.switchInfo.AuxKey = c.key
-	if err := s.coll.Maps[gen.RingbufMapKcTpInfoMap].Put(s.switchKey, s.switchInfo); err != nil {
+// linkWakeup tells the sched_switch hook key, the class of
+// wakeup_latency, which exists only once the synthetic events are
+// declared.
+func (r *recorder) linkWakeup(key uint32) error {
+	r.switchInfo.AuxKey = key
+	if err := r.coll.Maps[gen.RingbufMapKcTpInfoMap].Put(r.switchKey, r.switchInfo); err != nil {
 		return fmt.Errorf("synthetic:%s: %w", synth.WakeupLatency, err)
 	}
 	return nil

@@ -1,0 +1,169 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// The trace control layer of a session: the gate (start/stop, per CPU
+// too), flush, reset, snapshot, rewind and the counters. Operations on
+// the channel run on the drainer goroutine.
+
+// Start opens the gate: the programs record from now on.
+func (s *Session) Start() error {
+	if err := s.rec.setRunning(true); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	s.started.Store(true)
+	return nil
+}
+
+// Stop closes the gate: each event then costs the programs one branch.
+// Records already in the rings are still drained.
+func (s *Session) Stop() error {
+	if err := s.rec.setRunning(false); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	s.started.Store(false)
+	return nil
+}
+
+// Running reports whether the gate is open.
+func (s *Session) Running() bool { return s.started.Load() }
+
+// StopCPU stops recording on one CPU alone (the ftrace ring buffer's
+// record_disable_cpu); StartCPU resumes it. It fails with ErrNoSuchCPU.
+func (s *Session) StopCPU(cpu int) error { return s.setCPU(cpu, true) }
+
+// StartCPU resumes recording on cpu after StopCPU.
+func (s *Session) StartCPU(cpu int) error { return s.setCPU(cpu, false) }
+
+func (s *Session) setCPU(cpu int, disabled bool) error {
+	if err := s.checkCPU(cpu, false); err != nil {
+		return err
+	}
+	s.rec.setCPUDisabled(cpu, disabled)
+	return nil
+}
+
+// checkCPU fails for a CPU that does not exist, or, when perStream is
+// set, in global mode, where CPUs share one buffer.
+func (s *Session) checkCPU(cpu int, perStream bool) error {
+	if perStream && s.cfg.Global {
+		return ErrNeedsPerCPU
+	}
+	if cpu < 0 || cpu >= s.ncpu {
+		return fmt.Errorf("cpu %d: %w", cpu, ErrNoSuchCPU)
+	}
+	return nil
+}
+
+// Flush writes out everything recorded so far: drains the rings, writes
+// the records waiting for reordering and finishes the open sub-buffers.
+func (s *Session) Flush() error {
+	return s.dr.do(func() error {
+		s.dr.flushAll()
+		return s.ch.Flush()
+	})
+}
+
+// FlushCPU is Flush for one CPU's buffer.
+func (s *Session) FlushCPU(cpu int) error {
+	if err := s.checkCPU(cpu, true); err != nil {
+		return err
+	}
+	return s.dr.do(func() error {
+		st := s.dr.streams[cpu]
+		st.src.drain(s.dr, st, ^uint64(0))
+		return s.ch.FlushCPU(cpu)
+	})
+}
+
+// Reset drops everything not yet written: ring contents, waiting
+// records, open and (overwrite mode) retained sub-buffers.
+func (s *Session) Reset() error {
+	return s.dr.do(func() error {
+		for _, st := range s.dr.streams {
+			st.reset()
+		}
+		s.ch.Reset()
+		return nil
+	})
+}
+
+// ResetCPU is Reset for one CPU's buffer (ftrace's reset_cpu).
+func (s *Session) ResetCPU(cpu int) error {
+	if err := s.checkCPU(cpu, true); err != nil {
+		return err
+	}
+	return s.dr.do(func() error {
+		s.dr.streams[cpu].reset()
+		return s.ch.ResetCPU(cpu)
+	})
+}
+
+// Snapshot (overwrite mode) drains the rings and writes the retained
+// sub-buffers, the newest records, to the output.
+func (s *Session) Snapshot() error {
+	return s.dr.do(func() error {
+		s.dr.drainAll(^uint64(0))
+		return s.ch.Snapshot()
+	})
+}
+
+// Rewind (overwrite mode) drains the rings and writes every sub-buffer
+// the channel still holds, from the oldest, into dir as a complete trace
+// of its own (metadata and streams): the relay channel's "read again from
+// the oldest data", including what a Snapshot already wrote. dir must not
+// exist; cpu selects one CPU's stream, or all when negative. It fails
+// with ErrConfig in discard mode or when dir exists, and leaves no partial
+// directory behind on error.
+func (s *Session) Rewind(dir string, cpu int) error {
+	if s.cfg.Mode != relayfmt.Overwrite {
+		return fmt.Errorf("%w: rewind needs overwrite mode", ErrConfig)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("%w: rewind: %s exists", ErrConfig, dir)
+		}
+		return fmt.Errorf("rewind: %w", err)
+	}
+	sink, err := relayfmt.NewDirSink(dir)
+	if err == nil {
+		err = s.dr.do(func() error {
+			s.dr.drainAll(^uint64(0))
+			return s.ch.RewindTo(sink, cpu)
+		})
+		err = errors.Join(err, sink.Close())
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return err
+	}
+	return nil
+}
+
+// Stats returns per-CPU counters. After Close it returns the final
+// counts; it fails with ErrClosed only when the session never ran.
+func (s *Session) Stats() ([]CPUStats, error) {
+	var out []CPUStats
+	err := s.dr.do(func() error {
+		out = s.stats()
+		return nil
+	})
+	if errors.Is(err, ErrClosed) && s.final != nil {
+		return s.final, nil
+	}
+	return out, err
+}
+
+// stats returns the per-CPU counters; it runs on the drainer goroutine,
+// or where none runs.
+func (s *Session) stats() []CPUStats { return s.dr.stats(s.ch) }
+
+// Drainer returns how promptly the drainer ran, so far. It does not wait
+// for the drainer, and works after Close.
+func (s *Session) Drainer() DrainerStats { return s.dr.counts.load() }

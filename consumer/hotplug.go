@@ -1,0 +1,127 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// hotplugPeriod is how often the perf transport looks for CPUs that came
+// online. BPF ring buffers exist for every possible CPU and need no check.
+const hotplugPeriod = 100 * time.Millisecond
+
+// perfCPUs is what the perf transport knows of CPU hotplug: a perf event
+// exists only for a CPU online when it was opened.
+type perfCPUs struct {
+	online    []bool // at the last check
+	checked   time.Time
+	ringSize  int
+	watermark int
+}
+
+// openPerf opens a perf ring on every online CPU. A CPU that comes
+// online later gets its ring from checkHotplug.
+func (d *drainer) openPerf(ringSize, watermark int) error {
+	d.perf = &perfCPUs{ringSize: ringSize, watermark: watermark}
+	online, err := onlineCPUs(d.rec.ncpu)
+	if err != nil {
+		return err
+	}
+	for cpu := 0; cpu < d.rec.ncpu; cpu++ {
+		if online[cpu] {
+			if err := d.openPerfCPU(cpu); err != nil {
+				return err
+			}
+		}
+	}
+	d.perf.online = online
+	return nil
+}
+
+// openPerfCPU opens cpu's perf ring, points the recorder at it and makes
+// it the source of cpu's stream in place of the old one.
+func (d *drainer) openPerfCPU(cpu int) error {
+	p, err := openPerfRing(cpu, d.perf.ringSize, d.perf.watermark)
+	if err != nil {
+		return err
+	}
+	if err := d.rec.setPerf(cpu, p.fd); err != nil {
+		p.close()
+		return err
+	}
+	if err := d.poll.Add(p.fd, int32(cpu)); err != nil {
+		p.close()
+		return err
+	}
+	st := d.streams[cpu]
+	st.src.close()
+	st.src, st.data, st.wrap = p, p.data, &p.wrap
+	return nil
+}
+
+// checkHotplug reopens the perf rings of CPUs that came online: a perf
+// event stops counting when its CPU goes offline and is not re-enabled
+// when it returns (kernel/events/core.c:perf_event_exit_cpu_context).
+// The old ring is drained first, so nothing it held is lost.
+func (d *drainer) checkHotplug() error {
+	d.perf.checked = time.Now()
+	online, err := onlineCPUs(d.rec.ncpu)
+	if err != nil {
+		return err
+	}
+	for cpu := 0; cpu < d.rec.ncpu; cpu++ {
+		if online[cpu] && !d.perf.online[cpu] {
+			st := d.streams[cpu]
+			st.src.drain(d, st, ^uint64(0))
+			if err := d.openPerfCPU(cpu); err != nil {
+				return err
+			}
+		}
+	}
+	d.perf.online = online
+	return nil
+}
+
+// onlineCPUs parses /sys/devices/system/cpu/online ("0-3,5") into at
+// least n flags: the list ends at the last online CPU, so a trailing
+// offline one is absent.
+func onlineCPUs(n int) ([]bool, error) {
+	b, err := os.ReadFile("/sys/devices/system/cpu/online")
+	if err != nil {
+		return nil, fmt.Errorf("online CPUs: %w", err)
+	}
+	on, err := parseCPUList(strings.TrimSpace(string(b)))
+	for len(on) < n {
+		on = append(on, false)
+	}
+	return on, err
+}
+
+func parseCPUList(s string) ([]bool, error) {
+	var out []bool
+	if s == "" {
+		return out, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err1 := strconv.Atoi(lo)
+		b := a
+		var err2 error
+		if isRange {
+			b, err2 = strconv.Atoi(hi)
+		}
+		if err := errors.Join(err1, err2); err != nil || a < 0 || b < a || b > 1<<16 {
+			return nil, fmt.Errorf("cpu list %q: bad part %q", s, part)
+		}
+		for len(out) <= b {
+			out = append(out, false)
+		}
+		for i := a; i <= b; i++ {
+			out[i] = true
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,85 @@
+package epoll
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestPoller(t *testing.T) {
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	if err := p.Add(fds[0], 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Add(fds[0], -2); err == nil {
+		t.Fatal("negative id accepted")
+	}
+	events := make([]unix.EpollEvent, 4)
+	ids := make([]int32, 0, 4)
+
+	tests := []struct {
+		name  string
+		setup func()
+		msec  int
+		want  []int32
+	}{
+		{name: "timeout", msec: 10, want: nil},
+		{name: "wake", setup: p.Wake, msec: 1000, want: []int32{WakeID}},
+		{name: "wake consumed", msec: 10, want: nil},
+		{name: "fd", setup: func() { unix.Write(fds[1], []byte{1}) }, msec: 1000, want: []int32{7}},
+		// Edge-triggered: unread data does not report the fd again.
+		{name: "edge", msec: 10, want: nil},
+		{name: "both", setup: func() { p.Wake(); unix.Write(fds[1], []byte{1}) }, msec: 1000, want: []int32{WakeID, 7}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.setup != nil {
+				tc.setup()
+			}
+			t0 := time.Now()
+			got, err := p.Wait(events, ids, tc.msec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("ids %v, want %v", got, tc.want)
+			}
+			if tc.want == nil && time.Since(t0) < time.Duration(tc.msec)*time.Millisecond/2 {
+				t.Fatalf("returned after %v, before its timeout", time.Since(t0))
+			}
+		})
+	}
+	p.Close()
+	p.Close()
+	p.Wake() // after Close: nothing, no panic
+}
+
+// TestWakeFromAnotherGoroutine wakes a Wait with no timeout.
+func TestWakeFromAnotherGoroutine(t *testing.T) {
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		p.Wake()
+	}()
+	got, err := p.Wait(make([]unix.EpollEvent, 2), nil, -1)
+	if err != nil || !slices.Equal(got, []int32{WakeID}) {
+		t.Fatalf("Wait = %v, %v", got, err)
+	}
+}

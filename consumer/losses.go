@@ -1,0 +1,57 @@
+package consumer
+
+// losses accounts for the records lost before the consumer could write
+// them, so that each loss is placed in the stream once, where it was
+// noticed: per CPU, the kernel side's failed reservations or outputs
+// (perf's own lost records are a part of them), and the recorder runs the
+// kernel skipped (recursion misses), whose CPU is unknown. Losses inside
+// the channel (full, overwritten, too large) are counted by relayfmt, and
+// records the consumer cannot decode by their stream. It is used by the
+// drainer goroutine alone.
+type losses struct {
+	filtered     bool     // the recorder filters tasks: a miss may not be a loss
+	placed       []uint64 // kernel-side losses placed so far, per CPU
+	missedSeen   uint64   // recursion misses counted so far (CPUStats.Missed)
+	missedPlaced uint64   // the part of them placed in stream 0
+}
+
+func newLosses(ncpu int, filtered bool) *losses {
+	return &losses{filtered: filtered, placed: make([]uint64, ncpu)}
+}
+
+// place returns how many of the total losses counted for cpu so far are
+// not yet placed, and takes them as placed now. A total below what was
+// placed (a count that lags another, as perf's lags the recorder's)
+// places nothing.
+func (l *losses) place(cpu int, total uint64) uint64 {
+	if total <= l.placed[cpu] {
+		return 0
+	}
+	n := total - l.placed[cpu]
+	l.placed[cpu] = total
+	return n
+}
+
+// missed takes the recorder's recursion misses so far, all of them and
+// those that were events lost, and returns how many of the lost are new
+// and to be placed. With filters, a skipped run might have been filtered
+// out, so misses are only counted (an upper bound), never placed.
+func (l *losses) missed(all, lost uint64) uint64 {
+	l.missedSeen = max(l.missedSeen, all)
+	if l.filtered || lost <= l.missedPlaced {
+		return 0
+	}
+	n := lost - l.missedPlaced
+	l.missedPlaced = lost
+	return n
+}
+
+// fill sets the counts losses keeps in out, indexed by CPU: the misses
+// go to CPU 0, where they are placed.
+func (l *losses) fill(out []CPUStats) {
+	if len(out) == 0 {
+		return
+	}
+	out[0].Missed = l.missedSeen
+	out[0].missedPlaced = l.missedPlaced
+}

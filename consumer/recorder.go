@@ -1,0 +1,531 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
+)
+
+// cpuStateLen is sizeof(struct kc_cpu_state): one cache line.
+const cpuStateLen = int(unsafe.Sizeof(gen.RingbufKcCpuState{}))
+
+// recorder is the BPF side of a session: the loaded recorder object, its
+// gate and per-CPU counters (kc_state, mapped), the kernel-side filters,
+// the links that attach it, the ring maps it writes into and the users'
+// objects loaded onto the same rings. Setup (load, attach) happens
+// before the drainer runs; afterwards its methods are safe for
+// concurrent use.
+type recorder struct {
+	cfg        Config
+	ncpu       int
+	transport  Transport
+	coll       *ebpf.Collection
+	rings      []*ebpf.Map // the inner BPF ring buffers, by stream
+	links      []link.Link
+	running    *ebpf.Variable
+	stateMem   []byte
+	useCookie  bool     // event keys come from attach cookies
+	tpProgs    []string // the recorder copy attached for each event key
+	sysErr     error    // why syscall events are not on the raw syscall path
+	switchKey  uint32   // wakeup_latency: sched_switch's key and info
+	switchInfo gen.RingbufKcTpInfo
+	objects    []*object // users' programs (Config.Objects)
+	injectMu   sync.Mutex
+	injectRec  *gen.RingbufKcInjectRec
+}
+
+// loadOpts replaces the recorder by another object built on kconsume.h
+// (the bench producer), with values for its own variables, or turns on
+// the recorder's hooks (synthetic:wakeup_latency).
+type loadOpts struct {
+	spec  *ebpf.CollectionSpec
+	vars  map[string]any
+	hooks bool
+	small []uint32 // per event key: its record size when smallSize allows, or 0
+	sys   bool     // some event may take the raw syscall path (sysShape)
+}
+
+// smallSize returns the record size of f when the recorder can copy it
+// straight into the ring with a program copy of its own size
+// (kc_record_small in bpf/kconsume.bpf.c): a multiple of 4 from 8 to
+// smallMax bytes, without dynamic fields. Otherwise it returns 0.
+func smallSize(f *tracefs.Format) uint32 {
+	n := f.FixedSize()
+	if n < 8 || n > smallMax || n%4 != 0 {
+		return 0
+	}
+	for _, fl := range f.All() {
+		if fl.Loc != tracefs.Inline {
+			return 0
+		}
+	}
+	return uint32(n)
+}
+
+// noCookie makes the loader patch a program copy per event even where the
+// kernel has attach cookies, so tests exercise both ways on one kernel.
+var noCookie = false
+
+// keyPlaceholder and sizePlaceholder are KC_KEY_PLACEHOLDER and
+// KC_SIZE_PLACEHOLDER of bpf/kconsume.bpf.c; smallMax is KC_SMALL_MAX.
+const (
+	keyPlaceholder  = 0x6b634b4559
+	sizePlaceholder = 0x6b6353495a
+	smallMax        = 128
+)
+
+// loadRecorder creates the maps and the programs of transport for
+// nevents events: one program told each event's key by the attach
+// cookie, or on kernels before 5.15 one program copy per event with its
+// key patched in. It returns the recorder with its gate closed and its
+// wakeups armed, or the error of the step that failed, having released
+// what it made.
+func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *loadOpts) (_ *recorder, err error) {
+	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK (64 KiB by
+	// default), which a few rings exceed; later ones use memcg
+	// accounting and this does nothing.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK for BPF maps: %w", err)
+	}
+	var spec *ebpf.CollectionSpec
+	set := map[string]any{}
+	switch {
+	case opts != nil && opts.spec != nil:
+		spec = opts.spec
+		maps.Copy(set, opts.vars)
+	case transport == Perf:
+		spec, err = gen.LoadPerf()
+	default:
+		spec, err = gen.LoadRingbuf()
+	}
+	if err != nil {
+		return nil, err
+	}
+	spec.Maps[gen.RingbufMapKcState].MaxEntries = uint32(2 * ncpu)
+	if m := spec.Maps[gen.RingbufMapKcTpInfoMap]; m != nil {
+		m.MaxEntries = uint32(max(nevents, 1))
+		r.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
+		set[gen.RingbufVarKcUseCookie] = boolU32(r.useCookie)
+		set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
+		set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
+		set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
+		set[gen.RingbufVarKcHooks] = boolU32(opts != nil && opts.hooks)
+		if err := r.copies(spec, nevents, opts); err != nil {
+			return nil, err
+		}
+	}
+	if transport == Ringbuf {
+		rings := spec.Maps[gen.RingbufMapKcRings]
+		rings.MaxEntries = uint32(ncpu)
+		rings.InnerMap.MaxEntries = uint32(cfg.RingSize)
+		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
+		set[gen.RingbufVarKcWakeupMask] = wakeupMask(cfg, ncpu)
+	} else {
+		spec.Maps[gen.PerfMapKcPerf].MaxEntries = uint32(ncpu)
+	}
+	set[gen.RingbufVarKcClock] = uint32(cfg.Clock)
+	set[gen.RingbufVarKcGlobal] = boolU32(cfg.Global)
+	raw := opts != nil && opts.sys
+	if raw {
+		if r.sysErr = r.rawSysPossible(); r.sysErr != nil && cfg.Syscalls == SyscallsRaw {
+			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)
+		}
+	}
+	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
+		if !raw || r.sysErr != nil {
+			dropRawSys(spec)
+		} else {
+			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
+		}
+	}
+	for name, v := range set {
+		vs := spec.Variables[name]
+		if vs == nil {
+			return nil, fmt.Errorf("BPF object has no variable %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return nil, fmt.Errorf("setting %s: %w", name, err)
+		}
+	}
+	r.coll, err = ebpf.NewCollection(spec)
+	if err != nil && spec.Programs[gen.RingbufProgKcSysEnter] != nil && cfg.Syscalls != SyscallsRaw {
+		// The raw syscall path is an optimisation: a kernel that refuses
+		// it records syscall events through their tracepoints.
+		r.sysErr = fmt.Errorf("loading: %w", err)
+		dropRawSys(spec)
+		r.coll, err = ebpf.NewCollection(spec)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("loading the BPF recorder: %w", err)
+	}
+	r.running = r.coll.Variables[gen.RingbufVarKcRunning]
+	state := r.coll.Maps[gen.RingbufMapKcState]
+	r.stateMem, err = unix.Mmap(state.FD(), 0, roundPage(2*ncpu*cpuStateLen), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mapping kc_state: %w", err)
+	}
+	r.arm() // the drainer starts asleep
+	if opts != nil && opts.spec != nil {
+		return r, nil
+	}
+	return r, r.setFilters()
+}
+
+// copies makes the recorder's program copies in spec. With attach
+// cookies: kc_tracepoint for every event, plus kc_tp_sN for the events
+// of small record size N (kc_record_small). Without: kc_tp_I for event
+// key I, with I patched in, on the general path only (a copy that perf
+// refused to attach would have no general copy to fall back to).
+func (r *recorder) copies(spec *ebpf.CollectionSpec, nevents int, opts *loadOpts) error {
+	orig := spec.Programs[gen.RingbufProgKcTracepoint]
+	base := orig
+	if r.transport == Ringbuf { // the perf object has no kc_record_small
+		var err error
+		if base, err = patchImm(base, base.Name, sizePlaceholder, 0); err != nil {
+			return err
+		}
+		spec.Programs[base.Name] = base
+	}
+	if !r.useCookie {
+		delete(spec.Programs, gen.RingbufProgKcTracepoint)
+		for i := 0; i < nevents; i++ {
+			ps, err := patchImm(base, "kc_tp_"+strconv.Itoa(i), keyPlaceholder, uint32(i))
+			if err != nil {
+				return err
+			}
+			spec.Programs[ps.Name] = ps
+		}
+		return nil
+	}
+	if r.transport != Ringbuf || opts == nil {
+		return nil
+	}
+	for _, n := range opts.small {
+		if n == 0 || spec.Programs[smallProg(n)] != nil {
+			continue
+		}
+		ps, err := patchImm(orig, smallProg(n), sizePlaceholder, n)
+		if err != nil {
+			return err
+		}
+		spec.Programs[ps.Name] = ps
+	}
+	return nil
+}
+
+// smallProg names the recorder copy for records of n bytes.
+func smallProg(n uint32) string { return "kc_tp_s" + strconv.Itoa(int(n)) }
+
+// patchImm returns a copy of program base named name with v in place of
+// its one 64-bit immediate placeholder.
+func patchImm(base *ebpf.ProgramSpec, name string, placeholder int64, v uint32) (*ebpf.ProgramSpec, error) {
+	ps := base.Copy()
+	ps.Name = name
+	n := 0
+	for i := range ps.Instructions {
+		ins := &ps.Instructions[i]
+		if ins.OpCode.IsDWordLoad() && ins.Constant == placeholder && ins.Reference() == "" {
+			ins.Constant = int64(v)
+			n++
+		}
+	}
+	if n != 1 {
+		return nil, fmt.Errorf("recorder program has %d placeholders %#x, want 1", n, placeholder)
+	}
+	return ps, nil
+}
+
+func boolU32(b bool) uint32 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func roundPage(n int) int {
+	p := os.Getpagesize()
+	return (n + p - 1) / p * p
+}
+
+// setFilters fills the kernel-side filter maps from the configuration.
+func (r *recorder) setFilters() error {
+	for _, p := range r.cfg.PIDs {
+		if err := r.coll.Maps[gen.RingbufMapKcPids].Put(uint32(p), uint8(1)); err != nil {
+			return fmt.Errorf("pid filter %d: %w", p, err)
+		}
+	}
+	for _, c := range r.cfg.Comms {
+		var key gen.RingbufKcComm
+		for i := 0; i < len(c); i++ {
+			key.Comm[i] = int8(c[i])
+		}
+		if err := r.coll.Maps[gen.RingbufMapKcComms].Put(key, uint8(1)); err != nil {
+			return fmt.Errorf("comm filter %q: %w", c, err)
+		}
+	}
+	if r.cfg.Cgroup != "" {
+		fd, err := unix.Open(r.cfg.Cgroup, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%w: cgroup %s: %w", ErrConfig, r.cfg.Cgroup, err)
+		}
+		defer unix.Close(fd)
+		var st unix.Statfs_t
+		if err := unix.Fstatfs(fd, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+			return fmt.Errorf("%w: %s is not a cgroup v2 directory", ErrConfig, r.cfg.Cgroup)
+		}
+		if err := r.coll.Maps[gen.RingbufMapKcCgroup].Put(uint32(0), uint32(fd)); err != nil {
+			return fmt.Errorf("cgroup filter %s: %w", r.cfg.Cgroup, err)
+		}
+	}
+	return nil
+}
+
+// filtered reports whether the recorder filters tasks in the kernel.
+func (r *recorder) filtered() bool {
+	return len(r.cfg.PIDs) > 0 || len(r.cfg.Comms) > 0 || r.cfg.Cgroup != ""
+}
+
+// cpuState returns CPU cpu's slot of the mapped kc_state array; the
+// slots from ncpu on count the records of users' programs.
+func (r *recorder) cpuState(cpu int) *gen.RingbufKcCpuState {
+	return (*gen.RingbufKcCpuState)(unsafe.Pointer(&r.stateMem[cpu*cpuStateLen]))
+}
+
+// wakeupMask returns kc_wakeup_mask for cfg: one less than how many
+// records of at most sampledMax bytes a writer may put into a ring between
+// two looks at its fill (bpf/kconsume.h:kc_wakeup_flags). All the CPUs'
+// writers together may pass over no more than half the ring's room above
+// the watermark, so a late look still wakes the consumer well before the
+// ring is full; tiny rings get a look at every record.
+func wakeupMask(cfg Config, ncpu int) uint64 {
+	writers := 1
+	if cfg.Global {
+		writers = ncpu
+	}
+	room := (cfg.RingSize - cfg.Watermark) / 2
+	n := 1
+	for n < maxWakeupStride && 2*n*sampledMax*writers <= room {
+		n *= 2
+	}
+	return uint64(n - 1)
+}
+
+const (
+	// sampledMax mirrors KC_SAMPLED_MAX in bpf/kconsume.h, the largest
+	// ring record a sampled wakeup check may pass over.
+	sampledMax = 256
+	// maxWakeupStride caps the records between two looks at a ring's fill.
+	maxWakeupStride = 64
+)
+
+// arm tells the writers into the rings that the drainer is about to
+// sleep: their next look at a ring's fill over the watermark wakes it. A
+// drainer that goes round again at once is not armed, or a ring kept
+// over the watermark would wake it on every pass. The store is skipped
+// when a slot is armed already, so the writers' cache line is not taken
+// away for nothing.
+func (r *recorder) arm() {
+	if r.transport != Ringbuf {
+		return
+	}
+	for slot := range 2 * r.ncpu {
+		if cs := r.cpuState(slot); atomic.LoadUint32(&cs.Armed) == 0 {
+			atomic.StoreUint32(&cs.Armed, 1)
+		}
+	}
+}
+
+// emitted returns the records the kernel side put into cpu's ring.
+func (r *recorder) emitted(cpu int) uint64 {
+	return atomic.LoadUint64(&r.cpuState(cpu).Emitted) + atomic.LoadUint64(&r.cpuState(r.ncpu+cpu).Emitted)
+}
+
+// kernelLost returns the records the kernel side failed to put into
+// cpu's ring.
+func (r *recorder) kernelLost(cpu int) uint64 {
+	return atomic.LoadUint64(&r.cpuState(cpu).Lost) + atomic.LoadUint64(&r.cpuState(r.ncpu+cpu).Lost)
+}
+
+// setRunning opens or closes the gate every program checks first.
+func (r *recorder) setRunning(on bool) error {
+	return r.running.Set(boolU32(on))
+}
+
+// setCPUDisabled closes (or reopens) the gate of cpu alone.
+func (r *recorder) setCPUDisabled(cpu int, disabled bool) {
+	atomic.StoreUint32(&r.cpuState(cpu).Disabled, boolU32(disabled))
+}
+
+// cpuDisabled reports whether cpu's own gate is closed.
+func (r *recorder) cpuDisabled(cpu int) bool {
+	return atomic.LoadUint32(&r.cpuState(cpu).Disabled) != 0
+}
+
+// missed returns the recorder runs the kernel skipped so far because a
+// BPF program already ran on the CPU (the programs' recursion_misses):
+// all of them, and those of the tracepoint recorders alone, each of
+// which was an event lost. The raw syscall programs run for every
+// syscall, recorded or not.
+func (r *recorder) missed() (all, lost uint64) {
+	for name, p := range r.coll.Programs {
+		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
+		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") {
+			continue
+		}
+		st, err := p.Stats()
+		if err != nil {
+			continue
+		}
+		all += st.RecursionMisses
+		if !raw {
+			lost += st.RecursionMisses
+		}
+	}
+	return all, lost
+}
+
+// newRing creates the BPF ring buffer of stream i and puts it in the
+// recorder's array of rings; it returns the map.
+func (r *recorder) newRing(i int) (*ebpf.Map, error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: fmt.Sprintf("kc_ring%d", i), Type: ebpf.RingBuf, MaxEntries: uint32(r.cfg.RingSize)})
+	if err != nil {
+		return nil, fmt.Errorf("ring buffer %d: %w", i, err)
+	}
+	r.rings = append(r.rings, m)
+	if err := r.coll.Maps[gen.RingbufMapKcRings].Put(uint32(i), m); err != nil {
+		return nil, fmt.Errorf("ring buffer %d: %w", i, err)
+	}
+	return m, nil
+}
+
+// setPerf points cpu's slot of the perf event array at the perf event fd.
+func (r *recorder) setPerf(cpu, fd int) error {
+	if err := r.coll.Maps[gen.PerfMapKcPerf].Put(uint32(cpu), uint32(fd)); err != nil {
+		return fmt.Errorf("perf event array slot %d: %w", cpu, err)
+	}
+	return nil
+}
+
+// attachTracepoint attaches the recorder copy for event key i to the
+// tracepoint f, with its size-specialised copy when there is one.
+func (r *recorder) attachTracepoint(f *tracefs.Format, i int, recorded bool) error {
+	name, opts := "kc_tp_"+strconv.Itoa(i), (*link.TracepointOptions)(nil)
+	if r.useCookie {
+		name, opts = gen.RingbufProgKcTracepoint, &link.TracepointOptions{Cookie: uint64(i)}
+		if small := smallProg(smallSize(f)); recorded && r.coll.Programs[small] != nil {
+			name = small
+		}
+	}
+	lk, err := link.Tracepoint(f.System, f.Name, r.coll.Programs[name], opts)
+	if errors.Is(err, unix.EACCES) && name != gen.RingbufProgKcTracepoint && r.useCookie {
+		// perf checks a copy's loads against the event's last field
+		// (max_ctx_offset); where that is not its largest, record the
+		// event the general way.
+		name = gen.RingbufProgKcTracepoint
+		lk, err = link.Tracepoint(f.System, f.Name, r.coll.Programs[name], opts)
+	}
+	if err != nil {
+		return fmt.Errorf("attaching to %s: %w", f.FullName(), err)
+	}
+	r.links = append(r.links, lk)
+	r.tpProgs = append(r.tpProgs, name)
+	return nil
+}
+
+// inject runs the injector on cpu with one record of key. It fails with
+// ErrStopped when the gate is closed and ErrInjectLost when the ring was
+// full.
+func (r *recorder) inject(cpu int, key uint32, payload []byte) error {
+	prog := r.coll.Programs[gen.RingbufProgKcInject]
+	buf := r.coll.Maps[gen.RingbufMapKcInjectBuf]
+	if prog == nil || buf == nil {
+		return errors.New("inject: this session's recorder has no injector")
+	}
+	if cpu < 0 || cpu >= r.ncpu {
+		return fmt.Errorf("%w: inject: no CPU %d (0..%d)", ErrConfig, cpu, r.ncpu-1)
+	}
+	r.injectMu.Lock()
+	defer r.injectMu.Unlock()
+	if r.injectRec == nil {
+		r.injectRec = new(gen.RingbufKcInjectRec)
+	}
+	rec := r.injectRec
+	if len(payload) > len(rec.Data)-1 {
+		return fmt.Errorf("inject: payload of %d bytes, at most %d", len(payload), len(rec.Data)-1)
+	}
+	rec.Key, rec.Len = key, uint32(len(payload))
+	copy(rec.Data[:], payload)
+	if err := buf.Put(uint32(0), rec); err != nil {
+		return fmt.Errorf("inject: %w", err)
+	}
+	ret, err := prog.Run(&ebpf.RunOptions{CPU: uint32(cpu), Flags: unix.BPF_F_TEST_RUN_ON_CPU})
+	if err != nil {
+		return fmt.Errorf("inject on CPU %d: %w", cpu, err)
+	}
+	switch ret {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrStopped)
+	case 3:
+		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrInjectLost)
+	}
+	return fmt.Errorf("inject on CPU %d: injector returned %d", cpu, ret)
+}
+
+// detach detaches every program, the users' too, so that nothing more
+// enters the rings; it returns what failed.
+func (r *recorder) detach() []error {
+	var errs []error
+	for _, l := range r.links {
+		if err := l.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.links = nil
+	for _, o := range r.objects {
+		o.close()
+	}
+	r.objects = nil
+	return errs
+}
+
+// close detaches and frees every kernel object and mapping; it is
+// idempotent.
+func (r *recorder) close() {
+	_ = r.detach()
+	for _, m := range r.rings {
+		_ = m.Close()
+	}
+	r.rings = nil
+	if r.stateMem != nil {
+		_ = unix.Munmap(r.stateMem)
+		r.stateMem = nil
+	}
+	if r.coll != nil {
+		r.coll.Close()
+		r.coll, r.running = nil, nil
+	}
+}

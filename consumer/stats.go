@@ -1,0 +1,116 @@
+package consumer
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// CPUStats counts what happened to one CPU's records.
+type CPUStats struct {
+	CPU int
+	// Emitted records left the BPF program into the ring; KernelLost
+	// failed to (ring full). PerfLost is the part of KernelLost that perf
+	// also reported with lost records (perf transport).
+	Emitted    uint64
+	KernelLost uint64
+	PerfLost   uint64
+	// Channel is the CPU's relayfmt buffer (in global mode, the one
+	// buffer is reported on CPU 0).
+	Channel relayfmt.Stats
+	// Undecodable records reached the consumer but could not be decoded
+	// (a corrupt header or a dynamic field pointing outside its record);
+	// they are written into the stream as discarded.
+	Undecodable uint64
+	// Missed counts tracepoint hits the kernel did not run the recorder
+	// for because a BPF program was already running on that CPU
+	// (bpf_prog_active in kernel/trace/bpf_trace.c:trace_call_bpf; for
+	// the raw syscall path, the program itself, __bpf_trace_run; the
+	// programs' recursion_misses). The kernel does not say on which CPU
+	// nor for which task, so they are reported on CPU 0. Without filters
+	// each miss of a tracepoint's recorder was an event lost, placed in
+	// stream 0 and counted in Discarded. With filters some would have
+	// been filtered out, and the raw syscall programs run for syscalls
+	// that are not recorded too, so those misses are an upper bound and
+	// stay out of the stream.
+	Missed    uint64
+	Reordered uint64 // records written before a record that reached the ring earlier
+	Wakeups   uint64 // times the consumer was woken for this ring
+	Disabled  bool   // recording stopped on this CPU alone
+	// missedPlaced is the part of Missed placed in the stream.
+	missedPlaced uint64
+}
+
+// Discarded returns the records of this CPU lost at any layer.
+func (s CPUStats) Discarded() uint64 {
+	return s.KernelLost + s.missedPlaced + s.Undecodable + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
+}
+
+// stats returns the per-CPU counts of the recorder, the accounting, the
+// streams and the channel; it runs on the drainer goroutine.
+func (d *drainer) stats(ch *relayfmt.Channel) []CPUStats {
+	out := make([]CPUStats, d.rec.ncpu)
+	for cpu := range out {
+		out[cpu] = CPUStats{
+			CPU:        cpu,
+			Emitted:    d.rec.emitted(cpu),
+			KernelLost: d.rec.kernelLost(cpu),
+			Disabled:   d.rec.cpuDisabled(cpu),
+		}
+	}
+	d.loss.fill(out)
+	for _, st := range d.streams {
+		o := &out[st.idx]
+		o.Channel, _ = ch.StatsCPU(st.idx)
+		o.Undecodable = st.undecodable
+		o.Reordered = st.win.reordered
+		o.Wakeups = st.wakeups
+		o.PerfLost = st.src.lost()
+	}
+	return out
+}
+
+// DrainerStats tells how promptly the drainer ran. Records reach the
+// rings whether or not it runs, so a drainer not run for longer than a
+// ring holds loses records however fast it drains: these counts tell that
+// loss apart from one a faster drain would have avoided.
+type DrainerStats struct {
+	// Waits counts the drainer's sleeps between passes over the rings.
+	Waits uint64
+	// Late counts the sleeps that outlasted their timeout by more than
+	// Config.Latency: the drainer ran that much later than it asked to,
+	// its CPU busy with other work or, on a virtual machine, not run by
+	// the host.
+	Late uint64
+	// LongestOverrun is the most a sleep outlasted its timeout.
+	LongestOverrun time.Duration
+}
+
+// drainerCounts are DrainerStats as the drainer keeps them: atomic, so
+// they can be read while it is late.
+type drainerCounts struct {
+	waits, late atomic.Uint64
+	longest     atomic.Int64
+}
+
+// wait counts a sleep of d given timeout, late past it by more than latency.
+func (c *drainerCounts) wait(d, timeout, latency time.Duration) {
+	c.waits.Add(1)
+	over := d - timeout
+	if over > time.Duration(c.longest.Load()) {
+		c.longest.Store(int64(over)) // the drainer is the only writer
+	}
+	if over > latency {
+		c.late.Add(1)
+	}
+}
+
+// load returns the counts so far.
+func (c *drainerCounts) load() DrainerStats {
+	return DrainerStats{
+		Waits:          c.waits.Load(),
+		Late:           c.late.Load(),
+		LongestOverrun: time.Duration(c.longest.Load()),
+	}
+}

@@ -1,0 +1,158 @@
+package consumer
+
+import (
+	"fmt"
+
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// writer turns records into events of the channel: it knows each class's
+// layout (by event key, which is the class id), writes a record whose
+// payload is the record as it is (a direct layout) without a copy of its
+// own, transcodes the others, and counts what it cannot decode. It is
+// used by the drainer goroutine alone, except for declare before the
+// drainer starts.
+type writer struct {
+	ch      *relayfmt.Channel
+	global  bool      // one buffer for every CPU: events carry their CPU
+	layouts []*layout // by class id
+	direct  []int32   // by class id: a direct layout's payload size, else -1
+}
+
+// declare adds the event class name with fields to the channel and
+// records its layout; it returns the class id, or the channel's error.
+func (w *writer) declare(name string, fields []relayfmt.Field, l *layout) (uint32, error) {
+	cls, err := w.ch.AddEventClass(name, fields)
+	if err != nil {
+		return 0, fmt.Errorf("event %s: %w", name, err)
+	}
+	w.setLayout(cls.ID, l)
+	return cls.ID, nil
+}
+
+// setLayout records the layout of class id.
+func (w *writer) setLayout(id uint32, l *layout) {
+	for uint32(len(w.layouts)) <= id {
+		w.layouts = append(w.layouts, nil)
+		w.direct = append(w.direct, -1)
+	}
+	w.layouts[id] = l
+	w.direct[id] = -1
+	if l != nil && l.direct {
+		w.direct[id] = int32(l.fixed)
+	}
+}
+
+// directPayload returns the class id of rec, a record of at least
+// recHdrLen bytes, and its payload when its class's layout is the record's
+// bytes as they are (layout.direct, the usual case, decoded here inline);
+// a nil payload otherwise. c remembers the last class it looked up.
+func (w *writer) directPayload(rec kcRec, c *classCache) (uint32, []byte) {
+	key, n := rec.key(), rec.size()
+	if key != c.key {
+		c.lookup(w, key)
+	}
+	if uint(c.size) > uint(n) || recHdrLen+n > len(rec) { // a size of -1 is above any n
+		return key, nil
+	}
+	return key, rec[recHdrLen : recHdrLen+c.size]
+}
+
+// classCache is the last class a drain loop met and its payload size
+// when its layout is direct (else -1): a run of records of one class
+// reads no table.
+type classCache struct {
+	key  uint32
+	size int
+}
+
+func (c *classCache) lookup(w *writer, key uint32) {
+	c.key, c.size = key, -1
+	if uint64(key) < uint64(len(w.direct)) {
+		c.size = int(w.direct[key])
+	}
+}
+
+// emit writes one waiting entry into the channel. Records the channel
+// cannot take are counted there (dropped, invalid) and reported in the
+// stream; a record this consumer cannot decode counts as undecodable.
+func (w *writer) emit(st *stream, e entry) { w.write(st, e, true, nil) }
+
+// write is emit, and with open false what the channel's Append does: it
+// returns false, having written nothing, when the record needs a new
+// sub-buffer. With run set (a Run on st's buffer) it writes through the
+// Run, open false: the drain's path for a record its inline path does
+// not take, which may still fit the Run once decoded (a transcoded one).
+// An entry of length 0 is a loss notice: its pos counts the records lost.
+// The record is decoded here, not in a function of its own: a second
+// call per record cost the perf drain 5 %.
+func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) bool {
+	if e.n == 0 {
+		_ = w.ch.Discard(st.idx, e.pos)
+		return true
+	}
+	rec := kcRec(st.record(e))
+	key, n := rec.key(), rec.size()
+	cpu := st.idx
+	if w.global {
+		cpu = rec.cpu()
+	}
+	if recHdrLen+n > len(rec) || uint64(key) >= uint64(len(w.layouts)) || w.layouts[key] == nil {
+		w.undecodableRun(st, run)
+		return true
+	}
+	raw := rec[recHdrLen : recHdrLen+n]
+	l := w.layouts[key]
+	var payload []byte
+	if l.asIs {
+		payload = raw
+	} else if l.direct {
+		if n < l.fixed {
+			w.undecodableRun(st, run)
+			return true
+		}
+		payload = raw[:l.fixed]
+	} else {
+		var ok bool
+		if st.scratch, ok = l.transcode(st.scratch[:0], raw); !ok {
+			w.undecodableRun(st, run)
+			return true
+		}
+		payload = st.scratch
+	}
+	// A record the channel rejects is counted there.
+	if run != nil {
+		if run.Put(e.ts, key, payload) {
+			return true
+		}
+		written, _ := run.Append(e.ts, key, payload)
+		return written
+	}
+	if open {
+		_ = w.ch.Write(cpu, e.ts, key, payload)
+		return true
+	}
+	written, _ := w.ch.Append(cpu, e.ts, key, payload)
+	return written
+}
+
+// undecodable counts a record the consumer cannot decode and writes it
+// into the stream as discarded at this place.
+func (w *writer) undecodable(st *stream) {
+	// Walked again after a rollback, it would be counted twice.
+	st.cps.clear()
+	st.undecodable++
+	_ = w.ch.Discard(st.idx, 1)
+}
+
+// undecodableRun is undecodable for write, with st's Run (when not nil)
+// synced before and started again after.
+func (w *writer) undecodableRun(st *stream, run *relayfmt.Run) {
+	if run == nil {
+		w.undecodable(st)
+		return
+	}
+	run.Sync()
+	w.undecodable(st)
+	*run = w.ch.Run(st.idx)
+}
