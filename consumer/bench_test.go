@@ -332,9 +332,9 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k, variant in
 		c0 := threadCPU()
 		b.StartTimer()
 		if tr == Perf {
-			st.src.drain(r.s.dr, st, ^uint64(0))
+			st.src.drain(r.s.w, r.s.dr.loss, st, ^uint64(0))
 		} else {
-			st.src.drain(r.s.dr, st, ^uint64(0))
+			st.src.drain(r.s.w, r.s.dr.loss, st, ^uint64(0))
 		}
 		b.StopTimer()
 		cpu += threadCPU() - c0

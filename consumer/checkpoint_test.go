@@ -132,9 +132,9 @@ func TestLateRecordsPlaced(t *testing.T) {
 				if tc.final {
 					cutoff = ^uint64(0)
 				}
-				st.src.drain(s.dr, st, cutoff)
+				st.src.drain(s.w, s.dr.loss, st, cutoff)
 			}
-			st.src.drain(s.dr, st, ^uint64(0)) // as Close drains when the drainer runs
+			st.src.drain(s.w, s.dr.loss, st, ^uint64(0)) // as Close drains when the drainer runs
 			rollbacks := st.rollbacks
 			stats := s.stats() // no drainer goroutine runs in this rig
 			if err := s.Close(); err != nil {

@@ -77,7 +77,7 @@ func (s *Session) FlushCPU(cpu int) error {
 	}
 	return s.dr.do(func() error {
 		st := s.dr.streams[cpu]
-		st.src.drain(s.dr, st, ^uint64(0))
+		st.src.drain(s.w, s.dr.loss, st, ^uint64(0))
 		return s.ch.FlushCPU(cpu)
 	})
 }

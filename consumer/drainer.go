@@ -52,7 +52,6 @@ type command struct {
 func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error) {
 	d := &drainer{
 		rec:       rec,
-		loss:      newLosses(rec.ncpu, rec.filtered()),
 		latency:   cfg.Latency,
 		watermark: uint64(cfg.Watermark),
 		window:    uint64(cfg.ReorderWindow),
@@ -96,6 +95,13 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 		}
 	}
 	return d, nil
+}
+
+// setWriter makes w the writer of every stream, and of the notices the
+// accounting of losses places.
+func (d *drainer) setWriter(w *writer) {
+	d.w = w
+	d.loss = newLosses(w, d.rec.ncpu, d.rec.filtered(), d.rec.kernelLost)
 }
 
 // start runs the drainer goroutine.
@@ -228,7 +234,7 @@ func (d *drainer) cutoff() uint64 {
 // an eighth of the wakeup watermark or more.
 func (d *drainer) drainAll(cutoff uint64) (more bool) {
 	for _, st := range d.streams {
-		st.src.drain(d, st, cutoff)
+		st.src.drain(d.w, d.loss, st, cutoff)
 		if st.src.waiting() >= d.watermark/8 {
 			more = true
 		}
@@ -242,34 +248,11 @@ func (d *drainer) flushAll() {
 	d.drainAll(^uint64(0))
 }
 
-// placeMissed places in stream 0 (their CPU is unknown) the recorder
-// runs the kernel skipped since the last call that were events lost.
+// placeMissed places the recorder runs the kernel skipped since the last
+// call that were events lost.
 func (d *drainer) placeMissed() {
-	if n := d.loss.missed(d.rec.missed()); n > 0 {
-		d.pushLoss(d.streams[0], n)
-	}
-}
-
-// placeLosses puts the kernel-side losses of st's CPUs into its window
-// after the newest record there, so they land where they happened.
-func (d *drainer) placeLosses(st *stream) {
-	first, last := st.idx, st.idx
-	if d.w.global {
-		first, last = 0, d.rec.ncpu-1
-	}
-	for cpu := first; cpu <= last; cpu++ {
-		if n := d.loss.place(cpu, d.rec.kernelLost(cpu)); n > 0 {
-			d.pushLoss(st, n)
-		}
-	}
-}
-
-// pushLoss puts a notice of n lost records into st's window.
-func (d *drainer) pushLoss(st *stream, n uint64) {
-	if st.win.full() {
-		d.w.emit(st, st.win.pop())
-	}
-	st.win.push(entry{ts: st.win.last(), pos: n})
+	all, lost := d.rec.missed()
+	d.loss.placeMissed(d.streams[0], all, lost)
 }
 
 // close releases the sources and the poller; the goroutine must have

@@ -75,7 +75,7 @@ func (d *drainer) checkHotplug() error {
 	for cpu := 0; cpu < d.rec.ncpu; cpu++ {
 		if online[cpu] && !d.perf.online[cpu] {
 			st := d.streams[cpu]
-			st.src.drain(d, st, ^uint64(0))
+			st.src.drain(d.w, d.loss, st, ^uint64(0))
 			if err := d.openPerfCPU(cpu); err != nil {
 				return err
 			}

@@ -9,14 +9,50 @@ package consumer
 // records the consumer cannot decode by their stream. It is used by the
 // drainer goroutine alone.
 type losses struct {
-	filtered     bool     // the recorder filters tasks: a miss may not be a loss
-	placed       []uint64 // kernel-side losses placed so far, per CPU
-	missedSeen   uint64   // recursion misses counted so far (CPUStats.Missed)
-	missedPlaced uint64   // the part of them placed in stream 0
+	w            *writer              // writes a notice that finds its window full
+	kernelLost   func(cpu int) uint64 // the recorder's count of cpu's losses
+	global       bool                 // one stream takes every CPU's losses
+	filtered     bool                 // the recorder filters tasks: a miss may not be a loss
+	placed       []uint64             // kernel-side losses placed so far, per CPU
+	missedSeen   uint64               // recursion misses counted so far (CPUStats.Missed)
+	missedPlaced uint64               // the part of them placed in stream 0
 }
 
-func newLosses(ncpu int, filtered bool) *losses {
-	return &losses{filtered: filtered, placed: make([]uint64, ncpu)}
+// newLosses returns the accounting of ncpu CPUs, which writes through w
+// and reads the recorder's counts with kernelLost.
+func newLosses(w *writer, ncpu int, filtered bool, kernelLost func(cpu int) uint64) *losses {
+	return &losses{w: w, kernelLost: kernelLost, global: w != nil && w.global, filtered: filtered, placed: make([]uint64, ncpu)}
+}
+
+// placeKernel puts the kernel-side losses of st's CPUs not yet placed
+// into its window after the newest record there, so they land where they
+// happened.
+func (l *losses) placeKernel(st *stream) {
+	first, last := st.idx, st.idx
+	if l.global {
+		first, last = 0, len(l.placed)-1
+	}
+	for cpu := first; cpu <= last; cpu++ {
+		if n := l.place(cpu, l.kernelLost(cpu)); n > 0 {
+			l.push(st, n)
+		}
+	}
+}
+
+// placeMissed puts the recursion misses that were events lost and are
+// not yet placed into st (stream 0: their CPU is unknown).
+func (l *losses) placeMissed(st *stream, all, lost uint64) {
+	if n := l.missed(all, lost); n > 0 {
+		l.push(st, n)
+	}
+}
+
+// push puts a notice of n lost records into st's window.
+func (l *losses) push(st *stream, n uint64) {
+	if st.win.full() {
+		l.w.emit(st, st.win.pop())
+	}
+	st.win.push(entry{ts: st.win.last(), pos: n})
 }
 
 // place returns how many of the total losses counted for cpu so far are

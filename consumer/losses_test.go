@@ -15,7 +15,7 @@ func TestLossesPlace(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newLosses(2, false)
+			l := newLosses(nil, 2, false, nil)
 			for i, total := range tc.totals {
 				if got := l.place(1, total); got != tc.want[i] {
 					t.Fatalf("call %d: place(1, %d) = %d, want %d", i, total, got, tc.want[i])
@@ -41,7 +41,7 @@ func TestLossesMissed(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			l := newLosses(1, tc.filtered)
+			l := newLosses(nil, 1, tc.filtered, nil)
 			for i, c := range tc.calls {
 				if got := l.missed(c[0], c[1]); got != tc.want[i] {
 					t.Fatalf("call %d: missed(%d, %d) = %d, want %d", i, c[0], c[1], got, tc.want[i])

@@ -162,8 +162,8 @@ func (p *perfRing) close() {
 // drain walks the perf ring as a ringbuf's drain does, through st's
 // reorder window; perf's lost records enter the window as loss notices
 // at their place.
-func (p *perfRing) drain(d *drainer, st *stream, cutoff uint64) {
-	wr, w := d.w, st.win
+func (p *perfRing) drain(wr *writer, l *losses, st *stream, cutoff uint64) {
+	w := st.win
 	head := p.head()
 	// Release every sixteenth of the ring, as a ringbuf's drain does. A record
 	// that starts before stop is whole: data_head only moves past whole
@@ -188,10 +188,10 @@ func (p *perfRing) drain(d *drainer, st *stream, cutoff uint64) {
 		if n == 0 {
 			// perf's count is a subset of the recorder's own lost counter
 			// (every failed bpf_perf_event_output is counted there too),
-			// which placeLosses may have placed already: place only what
+			// which placeKernel may have placed already: place only what
 			// is new, here, where perf says it happened.
 			p.nlost += lost
-			if n := d.loss.place(p.cpu, p.nlost); n > 0 {
+			if n := l.place(p.cpu, p.nlost); n > 0 {
 				w.push(entry{ts: w.last(), pos: n})
 			}
 			continue
@@ -204,7 +204,7 @@ func (p *perfRing) drain(d *drainer, st *stream, cutoff uint64) {
 		e.ts = binary.LittleEndian.Uint64(st.record(e))
 		w.push(e)
 	}
-	d.placeLosses(st)
+	l.placeKernel(st)
 	for w.n > 0 && w.front().ts <= cutoff {
 		wr.emit(st, w.pop())
 	}

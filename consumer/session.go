@@ -242,7 +242,7 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	s.w = &writer{ch: s.ch, global: cfg.Global}
-	s.dr.w = s.w
+	s.dr.setWriter(s.w)
 	return s, nil
 }
 

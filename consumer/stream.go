@@ -35,8 +35,9 @@ func (r kcRec) cpu() int { return int(binary.LittleEndian.Uint16(r[14:])) }
 // Its methods run on the drainer goroutine.
 type source interface {
 	// drain moves the source's finished records through st's reorder
-	// window into the channel, writing out those stamped before cutoff.
-	drain(d *drainer, st *stream, cutoff uint64)
+	// window into the channel with w, writing out those stamped before
+	// cutoff, and places the losses counted for st with l.
+	drain(w *writer, l *losses, st *stream, cutoff uint64)
 	// waiting returns the bytes the source holds unread.
 	waiting() uint64
 	// skipAll drops what the source holds now (reset).
@@ -90,10 +91,10 @@ func (st *stream) reset() {
 // fail and are counted, and the drain places them all the same.
 type noSource struct{}
 
-func (noSource) drain(d *drainer, st *stream, cutoff uint64) {
-	d.placeLosses(st)
+func (noSource) drain(w *writer, l *losses, st *stream, cutoff uint64) {
+	l.placeKernel(st)
 	for st.win.n > 0 && st.win.front().ts <= cutoff {
-		d.w.emit(st, st.win.pop())
+		w.emit(st, st.win.pop())
 	}
 }
 func (noSource) waiting() uint64 { return 0 }

@@ -17,8 +17,8 @@ import (
 // resumes. Ring space is released once per batch of a sixteenth of the
 // ring, up to the oldest record still waiting or that a checkpoint may
 // walk again.
-func (r *ringbuf) drain(d *drainer, st *stream, cutoff uint64) {
-	wr, w := d.w, st.win
+func (r *ringbuf) drain(wr *writer, l *losses, st *stream, cutoff uint64) {
+	w := st.win
 	limit := r.cons + r.size // one lap per call, so other rings get their turn
 	// Release space every sixteenth of the ring: a producer writing while
 	// we drain sees the consumer position and must not find the ring full
@@ -60,7 +60,7 @@ func (r *ringbuf) drain(d *drainer, st *stream, cutoff uint64) {
 			break // stopped at a record still being written
 		}
 	}
-	d.placeLosses(st)
+	l.placeKernel(st)
 	for w.n > 0 && w.front().ts <= cutoff {
 		wr.emit(st, w.pop())
 	}
