@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/internal/control"
+)
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
+// recorder runs a session to its end and reports on it.
+type recorder struct {
+	s              *consumer.Session
+	srv            *control.Server
+	stdout, stderr io.Writer
+	start          time.Time
+	live           bool
+	lastRecords    uint64
+	lastTick       time.Time
+}
+
+// run records until a signal, the duration, the command's exit or a
+// channel failure (a full disk), then closes the session so every file is
+// whole, and prints the summary. It returns the command's exit status as
+// an exitError when the command failed.
+func (r *recorder) run(command []string, duration time.Duration) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, duration)
+		defer cancel()
+	}
+	if err := r.s.Start(); err != nil {
+		r.s.Close()
+		return err
+	}
+	_ = r.srv.Refresh()
+	var cmd *exec.Cmd
+	cmdDone := make(chan error, 1)
+	if len(command) > 0 {
+		cmd = exec.Command(command[0], command[1:]...)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			r.s.Close()
+			return fmt.Errorf("starting %s: %w", command[0], err)
+		}
+		go func() { cmdDone <- cmd.Wait() }()
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	r.lastTick = r.start
+	var cmdErr, failure error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case cmdErr = <-cmdDone:
+			cmd = nil
+			break loop
+		case <-tick.C:
+			if err := r.s.Channel().Err(); err != nil {
+				failure = err
+				break loop
+			}
+			_ = r.srv.Refresh()
+			if r.live {
+				r.status()
+			}
+		}
+	}
+	if r.live {
+		fmt.Fprint(r.stderr, "\r\033[K")
+	}
+	if cmd != nil {
+		// Stopped by a signal or the duration: the command goes on.
+		fmt.Fprintf(r.stderr, "kconsume record: stopped; %s (pid %d) keeps running\n", cmd.Path, cmd.Process.Pid)
+	}
+	closeErr := r.s.Close()
+	stats, _ := r.s.Stats()
+	r.summary(stats, r.s.Drainer())
+	if failure == nil {
+		failure = closeErr
+	}
+	if failure != nil {
+		if errors.Is(failure, syscall.ENOSPC) {
+			return fmt.Errorf("disk full: recording stopped; every file in the trace is whole and readable: %w", failure)
+		}
+		return fmt.Errorf("recording stopped: %w", failure)
+	}
+	var ee *exec.ExitError
+	if errors.As(cmdErr, &ee) {
+		return exitError{ee.ExitCode()}
+	}
+	return cmdErr
+}
+
+// exitError carries the traced command's exit status out of run.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }

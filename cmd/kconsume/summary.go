@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kconsume/kconsume/consumer"
+)
+
+func totals(stats []consumer.CPUStats) (records, bytes, discarded uint64) {
+	for _, c := range stats {
+		records += c.Channel.Records
+		bytes += c.Channel.Bytes
+		discarded += c.Discarded()
+	}
+	return
+}
+
+// status rewrites the live line on the terminal.
+func (r *recorder) status() {
+	stats, err := r.s.Stats()
+	if err != nil {
+		return
+	}
+	records, bytes, discarded := totals(stats)
+	now := time.Now()
+	rate := float64(records-r.lastRecords) / now.Sub(r.lastTick).Seconds()
+	r.lastRecords, r.lastTick = records, now
+	fmt.Fprintf(r.stderr, "\r\033[K%s  %s events/s  %s written  %d discarded", now.Sub(r.start).Truncate(time.Second), human(rate), humanBytes(bytes), discarded)
+}
+
+// summary prints per-CPU counts, losses by layer and advice.
+func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
+	w := r.stdout
+	records, bytes, discarded := totals(stats)
+	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded)
+	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "missed", "dropped", "overwritten", "invalid", "reordered")
+	var kernel, missed, dropped, over uint64
+	for _, c := range stats {
+		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 && c.Missed == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Missed, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge+c.Undecodable, c.Reordered)
+		kernel += c.KernelLost
+		missed += c.Missed
+		dropped += c.Channel.Dropped
+		over += c.Channel.Overwritten
+	}
+	if missed > 0 {
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost; those known lost are in the discarded count\n", missed)
+	}
+	if kernel > 0 {
+		fmt.Fprintf(w, "advice: %d events were lost in the kernel because the ring was full: raise --ring-size or lower --latency\n", kernel)
+		if d.Late > 0 {
+			// No drain speed saves records produced while the consumer
+			// does not run: only room in the ring does.
+			fmt.Fprintf(w, "note: %d times the consumer ran more than --latency after it asked to, once %s late: its CPU was busy or, on a VM, not run by the host; a ring that holds that long is what keeps such records\n", d.Late, d.LongestOverrun.Round(10*time.Microsecond))
+		}
+	}
+	if dropped > 0 {
+		fmt.Fprintf(w, "advice: %d events were dropped because every sub-buffer was full: raise --subbuf-size or --n-subbufs, or write to a faster disk\n", dropped)
+	}
+	if over > 0 {
+		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", over)
+	}
+}
+
+func human(v float64) string {
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.1fG", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.1fM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func humanBytes(b uint64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
