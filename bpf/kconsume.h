@@ -51,16 +51,30 @@ struct kc_cpu_state {
 	__u64 emitted;  /* records handed to the transport */
 	__u64 lost;     /* reserve or output failures: records lost in the kernel */
 	__u32 disabled; /* consumer's per-CPU record disable */
-	__u32 armed;    /* set by the consumer before it sleeps: the next look over the watermark wakes it */
-	__u64 wakeups;  /* forced wakeups of the consumer (watermark crossings) */
-	__u64 pad[4];
+	__u32 armed;    /* KC_ARM_* bits the consumer sets before it sleeps */
+	__u64 wakeups;  /* forced wakeups of the consumer */
+	__u64 woke_at;  /* CLOCK_MONOTONIC of the last forced wakeup: how late the consumer ran */
+	__u64 pad[3];
 };
+
+/*
+ * What wakes a sleeping consumer (kc_cpu_state.armed): the unread data
+ * reaching the watermark, or (with a latency bound) the first record of
+ * another process, after which the consumer's timer picks the data up
+ * within its latency. Records of the consumer's own process never wake
+ * it that way: its own going to sleep (a sched_switch, an epoll_wait
+ * syscall) would wake it again at once, and every wakeup would put more
+ * of its own events into the trace.
+ */
+#define KC_ARM_FILL 1
+#define KC_ARM_DATA 2
 
 /* Set before load (rodata); the verifier prunes the branches not taken. */
 const volatile __u32 kc_clock = KC_CLOCK_MONO;
 const volatile __u32 kc_global = 0;         /* one shared ring at index 0 */
 const volatile __u64 kc_wakeup_bytes = 0;   /* ringbuf: the watermark, in unread bytes */
 const volatile __u64 kc_wakeup_mask = 0;    /* ringbuf: see kc_wakeup_flags */
+const volatile __u32 kc_self_tgid = 0;      /* the consumer's process (KC_ARM_DATA) */
 
 /* Largest record a sampled wakeup check may pass over (kc_wakeup_flags). */
 #define KC_SAMPLED_MAX 256
@@ -124,11 +138,12 @@ struct {
 /*
  * kc_wakeup_flags returns the submit flags for the caller's record:
  * wake the consumer once it has drained and gone to sleep (armed) and the
- * unread data reaches the watermark, one wakeup per batch and never one
- * per record (by default the kernel wakes on every record written into a
- * ring the consumer had caught up with, kernel/bpf/ringbuf.c:
- * bpf_ringbuf_commit). Below the watermark the consumer's latency timer
- * picks the data up.
+ * unread data reaches the watermark (KC_ARM_FILL), or, when it asked for
+ * it (KC_ARM_DATA), at the first record of a process other than its own;
+ * one wakeup per sleep and never one per record (by default the kernel
+ * wakes on every record written into a ring the consumer had caught up
+ * with, kernel/bpf/ringbuf.c: bpf_ringbuf_commit). A consumer awake
+ * costs one load and branch per record.
  *
  * Asking the ring for its fill is a helper call, which costs as much as
  * a tenth of a small record's recording; sampled callers, whose records
@@ -142,18 +157,26 @@ struct {
  * the ring's 8-byte header for bpf_ringbuf_output. Forcing a wakeup
  * disarms the slot; a caller whose record then fails to go out must
  * hand the wakeup back with kc_wakeup_unused, or the sleeping drainer
- * would wait for its latency tick.
+ * would sleep on.
  */
 static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 pending, struct kc_cpu_state *st, int atomic, int sampled)
 {
-	if (!st->armed)
+	__u32 armed = st->armed;
+
+	if (!armed)
+		return BPF_RB_NO_WAKEUP;
+	if ((armed & KC_ARM_DATA) && (__u32)(bpf_get_current_pid_tgid() >> 32) != kc_self_tgid)
+		goto wake;
+	if (!(armed & KC_ARM_FILL))
 		return BPF_RB_NO_WAKEUP;
 	if (sampled && (st->emitted & kc_wakeup_mask))
 		return BPF_RB_NO_WAKEUP;
 	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) + pending < kc_wakeup_bytes)
 		return BPF_RB_NO_WAKEUP;
+wake:
 	/* Racing writers may both wake it: one spare wakeup, no harm. */
 	st->armed = 0;
+	st->woke_at = bpf_ktime_get_ns();
 	if (atomic)
 		__sync_fetch_and_add(&st->wakeups, 1);
 	else
@@ -166,7 +189,7 @@ static __always_inline void kc_wakeup_unused(struct kc_cpu_state *st, __u64 flag
 {
 	if (flags != BPF_RB_FORCE_WAKEUP)
 		return;
-	st->armed = 1;
+	st->armed = KC_ARM_FILL;
 	if (atomic)
 		__sync_fetch_and_add(&st->wakeups, -1);
 	else

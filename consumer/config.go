@@ -136,10 +136,20 @@ type Config struct {
 	// power-of-two number of pages (default 4 MiB).
 	RingSize int
 	// Watermark is how many unread bytes make the producer wake the
-	// consumer (default RingSize/4). Below it, the consumer picks data up
-	// every Latency (default 1 ms).
+	// consumer (default RingSize/4).
 	Watermark int
-	Latency   time.Duration
+	// Latency, when set (1 ms or more), bounds how long a record waits in
+	// a ring while the consumer could run: the first record of another
+	// process after the consumer went to sleep wakes it, and it drains
+	// that record within Latency. Records of the consumer's own process
+	// do not wake it (its own sleeping would wake it again); they are
+	// picked up with the next. Unset, nothing but the watermark and the
+	// session's commands (Flush, Snapshot, Close …) wake the consumer,
+	// as with trace-cmd and perf record: an idle machine does not see it
+	// run. On the perf transport (kernels before 5.8) the producer cannot
+	// wake it early, so a set Latency is a timer that ticks while
+	// recording.
+	Latency time.Duration
 
 	// ReorderWindow bounds how long a record waits so that a late record
 	// stamped earlier can still be written before it (default 1 ms);
@@ -156,7 +166,6 @@ const (
 	DefaultSubbufSize    = 256 << 10
 	DefaultNSubbufs      = 8
 	DefaultRingSize      = 4 << 20
-	DefaultLatency       = time.Millisecond
 	DefaultReorderWindow = time.Millisecond
 	DefaultReorderMax    = 1024
 	MaxCommLen           = 15 // TASK_COMM_LEN - 1
@@ -199,11 +208,8 @@ func (c *Config) Check() error {
 	if c.Watermark < 0 || c.Watermark > c.RingSize {
 		return fmt.Errorf("%w: watermark %d outside 1..%d (the ring size)", ErrConfig, c.Watermark, c.RingSize)
 	}
-	if c.Latency == 0 {
-		c.Latency = DefaultLatency
-	}
-	if c.Latency < time.Millisecond {
-		return fmt.Errorf("%w: latency %v under 1ms", ErrConfig, c.Latency)
+	if c.Latency != 0 && c.Latency < time.Millisecond {
+		return fmt.Errorf("%w: latency %v: 0 (no bound) or 1ms and more", ErrConfig, c.Latency)
 	}
 	if c.ReorderWindow == 0 {
 		c.ReorderWindow = DefaultReorderWindow

@@ -164,6 +164,12 @@ func (s *Session) Stats() ([]CPUStats, error) {
 // or where none runs.
 func (s *Session) stats() []CPUStats { return s.dr.stats(s.ch) }
 
+// Activity returns a channel that receives (without queueing more than
+// one) after the drainer ran for data: a producer woke it, or its timer
+// for waiting data ended. Nothing arrives while the session idles, so a
+// caller that refreshes a view of the counters on it costs nothing then.
+func (s *Session) Activity() <-chan struct{} { return s.dr.activity }
+
 // Drainer returns how promptly the drainer ran, so far. It does not wait
 // for the drainer, and works after Close.
 func (s *Session) Drainer() DrainerStats { return s.dr.counts.load() }

@@ -32,6 +32,7 @@ type drainer struct {
 	clockID   int32
 
 	cmds       chan command
+	activity   chan struct{} // a pass for data, not for a command, ran
 	done       chan struct{}
 	loopErr    error
 	looping    atomic.Bool
@@ -57,6 +58,7 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 		window:    uint64(cfg.ReorderWindow),
 		clockID:   clockID,
 		cmds:      make(chan command, 1),
+		activity:  make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
 	defer func() {
@@ -78,7 +80,7 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 		if cfg.Global {
 			return nil, fmt.Errorf("%w: global mode needs the ringbuf transport", ErrConfig)
 		}
-		return d, d.openPerf(cfg.RingSize, cfg.Watermark)
+		return d, d.openPerf(cfg.RingSize, cfg.Watermark, cfg.Latency)
 	}
 	for i, st := range d.streams {
 		m, err := rec.newRing(i)
@@ -149,9 +151,14 @@ func (d *drainer) do(fn func() error) error {
 	}
 }
 
-// loop is the drainer goroutine: it sleeps in epoll until a producer
-// crosses the watermark, a command arrives or the latency tick passes,
-// then drains every ring.
+// loop is the drainer goroutine. It sleeps in epoll until a producer
+// wakes it (the watermark, or with a latency bound the first record of
+// another process), a command arrives or its timer ends, then drains
+// every ring. The timer runs only while data is known to wait: after a
+// producer's first-record wakeup, until the latency has passed since that
+// record, and after a pass that left records in a reorder window, until
+// the window has passed. With no data waiting it sleeps without a
+// timeout, so an idle machine does not see it run.
 func (d *drainer) loop() {
 	defer close(d.done)
 	// One thread keeps the rings' cache lines and gives the drainer's CPU
@@ -159,40 +166,79 @@ func (d *drainer) loop() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	d.loopTID.Store(int32(unix.Gettid()))
-	events := make([]unix.EpollEvent, len(d.streams)+1)
+	events := make([]unix.EpollEvent, len(d.streams)+2)
 	ids := make([]int32, 0, len(events))
-	latency := int(d.latency / time.Millisecond)
-	timeout := latency
+	woke := make([]uint64, 2*d.rec.ncpu) // the writers' last wakeups seen
+	var deadline time.Time               // data waits: drain by then
+	more := false
 	for {
+		timeout := d.timeout(more, deadline)
+		if timeout != 0 {
+			d.rec.arm(d.latency > 0 && deadline.IsZero())
+		}
 		t0 := time.Now()
 		var err error
-		ids, err = d.poll.Wait(events, ids, timeout)
-		d.counts.wait(time.Since(t0), time.Duration(timeout)*time.Millisecond, d.latency)
+		ids, err = d.poll.Wait(events, ids, msec(timeout))
+		now := time.Now()
+		if timeout > 0 {
+			d.counts.ran(now.Sub(t0)-timeout, d.lateness())
+		}
+		if timeout != 0 {
+			d.rec.disarm()
+		}
 		if err != nil {
 			d.loopErr = err
 			return
 		}
+		fromRing, command := false, false
 		for _, id := range ids {
-			if id >= 0 && int(id) < len(d.streams) {
+			switch {
+			case id == epoll.WakeID:
+				command = true
+			case id >= 0 && int(id) < len(d.streams):
 				d.streams[id].wakeups++
+				fromRing = true
+			case d.perf != nil && id == d.perf.id && d.perf.cpuEvent():
+				if err := d.checkHotplug(); err != nil {
+					d.loopErr = err
+				}
 			}
 		}
-		if d.perf != nil && time.Since(d.perf.checked) > hotplugPeriod {
+		if fromRing {
+			d.producerLateness(woke)
+		}
+		if d.perf != nil && d.perf.polled && now.Sub(d.perf.checked) > hotplugPeriod {
 			if err := d.checkHotplug(); err != nil {
 				d.loopErr = err
 			}
 		}
-		if time.Since(d.lastMissed) > missedPeriod {
-			d.lastMissed = time.Now()
+		if now.Sub(d.lastMissed) > missedPeriod {
+			d.lastMissed = now
 			d.placeMissed()
 		}
-		// A ring still holding a good part of a watermark is drained again
-		// at once: no new crossing would wake us for it.
-		timeout = latency
-		if d.drainAll(d.cutoff()) {
-			timeout = 0
-		} else {
-			d.rec.arm()
+		switch {
+		case fromRing && deadline.IsZero() && d.latency > 0 && !d.overWatermark():
+			// The first record of another process: pick it up, and
+			// whatever follows it, within the latency.
+			deadline = now.Add(d.latency)
+			more = false
+		case !deadline.IsZero() && now.Before(deadline) && !fromRing:
+			// A command woke us before the deadline: keep waiting.
+			more = false
+		default:
+			// A ring still holding a good part of a watermark is drained
+			// again at once: no new crossing would wake us for it.
+			more = d.drainAll(d.cutoff())
+			if fromRing || timeout > 0 && !command {
+				select {
+				case d.activity <- struct{}{}:
+				default:
+				}
+			}
+			deadline = time.Time{}
+			if d.latency > 0 && d.windowsWait() {
+				deadline = now.Add(max(time.Duration(d.window), time.Millisecond))
+			}
 		}
 		for {
 			select {
@@ -206,6 +252,82 @@ func (d *drainer) loop() {
 			default:
 			}
 			break
+		}
+	}
+}
+
+// timeout returns how long the drainer may sleep: not at all when a ring
+// still holds data, until the deadline when data waits, a perf tick (the
+// latency bound, or the hotplug poll), or -1, for as long as nothing
+// wakes it.
+func (d *drainer) timeout(more bool, deadline time.Time) time.Duration {
+	switch {
+	case more:
+		return 0
+	case !deadline.IsZero():
+		return max(time.Until(deadline), time.Nanosecond)
+	case d.perf != nil && d.perf.tick > 0:
+		return d.perf.tick
+	}
+	return -1
+}
+
+// msec is d for epoll_wait: -1 stays, anything else rounds up to whole
+// milliseconds, so a timer never ends before its time.
+func msec(d time.Duration) int {
+	if d < 0 {
+		return -1
+	}
+	return int((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// overWatermark reports whether a ring holds a watermark or more.
+func (d *drainer) overWatermark() bool {
+	for _, st := range d.streams {
+		if st.src.waiting() >= d.watermark {
+			return true
+		}
+	}
+	return false
+}
+
+// windowsWait reports whether records wait in a reorder window.
+func (d *drainer) windowsWait() bool {
+	for _, st := range d.streams {
+		if st.win.n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// lateness is how late past its time a run of the drainer counts as late.
+func (d *drainer) lateness() time.Duration {
+	if d.latency > 0 {
+		return d.latency
+	}
+	return defaultLateness
+}
+
+// defaultLateness is lateness without a latency bound.
+const defaultLateness = time.Millisecond
+
+// producerLateness counts how long after the writers' newest wakeups the
+// drainer ran, from the times they left in woke (seen so far, per slot).
+func (d *drainer) producerLateness(woke []uint64) {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
+		return
+	}
+	now := uint64(ts.Nano())
+	for slot := range woke {
+		w := d.rec.wokeAt(slot)
+		if w == woke[slot] {
+			continue
+		}
+		woke[slot] = w
+		if w != 0 && now > w {
+			d.counts.ran(time.Duration(now-w), d.lateness())
 		}
 	}
 }
@@ -260,6 +382,9 @@ func (d *drainer) placeMissed() {
 func (d *drainer) close() {
 	for _, st := range d.streams {
 		st.src.close()
+	}
+	if d.perf != nil {
+		d.perf.close()
 	}
 	if d.poll != nil {
 		d.poll.Close()

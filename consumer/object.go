@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -91,6 +92,9 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 		gen.ExampleVarKcNcpu:   uint32(r.ncpu),
 		gen.ExampleVarKcClock:  uint32(r.cfg.Clock),
 		gen.ExampleVarKcGlobal: boolU32(r.cfg.Global),
+	}
+	if spec.Variables[gen.ExampleVarKcSelfTgid] != nil {
+		set[gen.ExampleVarKcSelfTgid] = uint32(os.Getpid())
 	}
 	if r.transport == Ringbuf {
 		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)

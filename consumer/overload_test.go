@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
@@ -58,6 +59,9 @@ func TestOverloadNoOverwrite(t *testing.T) {
 			s, dir := newTestSession(t, Config{
 				Events: []string{"syscalls:sys_enter_close"}, PIDs: []int{c.tid}, Transport: tr,
 				SubbufSize: 4096, NSubbufs: 2, RingSize: 16 << 10,
+				// perf reports its losses only once the consumer made room
+				// during the flood: a latency tick makes sure it runs then.
+				Latency: time.Millisecond,
 			})
 			if err := s.Start(); err != nil {
 				t.Fatal(err)

@@ -145,6 +145,9 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 	} else {
 		spec.Maps[gen.PerfMapKcPerf].MaxEntries = uint32(ncpu)
 	}
+	if spec.Variables[gen.RingbufVarKcSelfTgid] != nil {
+		set[gen.RingbufVarKcSelfTgid] = uint32(os.Getpid())
+	}
 	set[gen.RingbufVarKcClock] = uint32(cfg.Clock)
 	set[gen.RingbufVarKcGlobal] = boolU32(cfg.Global)
 	raw := opts != nil && opts.sys
@@ -186,7 +189,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 	if err != nil {
 		return nil, fmt.Errorf("mapping kc_state: %w", err)
 	}
-	r.arm() // the drainer starts asleep
+	r.arm(cfg.Latency > 0) // the drainer starts asleep
 	if opts != nil && opts.spec != nil {
 		return r, nil
 	}
@@ -340,21 +343,51 @@ const (
 	maxWakeupStride = 64
 )
 
+// Bits of kc_cpu_state.armed (bpf/kconsume.h: KC_ARM_*).
+const (
+	armFill = 1 // wake at the watermark
+	armData = 2 // wake at the first record of another process
+)
+
 // arm tells the writers into the rings that the drainer is about to
-// sleep: their next look at a ring's fill over the watermark wakes it. A
-// drainer that goes round again at once is not armed, or a ring kept
-// over the watermark would wake it on every pass. The store is skipped
-// when a slot is armed already, so the writers' cache line is not taken
-// away for nothing.
-func (r *recorder) arm() {
+// sleep: their next look at a ring's fill over the watermark wakes it,
+// and with data set so does the first record of a process other than
+// this one. A drainer that goes round again at once is not armed, or a
+// ring kept over the watermark would wake it on every pass. The store
+// is skipped when a slot is armed so already, so the writers' cache line
+// is not taken away for nothing.
+func (r *recorder) arm(data bool) {
+	if r.transport != Ringbuf {
+		return
+	}
+	want := uint32(armFill)
+	if data {
+		want |= armData
+	}
+	for slot := range 2 * r.ncpu {
+		if cs := r.cpuState(slot); atomic.LoadUint32(&cs.Armed) != want {
+			atomic.StoreUint32(&cs.Armed, want)
+		}
+	}
+}
+
+// disarm takes back what arm asked for, so that a drainer awake for
+// another reason (its timer, a command) is not woken again for nothing.
+func (r *recorder) disarm() {
 	if r.transport != Ringbuf {
 		return
 	}
 	for slot := range 2 * r.ncpu {
-		if cs := r.cpuState(slot); atomic.LoadUint32(&cs.Armed) == 0 {
-			atomic.StoreUint32(&cs.Armed, 1)
+		if cs := r.cpuState(slot); atomic.LoadUint32(&cs.Armed) != 0 {
+			atomic.StoreUint32(&cs.Armed, 0)
 		}
 	}
+}
+
+// wokeAt returns when the writers of slot last woke the drainer, on
+// CLOCK_MONOTONIC, or 0.
+func (r *recorder) wokeAt(slot int) uint64 {
+	return atomic.LoadUint64(&r.cpuState(slot).WokeAt)
 }
 
 // emitted returns the records the kernel side put into cpu's ring.

@@ -76,14 +76,14 @@ func (d *drainer) stats(ch *relayfmt.Channel) []CPUStats {
 // ring holds loses records however fast it drains: these counts tell that
 // loss apart from one a faster drain would have avoided.
 type DrainerStats struct {
-	// Waits counts the drainer's sleeps between passes over the rings.
+	// Waits counts the times the drainer was due to run: a producer's
+	// wakeup or the end of a timed sleep.
 	Waits uint64
-	// Late counts the sleeps that outlasted their timeout by more than
-	// Config.Latency: the drainer ran that much later than it asked to,
-	// its CPU busy with other work or, on a virtual machine, not run by
-	// the host.
+	// Late counts the times it ran more than Config.Latency (1 ms
+	// without one) after it was due: its CPU busy with other work or, on
+	// a virtual machine, not run by the host.
 	Late uint64
-	// LongestOverrun is the most a sleep outlasted its timeout.
+	// LongestOverrun is the most it ran after it was due.
 	LongestOverrun time.Duration
 }
 
@@ -94,14 +94,14 @@ type drainerCounts struct {
 	longest     atomic.Int64
 }
 
-// wait counts a sleep of d given timeout, late past it by more than latency.
-func (c *drainerCounts) wait(d, timeout, latency time.Duration) {
+// ran counts a run of the drainer over its time by over, late when that
+// is more than lateness.
+func (c *drainerCounts) ran(over, lateness time.Duration) {
 	c.waits.Add(1)
-	over := d - timeout
 	if over > time.Duration(c.longest.Load()) {
 		c.longest.Store(int64(over)) // the drainer is the only writer
 	}
-	if over > latency {
+	if over > lateness {
 		c.late.Add(1)
 	}
 }

@@ -20,7 +20,8 @@ type BenchKcCpuState struct {
 	Disabled uint32
 	Armed    uint32
 	Wakeups  uint64
-	Pad      [4]uint64
+	WokeAt   uint64
+	Pad      [3]uint64
 }
 
 type BenchKcScratch struct {
@@ -50,6 +51,7 @@ const (
 	BenchVarKcClock       = "kc_clock"
 	BenchVarKcGlobal      = "kc_global"
 	BenchVarKcRunning     = "kc_running"
+	BenchVarKcSelfTgid    = "kc_self_tgid"
 	BenchVarKcWakeupBytes = "kc_wakeup_bytes"
 	BenchVarKcWakeupMask  = "kc_wakeup_mask"
 )
@@ -119,6 +121,7 @@ type BenchVariableSpecs struct {
 	KcClock       *ebpf.VariableSpec `ebpf:"kc_clock"`
 	KcGlobal      *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcRunning     *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcSelfTgid    *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcWakeupBytes *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask  *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 }
@@ -167,6 +170,7 @@ type BenchVariables struct {
 	KcClock       *ebpf.Variable `ebpf:"kc_clock"`
 	KcGlobal      *ebpf.Variable `ebpf:"kc_global"`
 	KcRunning     *ebpf.Variable `ebpf:"kc_running"`
+	KcSelfTgid    *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcWakeupBytes *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask  *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 }

@@ -20,7 +20,8 @@ type BenchPerfKcCpuState struct {
 	Disabled uint32
 	Armed    uint32
 	Wakeups  uint64
-	Pad      [4]uint64
+	WokeAt   uint64
+	Pad      [3]uint64
 }
 
 type BenchPerfKcScratch struct {
@@ -50,6 +51,7 @@ const (
 	BenchPerfVarKcClock       = "kc_clock"
 	BenchPerfVarKcGlobal      = "kc_global"
 	BenchPerfVarKcRunning     = "kc_running"
+	BenchPerfVarKcSelfTgid    = "kc_self_tgid"
 	BenchPerfVarKcWakeupBytes = "kc_wakeup_bytes"
 	BenchPerfVarKcWakeupMask  = "kc_wakeup_mask"
 )
@@ -119,6 +121,7 @@ type BenchPerfVariableSpecs struct {
 	KcClock       *ebpf.VariableSpec `ebpf:"kc_clock"`
 	KcGlobal      *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcRunning     *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcSelfTgid    *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcWakeupBytes *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask  *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 }
@@ -167,6 +170,7 @@ type BenchPerfVariables struct {
 	KcClock       *ebpf.Variable `ebpf:"kc_clock"`
 	KcGlobal      *ebpf.Variable `ebpf:"kc_global"`
 	KcRunning     *ebpf.Variable `ebpf:"kc_running"`
+	KcSelfTgid    *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcWakeupBytes *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask  *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 }

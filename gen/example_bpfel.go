@@ -20,7 +20,8 @@ type ExampleKcCpuState struct {
 	Disabled uint32
 	Armed    uint32
 	Wakeups  uint64
-	Pad      [4]uint64
+	WokeAt   uint64
+	Pad      [3]uint64
 }
 
 type ExampleKcScratch struct {
@@ -57,6 +58,7 @@ const (
 	ExampleVarKcKeyKlog        = "kc_key_klog"
 	ExampleVarKcNcpu           = "kc_ncpu"
 	ExampleVarKcRunning        = "kc_running"
+	ExampleVarKcSelfTgid       = "kc_self_tgid"
 	ExampleVarKcWakeupBytes    = "kc_wakeup_bytes"
 	ExampleVarKcWakeupMask     = "kc_wakeup_mask"
 	ExampleVarTargetTgid       = "target_tgid"
@@ -134,6 +136,7 @@ type ExampleVariableSpecs struct {
 	KcKeyKlog        *ebpf.VariableSpec `ebpf:"kc_key_klog"`
 	KcNcpu           *ebpf.VariableSpec `ebpf:"kc_ncpu"`
 	KcRunning        *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcSelfTgid       *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcWakeupBytes    *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask     *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
@@ -191,6 +194,7 @@ type ExampleVariables struct {
 	KcKeyKlog        *ebpf.Variable `ebpf:"kc_key_klog"`
 	KcNcpu           *ebpf.Variable `ebpf:"kc_ncpu"`
 	KcRunning        *ebpf.Variable `ebpf:"kc_running"`
+	KcSelfTgid       *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcWakeupBytes    *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask     *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`

@@ -20,7 +20,8 @@ type ExamplePerfKcCpuState struct {
 	Disabled uint32
 	Armed    uint32
 	Wakeups  uint64
-	Pad      [4]uint64
+	WokeAt   uint64
+	Pad      [3]uint64
 }
 
 type ExamplePerfKcScratch struct {
@@ -57,6 +58,7 @@ const (
 	ExamplePerfVarKcKeyKlog        = "kc_key_klog"
 	ExamplePerfVarKcNcpu           = "kc_ncpu"
 	ExamplePerfVarKcRunning        = "kc_running"
+	ExamplePerfVarKcSelfTgid       = "kc_self_tgid"
 	ExamplePerfVarKcWakeupBytes    = "kc_wakeup_bytes"
 	ExamplePerfVarKcWakeupMask     = "kc_wakeup_mask"
 	ExamplePerfVarTargetTgid       = "target_tgid"
@@ -134,6 +136,7 @@ type ExamplePerfVariableSpecs struct {
 	KcKeyKlog        *ebpf.VariableSpec `ebpf:"kc_key_klog"`
 	KcNcpu           *ebpf.VariableSpec `ebpf:"kc_ncpu"`
 	KcRunning        *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcSelfTgid       *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcWakeupBytes    *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask     *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 	TargetTgid       *ebpf.VariableSpec `ebpf:"target_tgid"`
@@ -191,6 +194,7 @@ type ExamplePerfVariables struct {
 	KcKeyKlog        *ebpf.Variable `ebpf:"kc_key_klog"`
 	KcNcpu           *ebpf.Variable `ebpf:"kc_ncpu"`
 	KcRunning        *ebpf.Variable `ebpf:"kc_running"`
+	KcSelfTgid       *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcWakeupBytes    *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask     *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 	TargetTgid       *ebpf.Variable `ebpf:"target_tgid"`

@@ -25,7 +25,8 @@ type PerfKcCpuState struct {
 	Disabled uint32
 	Armed    uint32
 	Wakeups  uint64
-	Pad      [4]uint64
+	WokeAt   uint64
+	Pad      [3]uint64
 }
 
 type PerfKcInjectRec struct {
@@ -83,6 +84,7 @@ const (
 	PerfVarKcGlobal       = "kc_global"
 	PerfVarKcHooks        = "kc_hooks"
 	PerfVarKcRunning      = "kc_running"
+	PerfVarKcSelfTgid     = "kc_self_tgid"
 	PerfVarKcUseCookie    = "kc_use_cookie"
 	PerfVarKcWakeupBytes  = "kc_wakeup_bytes"
 	PerfVarKcWakeupMask   = "kc_wakeup_mask"
@@ -160,6 +162,7 @@ type PerfVariableSpecs struct {
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcHooks        *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcSelfTgid     *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask   *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
@@ -221,6 +224,7 @@ type PerfVariables struct {
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
 	KcHooks        *ebpf.Variable `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
+	KcSelfTgid     *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask   *ebpf.Variable `ebpf:"kc_wakeup_mask"`

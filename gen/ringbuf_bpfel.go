@@ -25,7 +25,8 @@ type RingbufKcCpuState struct {
 	Disabled uint32
 	Armed    uint32
 	Wakeups  uint64
-	Pad      [4]uint64
+	WokeAt   uint64
+	Pad      [3]uint64
 }
 
 type RingbufKcInjectRec struct {
@@ -88,6 +89,7 @@ const (
 	RingbufVarKcGlobal       = "kc_global"
 	RingbufVarKcHooks        = "kc_hooks"
 	RingbufVarKcRunning      = "kc_running"
+	RingbufVarKcSelfTgid     = "kc_self_tgid"
 	RingbufVarKcTaskBtf      = "kc_task_btf"
 	RingbufVarKcUseCookie    = "kc_use_cookie"
 	RingbufVarKcWakeupBytes  = "kc_wakeup_bytes"
@@ -169,6 +171,7 @@ type RingbufVariableSpecs struct {
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcHooks        *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcSelfTgid     *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcTaskBtf      *ebpf.VariableSpec `ebpf:"kc_task_btf"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
@@ -233,6 +236,7 @@ type RingbufVariables struct {
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
 	KcHooks        *ebpf.Variable `ebpf:"kc_hooks"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
+	KcSelfTgid     *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcTaskBtf      *ebpf.Variable `ebpf:"kc_task_btf"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`

@@ -109,6 +109,9 @@ type Channel struct {
 	closed bool
 	wg     sync.WaitGroup
 	quit   chan struct{}
+	// failed is closed at the first sink error (Failed).
+	failed   chan struct{}
+	failOnce sync.Once
 }
 
 type buffer struct {
@@ -207,7 +210,7 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 	if cfg.UUID == ([16]byte{}) {
 		cfg.UUID = NewUUID()
 	}
-	c := &Channel{cfg: cfg, sink: sink, quit: make(chan struct{})}
+	c := &Channel{cfg: cfg, sink: sink, quit: make(chan struct{}), failed: make(chan struct{})}
 	c.meta = Metadata{UUID: cfg.UUID, Clock: cfg.Clock, Global: cfg.Global, SubbufSize: cfg.SubbufSize, NSubbufs: cfg.NSubbufs, Env: env}
 	empty := []*EventClass{}
 	c.classes.Store(&empty)
@@ -801,6 +804,7 @@ func (b *buffer) emit(pkt []byte) error {
 	if err != nil {
 		b.sinkErr = fmt.Errorf("stream %s: %w", b.name, err)
 		b.cond.Broadcast()
+		b.ch.failOnce.Do(func() { close(b.ch.failed) })
 		return b.sinkErr
 	}
 	b.opened = true
@@ -865,6 +869,11 @@ func (c *Channel) StatsCPU(cpu int) (Stats, error) {
 	}
 	return st, nil
 }
+
+// Failed returns a channel that is closed when the sink fails for any
+// buffer (Err then says how), so a caller can wait for that instead of
+// polling Err.
+func (c *Channel) Failed() <-chan struct{} { return c.failed }
 
 // Err returns the first sink error of any buffer, or nil.
 func (c *Channel) Err() error {

@@ -443,6 +443,11 @@ func TestSinkFailureLeavesWholeFiles(t *testing.T) {
 		return fs
 	})
 	g.defineClasses(3)
+	select {
+	case <-g.c.Failed():
+		t.Fatal("Failed is closed before any failure")
+	default:
+	}
 	// Flush after every few events, so every packet reaches the sink
 	// whatever the scheduling, until the sink's fourth write fails.
 	var err error
@@ -455,6 +460,11 @@ func TestSinkFailureLeavesWholeFiles(t *testing.T) {
 	}
 	if g.c.Err() == nil {
 		t.Fatal("Err() is nil after a sink failure")
+	}
+	select {
+	case <-g.c.Failed():
+	default:
+		t.Fatal("Failed is not closed after a sink failure")
 	}
 	if err := g.c.Close(); err == nil {
 		t.Fatal("close hid the sink failure")

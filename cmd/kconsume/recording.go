@@ -61,9 +61,19 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 		}
 		go func() { cmdDone <- cmd.Wait() }()
 	}
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
+	// The live status line ticks every second; without it, the control
+	// directory is refreshed after the drainer ran for data, at most once
+	// a second, so an idle recording wakes nothing here.
+	var tick <-chan time.Time
+	if r.live {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		tick = t.C
+	}
 	r.lastTick = r.start
+	lastRefresh := time.Now()
+	var later *time.Timer
+	var refreshLater <-chan time.Time
 	var cmdErr, failure error
 loop:
 	for {
@@ -73,16 +83,32 @@ loop:
 		case cmdErr = <-cmdDone:
 			cmd = nil
 			break loop
-		case <-tick.C:
-			if err := r.s.Channel().Err(); err != nil {
-				failure = err
-				break loop
+		case <-r.s.Channel().Failed():
+			failure = r.s.Channel().Err()
+			break loop
+		case <-tick:
+			_ = r.srv.Refresh()
+			lastRefresh = time.Now()
+			r.status()
+		case <-r.s.Activity():
+			if refreshLater != nil || r.live {
+				continue
+			}
+			if wait := time.Second - time.Since(lastRefresh); wait > 0 {
+				later = time.NewTimer(wait)
+				refreshLater = later.C
+				continue
 			}
 			_ = r.srv.Refresh()
-			if r.live {
-				r.status()
-			}
+			lastRefresh = time.Now()
+		case <-refreshLater:
+			refreshLater = nil
+			_ = r.srv.Refresh()
+			lastRefresh = time.Now()
 		}
+	}
+	if later != nil {
+		later.Stop()
 	}
 	if r.live {
 		fmt.Fprint(r.stderr, "\r\033[K")
