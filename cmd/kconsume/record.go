@@ -172,6 +172,10 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if err := checkPrivileges(); err != nil {
 		return err
 	}
+	host, err := prepareHost(&cfg, stderr)
+	if err != nil {
+		return err
+	}
 	name := *session
 	if name == "" {
 		name = filepath.Base(filepath.Clean(*out))
@@ -205,7 +209,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	}
 	h.set(s)
 	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
-		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", why)
+		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
 	}
 	if *metrics != "" {
 		addr, stopMetrics, err := serveMetrics(*metrics, h)
