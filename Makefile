@@ -5,7 +5,7 @@ FUZZTIME ?= 30s
 PKGS     := ./...
 KERNELS  ?= 5.10 6.1 6.12 newest
 
-.PHONY: all build test lint bench fuzz generate generate-check vmlinux syscall-table vmtest clean
+.PHONY: all build deps test lint bench fuzz generate generate-check vmlinux syscall-table vmtest clean
 
 all: build
 
@@ -15,8 +15,14 @@ build:
 	$(GO) build $(PKGS)
 	CGO_ENABLED=0 $(GO) build -o $(BIN) ./cmd/kconsume
 
+# The Debian packages the tests need (.ci/packages, the one list), those
+# missing installed with apt-get; with all present this only asks dpkg.
+deps:
+	@.ci/deps
+
 # KCONSUME_STRICT turns every "tool or privilege missing" skip into a failure.
-test:
+# The privileged tests mount tracefs when it is missing (internal/testenv).
+test: deps
 	KCONSUME_STRICT=1 $(GO) test -race -count=1 $(PKGS)
 
 lint:

@@ -166,6 +166,13 @@ func rows() []sectionRow {
 		add(wr, r)
 	}
 
+	const ss = "Start and stop: `kconsume record -e EVENTS --duration 1s`, wall time over the 1 s"
+	add(ss, row{what: "`-e 'syscalls:*'` (some 700 events)", cmd: "go test -bench 'StartStop/syscalls' -benchtime 1x ./cmd/kconsume",
+		fig: m("StartStop/syscalls", "over-s"), label: "s", base: pm("StartStop/sched_switch", "over-s"), baseName: "sched_switch's",
+		target: "≤ 0.5 s", ok: func(_ results, f, _ stat) bool { return f.med <= 0.5 }})
+	add(ss, row{what: "`-e sched:sched_switch`", cmd: "go test -bench 'StartStop/sched_switch' -benchtime 1x ./cmd/kconsume",
+		fig: m("StartStop/sched_switch", "over-s"), label: "s"})
+
 	const mem = "Memory: `kconsume record` peak RSS, 3 s of getpid flood on every CPU, overwrite mode"
 	for _, c := range []string{"256Kx8", "1Mx16", "4Mx16"} {
 		k := "PeakRSS/" + c

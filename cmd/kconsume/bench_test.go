@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -68,6 +69,33 @@ func BenchmarkPeakRSS(b *testing.B) {
 			b.ReportMetric(float64(peak)/1024, "peak-MiB")
 			b.ReportMetric(bufs, "buffers-MiB")
 			b.ReportMetric(float64(peak)/1024-bufs, "excess-MiB")
+		})
+	}
+}
+
+// BenchmarkStartStop runs `kconsume record -e EVENTS --duration 1s` and
+// reports the wall time of the whole command over the 1 s it records:
+// what starting (resolving the events, writing the metadata, loading and
+// attaching) and stopping (detaching, flushing) cost. syscalls:* declares
+// some 700 event classes and, where the raw syscall path cannot take a
+// syscall (newer than its table), attaches its tracepoints one by one.
+func BenchmarkStartStop(b *testing.B) {
+	testenv.RequireRoot(b)
+	for _, c := range []struct{ name, events string }{{"syscalls", "syscalls:*"}, {"sched_switch", "sched:sched_switch"}} {
+		b.Run(c.name, func(b *testing.B) {
+			bin := testenv.KconsumeBin(b)
+			var total time.Duration
+			for range b.N {
+				cmd := exec.Command(bin, "record", "-q", "-e", c.events, "--duration", "1s", "-o", filepath.Join(b.TempDir(), "t"))
+				var out strings.Builder
+				cmd.Stdout, cmd.Stderr = &out, &out
+				t0 := time.Now()
+				if err := cmd.Run(); err != nil {
+					b.Fatalf("record: %v\n%s", err, out.String())
+				}
+				total += time.Since(t0) - time.Second
+			}
+			b.ReportMetric(total.Seconds()/float64(b.N), "over-s")
 		})
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"path"
 
 	"github.com/kconsume/kconsume/consumer"
-	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
 func list(args []string, stdout, stderr io.Writer) error {
@@ -27,7 +26,7 @@ func list(args []string, stdout, stderr io.Writer) error {
 	default:
 		return usageError{fmt.Errorf("want at most one pattern, got %d", fs.NArg())}
 	}
-	t, err := tracefs.Find()
+	t, err := needTracefs("list", stderr)
 	if err != nil {
 		return err
 	}

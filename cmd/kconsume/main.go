@@ -111,8 +111,6 @@ func oneDir(fs *flag.FlagSet, args []string) (string, error) {
 	return fs.Arg(0), nil
 }
 
-func stamp(ns uint64) string { return string(appendStamp(nil, ns)) }
-
 // appendStamp appends ns as seconds with 9 decimals ("6589.325443713").
 func appendStamp(dst []byte, ns uint64) []byte {
 	dst = strconv.AppendUint(dst, ns/1e9, 10)

@@ -303,7 +303,7 @@ func TestReportFilters(t *testing.T) {
 	if got, w := len(count("--cpu", "1")), want(func(l string) bool { return strings.Contains(l, " cpu1 ") }); got != w || w == 0 {
 		t.Errorf("--cpu 1: %d lines, want %d", got, w)
 	}
-	window := count("--since", "+100ms", "--until", "0.5")
+	window := count("--since", "+100ms", "--until", "0.5", "--trace-seconds")
 	if len(window) == 0 || len(window) >= len(lines) {
 		t.Fatalf("--since/--until: %d of %d lines", len(window), len(lines))
 	}

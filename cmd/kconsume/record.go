@@ -158,6 +158,10 @@ func record(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	cfg := o.cfg
+	host, err := prepareHost(&cfg, stderr)
+	if err != nil {
+		return err
+	}
 	// The session's name is taken first: a second record with the same
 	// name must not touch the first one's output.
 	h := &handler{}
@@ -183,7 +187,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	}
 	h.set(s)
 	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
-		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", why)
+		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
 	}
 	if o.metrics != "" {
 		addr, stopMetrics, err := serveMetrics(o.metrics, h)

@@ -10,17 +10,22 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
 const reportSynopsis = `report DIR [--json] [-e EVENT]... [--cpu N] [--pid PID] [--since T] [--until T]
+       [--clock-date] [--clock-gmt] [--trace-seconds]
 
 Prints the trace's events merged by time, one line each with every field,
-and the discarded ranges where they happened. T is a trace time in
-seconds (as printed, 6589.325) or +DURATION from the first event (+2s).`
+and the discarded ranges where they happened. Times are printed as
+babeltrace2 prints them by default: the wall-clock time of day in the
+local zone, [06:42:58.427309908], from the trace clock's offset.
+T is a time as printed (06:42:58.4273, with or without brackets; a date
+may come first: 2026-11-25 06:42:58), the trace clock's seconds
+(1301.098, as --trace-seconds prints), or +DURATION after the first
+event (+2s).`
 
 // reportFilter selects what report prints.
 type reportFilter struct {
@@ -29,6 +34,7 @@ type reportFilter struct {
 	pid          int64    // 0: all
 	since, until string
 	from, to     uint64 // resolved times; to == 0: no end
+	clock        *clockFormat
 }
 
 func report(args []string, stdout, stderr io.Writer) error {
@@ -40,7 +46,10 @@ func report(args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&f.pid, "pid", 0, "only events whose common_pid (or pid) field is this `id`")
 	fs.StringVar(&f.since, "since", "", "first `time` to print")
 	fs.StringVar(&f.until, "until", "", "last `time` to print")
-	asJSON := fs.Bool("json", false, "one JSON object per line")
+	asJSON := fs.Bool("json", false, "one JSON object per line (times in trace clock ns)")
+	date := fs.Bool("clock-date", false, "print the date too, as babeltrace2 --clock-date")
+	gmt := fs.Bool("clock-gmt", false, "print times in UTC, not the local zone, as babeltrace2 --clock-gmt")
+	raw := fs.Bool("trace-seconds", false, "print times as the trace clock's seconds (1301.098291682)")
 	// Flags may follow the directory: kconsume report DIR --json.
 	var dir string
 	rest := args
@@ -74,6 +83,8 @@ func report(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer m.Close()
+	f.clock = newClockFormat(tr.Meta.Clock, *raw, *date, *gmt)
+	tf := f.clock
 	w := bufio.NewWriterSize(stdout, 1<<16)
 	var vals []relayfmt.Value
 	var line []byte
@@ -105,7 +116,8 @@ func report(args []string, stdout, stderr io.Writer) error {
 			if *asJSON {
 				line = fmt.Appendf(line, `{"time":%d,"cpu":%d,"lost":%d,"kind":%q,"begin":%d,"end":%d}`+"\n", it.Time, it.CPU, it.Count, what, it.Begin, it.End)
 			} else {
-				line = fmt.Appendf(line, "%s cpu%d LOST %d %s between %s and %s\n", stamp(it.Time), it.CPU, it.Count, what, stamp(it.Begin), stamp(it.End))
+				line = fmt.Appendf(tf.appendTime(line, it.Time), " cpu%d LOST %d %s between ", it.CPU, it.Count, what)
+				line = append(tf.appendTime(append(tf.appendTime(line, it.Begin), " and "...), it.End), '\n')
 			}
 		} else {
 			if !f.matchName(it.Class.Name) {
@@ -121,7 +133,7 @@ func report(args []string, stdout, stderr io.Writer) error {
 				line = appendJSONEvent(line, it, vals)
 			} else {
 				// By hand, not fmt: this line is most of report's time.
-				line = append(appendStamp(line, it.Time), " cpu"...)
+				line = append(tf.appendTime(line, it.Time), " cpu"...)
 				line = append(append(append(strconv.AppendUint(line, uint64(it.CPU), 10), ' '), it.Class.Name...), ':')
 				for _, v := range vals {
 					line = append(append(append(line, ' '), v.Field.Name...), '=')
@@ -145,12 +157,12 @@ func report(args []string, stdout, stderr io.Writer) error {
 func (f *reportFilter) resolve(first uint64) error {
 	var err error
 	if f.since != "" {
-		if f.from, err = parseTraceTime(f.since, first); err != nil {
+		if f.from, err = f.clock.parseTime(f.since, first); err != nil {
 			return fmt.Errorf("--since: %w", err)
 		}
 	}
 	if f.until != "" {
-		if f.to, err = parseTraceTime(f.until, first); err != nil {
+		if f.to, err = f.clock.parseTime(f.until, first); err != nil {
 			return fmt.Errorf("--until: %w", err)
 		}
 	}
@@ -160,26 +172,18 @@ func (f *reportFilter) resolve(first uint64) error {
 	return nil
 }
 
-// parseTraceTime reads "6589.325443713" (seconds of the trace clock) or
-// "+1.5s" (after the first event).
-func parseTraceTime(s string, first uint64) (uint64, error) {
-	if rel, ok := strings.CutPrefix(s, "+"); ok {
-		d, err := time.ParseDuration(rel)
-		if err != nil || d < 0 {
-			return 0, fmt.Errorf("%q: want +DURATION (+2s, +150ms)", s)
-		}
-		return first + uint64(d), nil
-	}
+// parseTraceTime reads seconds of the trace clock, "6589.325443713".
+func parseTraceTime(s string) (uint64, error) {
 	sec, frac, _ := strings.Cut(s, ".")
 	whole, err := strconv.ParseUint(sec, 10, 64)
 	if err != nil || len(frac) > 9 || whole > math.MaxUint64/1_000_000_000-1 {
-		return 0, fmt.Errorf("%q: want seconds with up to 9 decimals, or +DURATION", s)
+		return 0, fmt.Errorf("%q: want HH:MM:SS[.NNNNNNNNN], YYYY-MM-DD HH:MM:SS[.NNNNNNNNN], trace seconds with up to 9 decimals, or +DURATION", s)
 	}
 	ns := uint64(0)
 	if frac != "" {
 		n, err := strconv.ParseUint(frac+strings.Repeat("0", 9-len(frac)), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("%q: want seconds with up to 9 decimals, or +DURATION", s)
+			return 0, fmt.Errorf("%q: want HH:MM:SS[.NNNNNNNNN], YYYY-MM-DD HH:MM:SS[.NNNNNNNNN], trace seconds with up to 9 decimals, or +DURATION", s)
 		}
 		ns = n
 	}

@@ -26,6 +26,8 @@ func statsCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	total := streamStats{byClass: map[string]uint64{}}
+	// Times as report and babeltrace2 print them by default.
+	cf := newClockFormat(tr.Meta.Clock, false, false, false)
 	fmt.Fprintf(stdout, "%-8s %12s %12s %12s %22s %22s\n", "stream", "events", "lost-events", "lost-pkts", "first", "last")
 	for _, name := range tr.Streams {
 		sr, err := relayfmt.OpenStream(tr.Meta, tr.Dir+"/"+name)
@@ -54,7 +56,7 @@ func statsCmd(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%w (kconsume recover %s cuts damaged files back to their last whole packet)", err, dir)
 		}
-		fmt.Fprintf(stdout, "%-8s %12d %12d %12d %22s %22s\n", name, st.events, st.lostEvents, st.lostPackets, stamp(st.first), stamp(st.last))
+		fmt.Fprintf(stdout, "%-8s %12d %12d %12d %22s %22s\n", name, st.events, st.lostEvents, st.lostPackets, string(cf.appendTime(nil, st.first)), string(cf.appendTime(nil, st.last)))
 		total.events += st.events
 		total.lostEvents += st.lostEvents
 		total.lostPackets += st.lostPackets

@@ -1,7 +1,6 @@
 package tracefs
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -9,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/prometheus/procfs"
+	"github.com/kconsume/kconsume/internal/mounts"
 )
 
 // FS is a mounted tracefs.
@@ -18,38 +17,14 @@ type FS struct {
 }
 
 // ErrNotMounted is returned by Find when no tracefs is mounted.
-var ErrNotMounted = errors.New("tracefs is not mounted (mount -t tracefs tracefs /sys/kernel/tracing)")
+var ErrNotMounted = mounts.ErrNotMounted
 
 // Find returns the mounted tracefs: a tracefs mount, or the tracing
 // directory of a debugfs mount on kernels that only have that. It fails
 // with ErrNotMounted when there is neither.
 func Find() (FS, error) {
-	mounts, err := procfs.GetMounts()
-	if err != nil {
-		return FS{}, fmt.Errorf("tracefs: reading mounts: %w", err)
-	}
-	var debugfs string
-	for _, m := range mounts {
-		switch m.FSType {
-		case "tracefs":
-			if ok(m.MountPoint) {
-				return FS{Root: m.MountPoint}, nil
-			}
-		case "debugfs":
-			if debugfs == "" && ok(filepath.Join(m.MountPoint, "tracing")) {
-				debugfs = filepath.Join(m.MountPoint, "tracing")
-			}
-		}
-	}
-	if debugfs != "" {
-		return FS{Root: debugfs}, nil
-	}
-	return FS{}, ErrNotMounted
-}
-
-func ok(root string) bool {
-	_, err := os.Stat(filepath.Join(root, "events"))
-	return err == nil
+	root, err := mounts.FindTracefs()
+	return FS{Root: root}, err
 }
 
 // Event names one trace event.

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/internal/kcbuild"
+	"github.com/kconsume/kconsume/internal/mounts"
 )
 
 // Strict reports whether missing requirements fail tests (make test).
@@ -33,11 +34,27 @@ func Missing(t testing.TB, format string, args ...any) {
 	t.Skip(msg)
 }
 
-// RequireRoot skips or fails t unless it runs as root.
+var (
+	mountOnce sync.Once
+	mountErr  error
+)
+
+// RequireRoot skips or fails t unless it runs as root with tracefs,
+// which it mounts (once per test binary, saying so) when it is missing,
+// as the commands do.
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		Missing(t, "needs root (BPF, tracefs): run make test as root")
+	}
+	mountOnce.Do(func() {
+		var did string
+		if _, did, mountErr = mounts.Tracefs(); did != "" {
+			fmt.Fprintf(os.Stderr, "testenv: mounted %s\n", did)
+		}
+	})
+	if mountErr != nil {
+		Missing(t, "%v", mountErr)
 	}
 }
 

@@ -1,0 +1,4 @@
+package mounts
+
+// MountAt is mountAt, for the tests of the debugfs path.
+var MountAt = mountAt
