@@ -38,6 +38,7 @@ var families = []family{
 	{"./consumer", "^BenchmarkTracepointCost$", "2000000x"},
 	{"./cmd/kconsume", "^BenchmarkPeakRSS$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkStartStop$", "1x"},
+	{"./cmd/kconsume", "^BenchmarkIdle$", "1x"},
 }
 
 func main() {

@@ -173,6 +173,18 @@ func rows() []sectionRow {
 	add(ss, row{what: "`-e sched:sched_switch`", cmd: "go test -bench 'StartStop/sched_switch' -benchtime 1x ./cmd/kconsume",
 		fig: m("StartStop/sched_switch", "over-s"), label: "s"})
 
+	const idle = "Footprint: an idle machine, `-e sched:sched_switch` for 5 s, kconsume and trace-cmd in turn"
+	ic := "go test -bench Idle -benchtime 1x ./cmd/kconsume"
+	add(idle, row{what: "kconsume's own context switches in its trace", cmd: ic,
+		fig: m("Idle", "kconsume-own/s"), label: "per s", base: pm("Idle", "trace-cmd-own/s"), baseName: "trace-cmd's",
+		extra:  []extra{{m("Idle", "kconsume-cs/s"), "own switches/s (rusage)"}, {m("Idle", "kconsume-events/s"), "events/s"}},
+		target: "≤ trace-cmd's", ok: func(res results, f, _ stat) bool {
+			return f.med <= summarize(res.get(m("Idle", "trace-cmd-own/s"))).med
+		}})
+	add(idle, row{what: "trace-cmd's own context switches in its trace", cmd: ic,
+		fig: m("Idle", "trace-cmd-own/s"), label: "per s",
+		extra: []extra{{m("Idle", "trace-cmd-cs/s"), "own switches/s (rusage)"}, {m("Idle", "trace-cmd-events/s"), "events/s"}}})
+
 	const mem = "Memory: `kconsume record` peak RSS, 3 s of getpid flood on every CPU, overwrite mode"
 	for _, c := range []string{"256Kx8", "1Mx16", "4Mx16"} {
 		k := "PeakRSS/" + c

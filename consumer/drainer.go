@@ -178,7 +178,7 @@ func (d *drainer) loop() {
 		}
 		t0 := time.Now()
 		var err error
-		ids, err = d.poll.Wait(events, ids, msec(timeout))
+		ids, err = d.poll.Wait(events, ids, timeout)
 		now := time.Now()
 		if timeout > 0 {
 			d.counts.ran(now.Sub(t0)-timeout, d.lateness())
@@ -270,15 +270,6 @@ func (d *drainer) timeout(more bool, deadline time.Time) time.Duration {
 		return d.perf.tick
 	}
 	return -1
-}
-
-// msec is d for epoll_wait: -1 stays, anything else rounds up to whole
-// milliseconds, so a timer never ends before its time.
-func msec(d time.Duration) int {
-	if d < 0 {
-		return -1
-	}
-	return int((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // overWatermark reports whether a ring holds a watermark or more.

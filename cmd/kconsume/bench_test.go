@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -98,4 +100,93 @@ func BenchmarkStartStop(b *testing.B) {
 			b.ReportMetric(total.Seconds()/float64(b.N), "over-s")
 		})
 	}
+}
+
+// BenchmarkIdle records sched:sched_switch for 5 s on a machine left to
+// itself, with kconsume and with trace-cmd in turn in each iteration,
+// and reports for each what it adds to what it watches: the context
+// switches of its own threads in its trace (prev_comm or next_comm its
+// own name) per second, and its own context switches as the kernel
+// counted them (voluntary and involuntary, with its reaped children:
+// trace-cmd's per-CPU recorders) per second. A recorder that sleeps
+// while nothing needs it adds a few at its start and its end.
+func BenchmarkIdle(b *testing.B) {
+	testenv.RequireRoot(b)
+	tc, err := exec.LookPath("trace-cmd")
+	if err != nil {
+		testenv.Missing(b, "trace-cmd is required (apt-get install trace-cmd): %v", err)
+	}
+	bin := testenv.KconsumeBin(b)
+	restore := testenv.SaveTracing(b)
+	defer restore()
+	const secs = 5
+	var kcOwn, tcOwn, kcCS, tcCS, kcEvents, tcEvents float64
+	for range b.N {
+		dir := filepath.Join(b.TempDir(), "t")
+		kc := exec.Command(bin, "record", "-q", "-e", "sched:sched_switch", "--duration", fmt.Sprintf("%ds", secs), "-o", dir)
+		if out, err := kc.CombinedOutput(); err != nil {
+			b.Fatalf("kconsume record: %v\n%s", err, out)
+		}
+		kcCS += switches(kc.ProcessState)
+		out, err := exec.Command(bin, "report", "--trace-seconds", dir).Output()
+		if err != nil {
+			b.Fatalf("kconsume report: %v", err)
+		}
+		own, n := countOwn(string(out), regexp.MustCompile(`(prev|next)_comm="`+regexp.QuoteMeta(comm(bin))+`" `))
+		kcOwn, kcEvents = kcOwn+own, kcEvents+n
+
+		dat := filepath.Join(b.TempDir(), "trace.dat")
+		// -d: no function tracer, which Debian's kernels here refuse.
+		t := exec.Command(tc, "record", "-d", "--no-filter", "-o", dat, "-e", "sched:sched_switch", "sleep", fmt.Sprint(secs))
+		if out, err := t.CombinedOutput(); err != nil && !strings.Contains(string(out), "data recorded") {
+			b.Fatalf("trace-cmd record: %v\n%s", err, out)
+		}
+		tcCS += switches(t.ProcessState)
+		out, err = exec.Command(tc, "report", "-i", dat).Output()
+		if err != nil {
+			b.Fatalf("trace-cmd report: %v", err)
+		}
+		// trace-cmd prints a switch as "prev:pid [prio] S ==> next:pid [prio]".
+		own, n = countOwn(string(out), regexp.MustCompile(`(^|\s)trace-cmd:\d+ \[`))
+		tcOwn, tcEvents = tcOwn+own, tcEvents+n
+	}
+	per := float64(b.N) * secs
+	b.ReportMetric(kcOwn/per, "kconsume-own/s")
+	b.ReportMetric(tcOwn/per, "trace-cmd-own/s")
+	b.ReportMetric(kcCS/per, "kconsume-cs/s")
+	b.ReportMetric(tcCS/per, "trace-cmd-cs/s")
+	b.ReportMetric(kcEvents/per, "kconsume-events/s")
+	b.ReportMetric(tcEvents/per, "trace-cmd-events/s")
+}
+
+// comm returns the task name the kernel gives a program run from path.
+func comm(path string) string {
+	c := filepath.Base(path)
+	if len(c) > 15 {
+		c = c[:15]
+	}
+	return c
+}
+
+// countOwn counts, in a text report, the sched_switch lines in whose
+// event text (after "sched_switch:") own matches, and all of them.
+func countOwn(report string, own *regexp.Regexp) (mine, all float64) {
+	for _, l := range strings.Split(report, "\n") {
+		_, ev, ok := strings.Cut(l, "sched_switch:")
+		if !ok {
+			continue
+		}
+		all++
+		if own.MatchString(ev) {
+			mine++
+		}
+	}
+	return mine, all
+}
+
+// switches returns the context switches of a finished command and its
+// reaped children.
+func switches(ps *os.ProcessState) float64 {
+	ru := ps.SysUsage().(*syscall.Rusage)
+	return float64(ru.Nvcsw + ru.Nivcsw)
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -45,6 +46,12 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 		ctx, cancel = context.WithTimeout(ctx, duration)
 		defer cancel()
 	}
+	// Setting up allocated the channel's buffers and the BPF objects'
+	// specs: collect that garbage and hand its pages back now, or the
+	// collector's workers and the runtime's scavenger would run after the
+	// gate opens and put the recorder's own context switches and
+	// madvise calls into the trace.
+	debug.FreeOSMemory()
 	if err := r.s.Start(); err != nil {
 		r.s.Close()
 		return err

@@ -1,13 +1,24 @@
 // Package epoll is a small poller over epoll(7) and an eventfd: the
 // drainer sleeps in Wait until a ring's producer wakes it, a timeout
 // passes, or another goroutine calls Wake.
+//
+// The epoll set itself waits in the Go runtime's network poller, not in
+// a blocking epoll_wait: a goroutine blocked in a system call keeps its
+// P, and the runtime's monitor thread (sysmon) then polls every 20 µs to
+// 10 ms until it takes the P back, some sixty wakeups of its own per
+// sleep, each a context switch in the trace being recorded. Parked in
+// the netpoller, the drainer leaves every P idle and sysmon asleep.
 package epoll
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"syscall"
+	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,6 +33,8 @@ type Poller struct {
 	mu   sync.RWMutex // guards the descriptors against Close during Wake
 	epfd int
 	evfd int
+	file *os.File // epfd, in the runtime's netpoller
+	rc   syscall.RawConn
 	buf  [8]byte
 }
 
@@ -32,12 +45,22 @@ func New() (*Poller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		_ = unix.Close(epfd)
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
 	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
 		_ = unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	p := &Poller{epfd: epfd, evfd: evfd}
+	// os.NewFile registers a non-blocking descriptor with the netpoller;
+	// an epoll set is readable while it holds ready descriptors.
+	p := &Poller{epfd: epfd, evfd: evfd, file: os.NewFile(uintptr(epfd), "epoll")}
+	if p.rc, err = p.file.SyscallConn(); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
 	if err := p.add(evfd, WakeID, unix.EPOLLIN); err != nil {
 		p.Close()
 		return nil, err
@@ -65,18 +88,31 @@ func (p *Poller) add(fd int, id int32, events uint32) error {
 }
 
 // Wait sleeps until a watched descriptor is ready, Wake is called or
-// msec milliseconds pass (-1: no timeout), and returns the ids ready,
-// written into ids. A Wake is reported as WakeID and consumed. An
-// interrupted wait returns no ids and no error.
-func (p *Poller) Wait(events []unix.EpollEvent, ids []int32, msec int) ([]int32, error) {
-	n, err := unix.EpollWait(p.epfd, events, msec)
-	if err != nil {
-		if errors.Is(err, unix.EINTR) {
-			return ids[:0], nil
+// timeout passes (negative: no timeout; 0: do not sleep), and returns the
+// ids ready, written into ids. A Wake is reported as WakeID and
+// consumed. It returns no ids and no error at the timeout, and the
+// kernel's error otherwise.
+func (p *Poller) Wait(events []unix.EpollEvent, ids []int32, timeout time.Duration) ([]int32, error) {
+	n, err := p.poll(events)
+	if err == nil && n == 0 && timeout != 0 {
+		deadline := time.Time{}
+		if timeout > 0 {
+			deadline = time.Now().Add(timeout)
 		}
-		return ids[:0], fmt.Errorf("epoll_wait: %w", err)
+		if err = p.file.SetReadDeadline(deadline); err == nil {
+			err = p.rc.Read(func(uintptr) bool {
+				n, err = p.poll(events)
+				return n > 0 || err != nil
+			})
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			n, err = 0, nil
+		}
 	}
 	ids = ids[:0]
+	if err != nil {
+		return ids, fmt.Errorf("epoll_wait: %w", err)
+	}
 	for _, ev := range events[:n] {
 		if ev.Fd == WakeID {
 			_, _ = unix.Read(p.evfd, p.buf[:])
@@ -84,6 +120,26 @@ func (p *Poller) Wait(events []unix.EpollEvent, ids []int32, msec int) ([]int32,
 		ids = append(ids, ev.Fd)
 	}
 	return ids, nil
+}
+
+// poll returns the events ready now, without sleeping. It is a raw
+// system call: an ordinary one wakes the runtime's sysmon when it sleeps
+// (reentersyscall), and sysmon then polls for milliseconds; one that
+// returns at once needs none of the runtime's bookkeeping.
+func (p *Poller) poll(events []unix.EpollEvent) (int, error) {
+	if len(events) == 0 {
+		return 0, nil
+	}
+	for {
+		n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_WAIT, uintptr(p.epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+		switch errno {
+		case 0:
+			return int(n), nil
+		case unix.EINTR:
+			continue
+		}
+		return 0, errno
+	}
 }
 
 // Wake makes a Wait in progress, or the next one, return at once. It
@@ -103,7 +159,10 @@ func (p *Poller) Wake() {
 func (p *Poller) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.epfd >= 0 {
+	if p.file != nil {
+		_ = p.file.Close() // closes epfd
+		p.file, p.epfd = nil, -1
+	} else if p.epfd >= 0 {
 		_ = unix.Close(p.epfd)
 		p.epfd = -1
 	}

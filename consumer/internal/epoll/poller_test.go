@@ -30,18 +30,18 @@ func TestPoller(t *testing.T) {
 	ids := make([]int32, 0, 4)
 
 	tests := []struct {
-		name  string
-		setup func()
-		msec  int
-		want  []int32
+		name    string
+		setup   func()
+		timeout time.Duration
+		want    []int32
 	}{
-		{name: "timeout", msec: 10, want: nil},
-		{name: "wake", setup: p.Wake, msec: 1000, want: []int32{WakeID}},
-		{name: "wake consumed", msec: 10, want: nil},
-		{name: "fd", setup: func() { unix.Write(fds[1], []byte{1}) }, msec: 1000, want: []int32{7}},
+		{name: "timeout", timeout: 10 * time.Millisecond, want: nil},
+		{name: "wake", setup: p.Wake, timeout: time.Second, want: []int32{WakeID}},
+		{name: "wake consumed", timeout: 10 * time.Millisecond, want: nil},
+		{name: "fd", setup: func() { unix.Write(fds[1], []byte{1}) }, timeout: time.Second, want: []int32{7}},
 		// Edge-triggered: unread data does not report the fd again.
-		{name: "edge", msec: 10, want: nil},
-		{name: "both", setup: func() { p.Wake(); unix.Write(fds[1], []byte{1}) }, msec: 1000, want: []int32{WakeID, 7}},
+		{name: "edge", timeout: 10 * time.Millisecond, want: nil},
+		{name: "both", setup: func() { p.Wake(); unix.Write(fds[1], []byte{1}) }, timeout: time.Second, want: []int32{WakeID, 7}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -49,7 +49,7 @@ func TestPoller(t *testing.T) {
 				tc.setup()
 			}
 			t0 := time.Now()
-			got, err := p.Wait(events, ids, tc.msec)
+			got, err := p.Wait(events, ids, tc.timeout)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,7 +57,7 @@ func TestPoller(t *testing.T) {
 			if !slices.Equal(got, tc.want) {
 				t.Fatalf("ids %v, want %v", got, tc.want)
 			}
-			if tc.want == nil && time.Since(t0) < time.Duration(tc.msec)*time.Millisecond/2 {
+			if tc.want == nil && time.Since(t0) < tc.timeout/2 {
 				t.Fatalf("returned after %v, before its timeout", time.Since(t0))
 			}
 		})
