@@ -1,0 +1,227 @@
+package relayd
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// writeChannel writes n events per CPU on a 2-CPU channel into sink, adds
+// a second event class half way (a metadata update), and closes the
+// channel.
+func writeChannel(t *testing.T, sink relayfmt.Sink, n int) {
+	t.Helper()
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 2, Clock: relayfmt.Clock{Offset: 1.7e18}}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ch.AddEventClass("ev_a", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b *relayfmt.EventClass
+	p := make([]byte, 8)
+	for i := range n {
+		if i == n/2 {
+			if b, err = ch.AddEventClass("ev_b", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for cpu := range 2 {
+			binary.LittleEndian.PutUint64(p, uint64(i*2+cpu))
+			id := a.ID
+			if b != nil && i%3 == 0 {
+				id = b.ID
+			}
+			if err := ch.Write(cpu, 1e9+uint64(i)*1000+uint64(cpu), id, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newSink(t *testing.T, r *testenv.Relayd, host, name string) *Sink {
+	t.Helper()
+	u, err := ParseURL(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: host, Name: name, Timeout: 5 * time.Second}, Streams: []string{"trace0", "trace1"}})
+	if err != nil {
+		t.Fatalf("%v\nrelayd log:\n%s", err, r.LogTail(20))
+	}
+	return s
+}
+
+// TestRelaydTrace streams a channel to a real lttng-relayd beside a local
+// copy: relayd's files are byte for byte the local ones (relayd writes the
+// padding itself), it wrote an index per packet, and babeltrace2 reads the
+// same events from both.
+func TestRelaydTrace(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, r, "hosta", "sess")
+	writeChannel(t, &Tee{Local: dir, Remote: s}, 3000)
+	st := s.Stats()
+	if st.Err != nil || st.NotSent != 0 || st.Sent == 0 {
+		t.Fatalf("sink stats %+v\nrelayd log:\n%s", st, r.LogTail(20))
+	}
+	remote := filepath.Join(r.SessionDir(t, "hosta", "sess"), DomainPath)
+	if want := filepath.Join("hosta", filepath.Base(filepath.Dir(remote))); s.Client().OutputPath != want {
+		t.Errorf("relayd said the output path is %q, want %q", s.Client().OutputPath, want)
+	}
+	var packets uint64
+	for _, name := range []string{"metadata", "trace0", "trace1"} {
+		want, err := os.ReadFile(filepath.Join(local, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(remote, name))
+		if err != nil {
+			t.Fatalf("%v\nrelayd log:\n%s", err, r.LogTail(20))
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s: relayd wrote %d bytes, differing from the local %d bytes", name, len(got), len(want))
+		}
+		if name == "metadata" {
+			continue
+		}
+		packets += uint64(len(want) / 4096)
+		// CTF index: a 32-byte header then one 64-byte entry per packet
+		// (lttng-tools' ctf-index.h, index 1.1).
+		idx, err := os.ReadFile(filepath.Join(remote, "index", name+".idx"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := (len(idx) - 32) / 64; n != len(want)/4096 {
+			t.Errorf("%s: index holds %d entries for %d packets", name, n, len(want)/4096)
+		}
+	}
+	if packets != st.Sent {
+		t.Errorf("sink sent %d packets, the files hold %d", st.Sent, packets)
+	}
+	want, _ := testenv.RunBT2(t, local)
+	got, _ := testenv.RunBT2(t, remote)
+	if len(want) != 6000 {
+		t.Fatalf("babeltrace2 read %d events locally, want 6000", len(want))
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("babeltrace2 read %d events from relayd's trace, %d from the local one", len(got), len(want))
+	}
+}
+
+// TestRelaydHosts streams two sessions with different host names to one
+// relayd at once: each lands in its own directory with its own events.
+func TestRelaydHosts(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	sa := newSink(t, r, "hosta", "fleet")
+	sb := newSink(t, r, "hostb", "fleet")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		writeChannel(t, sa, 500)
+	}()
+	writeChannel(t, sb, 1500)
+	<-done
+	for host, n := range map[string]int{"hosta": 1000, "hostb": 3000} {
+		lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, host, "fleet"), DomainPath))
+		if len(lines) != n {
+			t.Errorf("%s: babeltrace2 read %d events, want %d", host, len(lines), n)
+		}
+	}
+}
+
+// TestRelaydUnreachable: no relayd at the address is an error at once,
+// naming the address.
+func TestRelaydUnreachable(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	r.Stop()
+	u, _ := ParseURL(r.URL())
+	_, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: "h", Name: "s", Timeout: time.Second}})
+	if err == nil || !strings.Contains(err.Error(), u.String()) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("NewSink with relayd stopped: %v", err)
+	}
+}
+
+// TestRelaydKilled kills relayd mid-stream: the local copy gets every
+// packet, the sink counts every packet relayd did not confirm, and
+// together they account for all of them.
+func TestRelaydKilled(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, r, "hosta", "crash")
+	k := &killAfter{Sink: s, n: 6, kill: r.Kill}
+	writeChannel(t, &Tee{Local: dir, Remote: k}, 3000)
+	st := s.Stats()
+	if st.Err == nil || st.NotSent == 0 {
+		t.Fatalf("stats after relayd was killed: %+v", st)
+	}
+	var packets uint64
+	for _, name := range []string{"trace0", "trace1"} {
+		fi, err := os.Stat(filepath.Join(local, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		packets += uint64(fi.Size() / 4096)
+	}
+	if st.Sent+st.NotSent != packets {
+		t.Fatalf("sent %d + not sent %d != %d packets written locally", st.Sent, st.NotSent, packets)
+	}
+	// Packets in flight when relayd died may be unconfirmed.
+	if st.Sent == 0 || st.Sent > 6 {
+		t.Fatalf("relayd confirmed %d packets, want 1 to 6 (it was killed at the 7th)", st.Sent)
+	}
+	if lines, _ := testenv.RunBT2(t, local); len(lines) != 6000 {
+		t.Fatalf("local copy: %d events, want 6000", len(lines))
+	}
+	if !errors.Is(k.lastErr, ErrNotSent) {
+		t.Fatalf("a packet after the kill: error %v, want ErrNotSent", k.lastErr)
+	}
+}
+
+// killAfter kills relayd once n packets went through.
+type killAfter struct {
+	*Sink
+	n       int
+	kill    func()
+	mu      sync.Mutex
+	lastErr error
+}
+
+func (k *killAfter) WritePacket(name string, p []byte) error {
+	k.mu.Lock()
+	if k.n == 0 {
+		k.kill()
+	}
+	k.n--
+	k.mu.Unlock()
+	err := k.Sink.WritePacket(name, p)
+	if err != nil {
+		k.mu.Lock()
+		k.lastErr = err
+		k.mu.Unlock()
+	}
+	return err
+}

@@ -1,0 +1,338 @@
+package relayd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// ErrNotSent wraps the error of every packet the sink could not send:
+// relayd never confirmed it.
+var ErrNotSent = errors.New("packet not sent to relayd")
+
+// DomainPath is the directory, under the session's directory on relayd,
+// that holds the trace (LTTng's kernel domain directory).
+const DomainPath = "kernel"
+
+// Config says where and how a Sink streams.
+type Config struct {
+	URL     URL
+	Session Session
+	// Streams are the stream file names the channel will write ("trace0",
+	// …, or "trace" in global mode); they are announced to relayd at once,
+	// so live viewers see every stream from the start. A packet for a name
+	// not listed adds its stream then.
+	Streams []string
+}
+
+// Stats counts what a Sink did.
+type Stats struct {
+	Sent    uint64 // packets relayd confirmed
+	Bytes   uint64 // bytes of those packets
+	NotSent uint64 // packets that never reached relayd, or that it never confirmed
+	Err     error  // why the sink stopped sending, or nil
+}
+
+// Sink streams a channel to lttng-relayd: it implements relayfmt.Sink.
+// Each packet goes on the data connection behind its data header, then
+// its index on the control connection; metadata goes on the control
+// connection. After the first network error the sink sends nothing more:
+// every later packet fails with ErrNotSent and is counted (Stats).
+type Sink struct {
+	c    *Client
+	meta uint64 // the metadata stream's handle
+
+	mmu         sync.Mutex
+	metaSent    []byte
+	metaVersion uint64
+
+	mu      sync.Mutex
+	streams map[string]*stream
+	err     error
+	closed  bool
+
+	sent, bytes, notSent atomic.Uint64
+}
+
+type stream struct {
+	mu     sync.Mutex
+	name   string
+	handle uint64
+	next   uint64 // the next packet's network sequence number
+}
+
+// NewSink connects to relayd, creates the session and its streams, and
+// returns a sink ready for the channel's metadata and packets. It fails,
+// saying why, when relayd cannot be reached or refuses the session.
+func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
+	c, err := Dial(ctx, cfg.URL, cfg.Session)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sink{c: c, streams: map[string]*stream{}}
+	if s.meta, err = c.AddStream(relayfmt.MetadataFile, DomainPath); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("relayd %s: %w", cfg.URL, err)
+	}
+	for _, name := range cfg.Streams {
+		if _, err := s.addStream(name); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("relayd %s: %w", cfg.URL, err)
+		}
+	}
+	if err := c.StreamsSent(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("relayd %s: %w", cfg.URL, err)
+	}
+	return s, nil
+}
+
+// Client returns the sink's connection to relayd.
+func (s *Sink) Client() *Client { return s.c }
+
+// addStream creates the stream name on relayd, once.
+func (s *Sink) addStream(name string) (*stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if st := s.streams[name]; st != nil {
+		return st, nil
+	}
+	if s.err != nil {
+		return nil, s.err
+	}
+	h, err := s.c.AddStream(name, DomainPath)
+	if err != nil {
+		return nil, err
+	}
+	st := &stream{name: name, handle: h}
+	s.streams[name] = st
+	return st, nil
+}
+
+// stream returns the stream name, adding it on relayd (and publishing it)
+// when the channel writes a stream not announced at the start.
+func (s *Sink) stream(name string) (*stream, error) {
+	s.mu.Lock()
+	st := s.streams[name]
+	s.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	st, err := s.addStream(name)
+	if err == nil {
+		err = s.c.StreamsSent()
+	}
+	return st, err
+}
+
+// fail records the first network error and closes the connections, which
+// also ends exchanges other goroutines wait on.
+func (s *Sink) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+	s.c.Close()
+}
+
+// Err returns why the sink stopped sending, or nil.
+func (s *Sink) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Stats returns the sink's counters.
+func (s *Sink) Stats() Stats {
+	return Stats{Sent: s.sent.Load(), Bytes: s.bytes.Load(), NotSent: s.notSent.Load(), Err: s.Err()}
+}
+
+// WritePacket sends packet, a finished packet of stream name, and its
+// index, and returns once relayd has taken the index. A packet whose
+// header cannot be read is refused; a network error stops the sink. Either
+// way the packet is counted as not sent and the error wraps ErrNotSent.
+func (s *Sink) WritePacket(name string, packet []byte) error {
+	if err := s.writePacket(name, packet); err != nil {
+		s.notSent.Add(1)
+		return fmt.Errorf("%w: %s: %w", ErrNotSent, name, err)
+	}
+	return nil
+}
+
+func (s *Sink) writePacket(name string, packet []byte) error {
+	if err := s.Err(); err != nil {
+		return err
+	}
+	x, data, padding, err := indexOf(packet)
+	if err != nil {
+		return err
+	}
+	st, err := s.stream(name)
+	if err != nil {
+		s.fail(err)
+		return err
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	x.Stream, x.Seq = st.handle, st.next
+	err = s.c.SendPacket(st.handle, st.next, data, padding)
+	if err == nil {
+		err = s.c.SendIndex(&x)
+	}
+	if err != nil {
+		err = fmt.Errorf("packet %d: %w", st.next, err)
+		s.fail(err)
+		return err
+	}
+	st.next++
+	s.sent.Add(1)
+	s.bytes.Add(uint64(len(packet)))
+	return nil
+}
+
+// indexOf reads a packet's header into its index and splits the packet
+// into what goes on the wire and the zero padding relayd appends itself.
+// It fails if the header is unreadable or disagrees with the packet's
+// length.
+func indexOf(packet []byte) (x Index, data []byte, padding uint32, err error) {
+	h, err := relayfmt.ParsePacketHeader(packet)
+	if err != nil {
+		return x, nil, 0, err
+	}
+	if h.PacketSize != 8*uint64(len(packet)) || h.ContentSize > h.PacketSize || h.ContentSize < 8*relayfmt.PacketHeaderSize || len(packet) > 1<<31 {
+		return x, nil, 0, fmt.Errorf("packet of %d bytes: header says packet_size %d bits, content_size %d bits", len(packet), h.PacketSize, h.ContentSize)
+	}
+	x = Index{
+		PacketSize:       h.PacketSize,
+		ContentSize:      h.ContentSize,
+		TimestampBegin:   h.TimestampBegin,
+		TimestampEnd:     h.TimestampEnd,
+		EventsDiscarded:  h.EventsDiscarded,
+		StreamID:         uint64(h.StreamID),
+		StreamInstanceID: h.StreamInstanceID,
+		PacketSeqNum:     h.SeqNum,
+	}
+	content := (h.ContentSize + 7) / 8
+	data = packet
+	// relayd writes the padding as zeros: send only the content when the
+	// rest is zero, so the file relayd writes is byte for byte the same.
+	if rest := packet[content:]; allZero(rest) {
+		data, padding = packet[:content], uint32(len(rest))
+	}
+	return x, data, padding, nil
+}
+
+func allZero(b []byte) bool {
+	for len(b) >= 8 {
+		if be.Uint64(b) != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// WriteMetadata sends the part of text relayd does not have yet: relayd's
+// metadata stream only grows, and the channel's metadata only grows at its
+// end. Text that does not extend what was sent is sent whole after a
+// metadata reset.
+func (s *Sink) WriteMetadata(text []byte) error {
+	s.mmu.Lock()
+	defer s.mmu.Unlock()
+	if err := s.Err(); err != nil {
+		return fmt.Errorf("metadata not sent to relayd: %w", err)
+	}
+	var err error
+	tail := text
+	if bytes.HasPrefix(text, s.metaSent) {
+		tail = text[len(s.metaSent):]
+	} else {
+		s.metaVersion++
+		err = s.c.ResetMetadata(s.meta, s.metaVersion)
+	}
+	if err == nil && len(tail) > 0 {
+		err = s.c.SendMetadata(s.meta, tail)
+	}
+	if err != nil {
+		s.fail(err)
+		return fmt.Errorf("metadata not sent to relayd: %w", err)
+	}
+	s.metaSent = slices.Clone(text)
+	return nil
+}
+
+// Close waits (at most the session's timeout) until relayd has written
+// every packet it confirmed, closes the streams and the connections. It
+// returns why the sink stopped sending, if it did, or why closing failed.
+// Later calls return nil.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	streams := make([]*stream, 0, len(s.streams))
+	for _, st := range s.streams {
+		streams = append(streams, st)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(streams, func(a, b *stream) int { return int(a.handle - b.handle) })
+	if err := s.Err(); err != nil {
+		s.c.Close()
+		return fmt.Errorf("relayd %s: %w", s.c.URL(), err)
+	}
+	err := s.drain(streams)
+	for _, st := range streams {
+		if err != nil {
+			break
+		}
+		err = s.c.CloseStream(st.handle, st.next-1) // ^0 when it had no packet
+	}
+	if err == nil {
+		err = s.c.CloseStream(s.meta, ^uint64(0))
+	}
+	if err != nil {
+		s.fail(err)
+		return fmt.Errorf("relayd %s: %w", s.c.URL(), err)
+	}
+	return s.c.Close()
+}
+
+// drain waits until relayd has the data and index of every packet it
+// confirmed, polling each stream.
+func (s *Sink) drain(streams []*stream) error {
+	deadline := time.Now().Add(s.c.timeout)
+	for _, st := range streams {
+		if st.next == 0 {
+			continue
+		}
+		for {
+			pending, err := s.c.DataPending(st.handle, st.next-1)
+			if err != nil {
+				return err
+			}
+			if !pending {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("stream %s: relayd still misses data after %v", st.name, s.c.timeout)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return nil
+}
