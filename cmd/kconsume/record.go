@@ -108,6 +108,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
 	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
 	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
+	relay := relaydFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -124,8 +125,8 @@ func record(args []string, stdout, stderr io.Writer) error {
 		RingSize:   int(ring),
 		Latency:    *latency,
 	}
-	if *out == "" {
-		return usageError{errors.New("-o DIR is required")}
+	if *out == "" && !relay.enabled() {
+		return usageError{errors.New("-o DIR is required (or --relayd URL)")}
 	}
 	if len(events) == 0 && len(objects) == 0 {
 		return usageError{errors.New("-e EVENT or --bpf FILE is required (see kconsume list)")}
@@ -166,16 +167,13 @@ func record(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	cfg.Dir = *out
-	if err := cfg.Check(); err != nil {
+	if err := relay.check(cfg); err != nil {
 		return usageError{err}
 	}
 	if err := checkPrivileges(); err != nil {
 		return err
 	}
-	name := *session
-	if name == "" {
-		name = filepath.Base(filepath.Clean(*out))
-	}
+	name := sessionName(*session, *out)
 	if err := control.CheckName(name); err != nil {
 		return usageError{err}
 	}
@@ -190,14 +188,20 @@ func record(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer srv.Close()
-	if err := prepareDir(*out, *force); err != nil {
-		return err
+	if *out != "" {
+		if err := prepareDir(*out, *force); err != nil {
+			return err
+		}
 	}
 	cfg.Dir = *out
 	cfg.Env = map[string]string{"session": name}
+	if err := relay.connect(&cfg, name, stderr); err != nil {
+		return err
+	}
 
 	s, err := consumer.New(cfg)
 	if err != nil {
+		relay.abort(cfg)
 		if errors.Is(err, consumer.ErrConfig) || errors.Is(err, consumer.ErrUnknownEvent) {
 			return usageError{err}
 		}
@@ -216,7 +220,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		defer stopMetrics()
 		fmt.Fprintf(stderr, "kconsume record: metrics at http://%s/metrics\n", addr)
 	}
-	r := &recorder{s: s, srv: srv, stdout: stdout, stderr: stderr, start: time.Now(), live: !*quiet && isTerminal(os.Stderr)}
+	r := &recorder{s: s, srv: srv, stdout: stdout, stderr: stderr, start: time.Now(), live: !*quiet && isTerminal(os.Stderr), relay: relay}
 	return r.run(fs.Args(), *duration)
 }
 
@@ -349,6 +353,7 @@ type recorder struct {
 	stdout, stderr io.Writer
 	start          time.Time
 	live           bool
+	relay          *relaydOut
 	lastRecords    uint64
 	lastTick       time.Time
 }
@@ -399,6 +404,7 @@ loop:
 				break loop
 			}
 			_ = r.srv.Refresh()
+			r.relay.poll(r.stderr, r.live)
 			if r.live {
 				r.status()
 			}
@@ -491,6 +497,7 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	if over > 0 {
 		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", over)
 	}
+	r.relay.summary(w)
 }
 
 func human(v float64) string {

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/relayd"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// relaydOut is record's --relayd: the flags, then the stream to
+// lttng-relayd.
+type relaydOut struct {
+	url     string
+	host    string
+	timeout time.Duration
+
+	u      relayd.URL
+	sink   *relayd.Sink
+	local  string // -o DIR, when a local copy is kept
+	warned sync.Once
+}
+
+// relaydFlags adds record's relayd flags to fs.
+func relaydFlags(fs *flag.FlagSet) *relaydOut {
+	r := &relaydOut{}
+	fs.StringVar(&r.url, "relayd", "", "also stream to lttng-relayd at `URL` net://HOST[:CONTROL_PORT[:DATA_PORT]] (ports 5342, 5343 by default); -o is then optional and keeps a local copy")
+	fs.StringVar(&r.host, "relayd-hostname", "", "host `name` under which relayd files the session (default: this machine's hostname)")
+	fs.DurationVar(&r.timeout, "relayd-timeout", relayd.DefaultTimeout, "longest wait for relayd to connect or to take a packet before recording goes on without it")
+	return r
+}
+
+// enabled reports whether --relayd was given.
+func (r *relaydOut) enabled() bool { return r != nil && r.url != "" }
+
+// check validates the relayd flags and the configuration: with --relayd
+// and no -o, the trace's sink is relayd, connected later.
+func (r *relaydOut) check(cfg consumer.Config) error {
+	if !r.enabled() {
+		if r.host != "" {
+			return errors.New("--relayd-hostname needs --relayd")
+		}
+		return cfg.Check()
+	}
+	var err error
+	if r.u, err = relayd.ParseURL(r.url); err != nil {
+		return err
+	}
+	if r.timeout <= 0 {
+		return fmt.Errorf("--relayd-timeout %v: want a positive duration", r.timeout)
+	}
+	if cfg.Dir == "" {
+		cfg.Sink = &relayfmt.DiscardSink{}
+	}
+	return cfg.Check()
+}
+
+// sessionName returns --session, or the output directory's name, or
+// "kconsume" when only relayd receives the trace.
+func sessionName(session, out string) string {
+	switch {
+	case session != "":
+		return session
+	case out == "":
+		return "kconsume"
+	}
+	return filepath.Base(filepath.Clean(out))
+}
+
+// connect creates the session on relayd and sets cfg.Sink: relayd alone,
+// or relayd beside the local directory cfg.Dir. It fails, before anything
+// is traced, when relayd is unreachable or refuses the session.
+func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer) error {
+	if !r.enabled() {
+		return nil
+	}
+	host := r.host
+	if host == "" {
+		var err error
+		if host, err = os.Hostname(); err != nil {
+			return fmt.Errorf("hostname for relayd: %w (give --relayd-hostname)", err)
+		}
+	}
+	streams := []string{"trace"}
+	if !cfg.Global {
+		n, err := ebpf.PossibleCPU()
+		if err != nil {
+			return fmt.Errorf("possible CPUs: %w", err)
+		}
+		streams = streams[:0]
+		for i := range n {
+			streams = append(streams, "trace"+strconv.Itoa(i))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+	defer cancel()
+	s, err := relayd.NewSink(ctx, relayd.Config{URL: r.u, Session: relayd.Session{Host: host, Name: name, Timeout: r.timeout}, Streams: streams})
+	if err != nil {
+		return fmt.Errorf("%w; nothing was traced", err)
+	}
+	r.sink = s
+	if cfg.Dir == "" {
+		cfg.Sink = s
+	} else {
+		local, err := relayfmt.NewDirSink(cfg.Dir)
+		if err != nil {
+			s.Close()
+			return err
+		}
+		r.local = cfg.Dir
+		cfg.Sink = &relayd.Tee{Local: local, Remote: s}
+	}
+	fmt.Fprintf(stderr, "kconsume record: streaming to relayd %s, which writes %s/%s\n", r.u, s.Client().OutputPath, relayd.DomainPath)
+	return nil
+}
+
+// abort closes the sink of a session that failed to start, and removes
+// the metadata it wrote into the local directory.
+func (r *relaydOut) abort(cfg consumer.Config) {
+	if r.sink == nil {
+		return
+	}
+	_ = cfg.Sink.Close()
+	if r.local != "" {
+		_ = os.Remove(filepath.Join(r.local, relayfmt.MetadataFile))
+	}
+}
+
+// poll warns once, while recording, when relayd went away.
+func (r *relaydOut) poll(stderr io.Writer, live bool) {
+	if r == nil || r.sink == nil {
+		return
+	}
+	err := r.sink.Err()
+	if err == nil {
+		return
+	}
+	r.warned.Do(func() {
+		if live {
+			fmt.Fprint(stderr, "\r\033[K")
+		}
+		if r.local != "" {
+			fmt.Fprintf(stderr, "kconsume record: relayd lost, recording goes on into %s only: %v\n", r.local, err)
+		} else {
+			fmt.Fprintf(stderr, "kconsume record: relayd lost and no local copy (-o): %v\n", err)
+		}
+	})
+}
+
+// summary prints what reached relayd and what did not.
+func (r *relaydOut) summary(w io.Writer) {
+	if r == nil || r.sink == nil {
+		return
+	}
+	st := r.sink.Stats()
+	fmt.Fprintf(w, "relayd %s: %d packets sent (%s), %d packets not sent\n", r.u, st.Sent, humanBytes(st.Bytes), st.NotSent)
+	if st.Err != nil {
+		where := "they are in no trace: pass -o DIR to keep a local copy"
+		if r.local != "" {
+			where = "the local copy in " + r.local + " has them"
+		}
+		fmt.Fprintf(w, "warning: relayd stopped taking packets (%v); %s\n", st.Err, where)
+	}
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+)
+
+var relaydSummary = regexp.MustCompile(`relayd \S+: (\d+) packets sent \([^)]*\), (\d+) packets not sent`)
+
+// relaydCounts returns the sent and not-sent packet counts of record's
+// summary, failing t without them.
+func relaydCounts(t *testing.T, out string) (sent, notSent uint64) {
+	t.Helper()
+	m := relaydSummary.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no relayd line in record's summary:\n%s", out)
+	}
+	sent, _ = strconv.ParseUint(m[1], 10, 64)
+	notSent, _ = strconv.ParseUint(m[2], 10, 64)
+	return sent, notSent
+}
+
+// packetsIn counts the packets of a trace directory's stream files.
+func packetsIn(t *testing.T, dir string, size int64) uint64 {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(dir, "trace*"))
+	var n uint64
+	for _, f := range m {
+		fi, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += uint64(fi.Size() / size)
+	}
+	return n
+}
+
+// TestE2ERelayd records two sessions at once to one real lttng-relayd
+// under two host names (two sessions of one machine need two names for
+// kconsume ctl; relayd/TestRelaydHosts has one name on two hosts): one keeps a local copy, whose events babeltrace2
+// reads exactly from relayd's trace too, the other streams only.
+func TestE2ERelayd(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	r := testenv.StartRelayd(t)
+	local := filepath.Join(t.TempDir(), "t")
+	events := "sched:sched_switch,syscalls:sys_enter_getpid"
+	a := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "hosta", "--session", "fleeta", "-e", events, "--subbuf-size", "16K", "--duration", "2s")
+	b := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostb", "--session", "fleetb", "-e", events, "--duration", "2s")
+	var aOut, bOut bytes.Buffer
+	a.Stdout, a.Stderr = &aOut, &aOut
+	b.Stdout, b.Stderr = &bOut, &bOut
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	errA, errB := a.Wait(), b.Wait()
+	if errA != nil || errB != nil {
+		t.Fatalf("record: %v, %v\n%s\n%s\nrelayd log:\n%s", errA, errB, aOut.String(), bOut.String(), r.LogTail(20))
+	}
+	sent, notSent := relaydCounts(t, aOut.String())
+	if notSent != 0 || sent == 0 || sent != packetsIn(t, local, 16<<10) {
+		t.Fatalf("hosta: %d packets sent, %d not sent, %d in the local copy\n%s", sent, notSent, packetsIn(t, local, 16<<10), aOut.String())
+	}
+	remote := filepath.Join(r.SessionDir(t, "hosta", "fleeta"), "kernel")
+	want, _ := testenv.RunBT2(t, local)
+	got, _ := testenv.RunBT2(t, remote)
+	if len(want) == 0 || !slices.Equal(got, want) {
+		t.Fatalf("babeltrace2: %d events from relayd's trace, %d from the local copy", len(got), len(want))
+	}
+	if _, notSent := relaydCounts(t, bOut.String()); notSent != 0 {
+		t.Fatalf("hostb: %d packets not sent\n%s", notSent, bOut.String())
+	}
+	if lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostb", "fleetb"), "kernel")); len(lines) == 0 {
+		t.Fatal("hostb: no event in relayd's trace")
+	}
+}
+
+// TestE2ERelaydUnreachable: with no relayd at the URL, record fails at
+// once, says why and where, and traces nothing.
+func TestE2ERelaydUnreachable(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	r := testenv.StartRelayd(t)
+	r.Stop()
+	local := filepath.Join(t.TempDir(), "t")
+	cmd := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-timeout", "2s", "-e", "sched:sched_switch", "--duration", "10s")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() == 0 {
+		t.Fatalf("record with relayd down: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "connection refused") || !strings.Contains(string(out), strconv.Itoa(r.Control)) || !strings.Contains(string(out), "nothing was traced") {
+		t.Fatalf("record with relayd down, want the address, the cause and that nothing was traced:\n%s", out)
+	}
+	if m, _ := filepath.Glob(filepath.Join(local, "*")); len(m) != 0 {
+		t.Fatalf("record with relayd down left %q", m)
+	}
+}
+
+// TestE2ERelaydKilled kills relayd while record streams: recording goes
+// on into the local copy, record warns, and its summary counts every
+// packet relayd never confirmed: sent + not sent = the local copy's
+// packets.
+func TestE2ERelaydKilled(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	r := testenv.StartRelayd(t)
+	local := filepath.Join(t.TempDir(), "t")
+	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash",
+		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "4s")
+	var out bytes.Buffer
+	rec.Stdout, rec.Stderr = &out, &out
+	if err := rec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- rec.Wait() }()
+	// Kill relayd once it has written a few packets.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, _ := filepath.Glob(filepath.Join(r.Out, "crashy", "crash-*", "kernel", "trace*"))
+		var size int64
+		for _, f := range m {
+			if fi, err := os.Stat(f); err == nil {
+				size += fi.Size()
+			}
+		}
+		if size >= 3*4096 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relayd got no packets in 10s\n%s\nrelayd log:\n%s", out.String(), r.LogTail(20))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.Kill()
+	// Make sure packets keep coming after the kill.
+	for range 50 {
+		f, err := os.Open("/dev/null")
+		if err == nil {
+			f.Close()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := <-exited; err != nil {
+		t.Fatalf("record after relayd died: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "relayd lost, recording goes on into "+local) {
+		t.Errorf("no warning while recording:\n%s", out.String())
+	}
+	sent, notSent := relaydCounts(t, out.String())
+	if sent == 0 || notSent == 0 || sent+notSent != packetsIn(t, local, 4096) {
+		t.Fatalf("%d packets sent + %d not sent, %d in the local copy\n%s", sent, notSent, packetsIn(t, local, 4096), out.String())
+	}
+	if lines, _ := testenv.RunBT2(t, local); len(lines) == 0 {
+		t.Fatal("no event in the local copy")
+	}
+}
