@@ -179,7 +179,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	}
 	// The session's name is taken first: a second record with the same
 	// name must not touch the first one's output.
-	h := &handler{}
+	h := &handler{relay: relay}
 	srv, err := control.Serve(controlRoot, name, h)
 	if err != nil {
 		if errors.Is(err, control.ErrRunning) {

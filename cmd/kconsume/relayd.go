@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -9,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -27,8 +30,8 @@ type relaydOut struct {
 	timeout time.Duration
 
 	u      relayd.URL
-	sink   *relayd.Sink
-	local  string // -o DIR, when a local copy is kept
+	sink   atomic.Pointer[relayd.Sink] // set once connected; read by the control and metrics servers
+	local  string                      // -o DIR, when a local copy is kept
 	warned sync.Once
 }
 
@@ -109,7 +112,7 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 	if err != nil {
 		return fmt.Errorf("%w; nothing was traced", err)
 	}
-	r.sink = s
+	r.sink.Store(s)
 	if cfg.Dir == "" {
 		cfg.Sink = s
 	} else {
@@ -128,7 +131,7 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 // abort closes the sink of a session that failed to start, and removes
 // the metadata it wrote into the local directory.
 func (r *relaydOut) abort(cfg consumer.Config) {
-	if r.sink == nil {
+	if r.sink.Load() == nil {
 		return
 	}
 	_ = cfg.Sink.Close()
@@ -139,10 +142,11 @@ func (r *relaydOut) abort(cfg consumer.Config) {
 
 // poll warns once, while recording, when relayd went away.
 func (r *relaydOut) poll(stderr io.Writer, live bool) {
-	if r == nil || r.sink == nil {
+	s := r.stream()
+	if s == nil {
 		return
 	}
-	err := r.sink.Err()
+	err := s.Err()
 	if err == nil {
 		return
 	}
@@ -160,10 +164,11 @@ func (r *relaydOut) poll(stderr io.Writer, live bool) {
 
 // summary prints what reached relayd and what did not.
 func (r *relaydOut) summary(w io.Writer) {
-	if r == nil || r.sink == nil {
+	s := r.stream()
+	if s == nil {
 		return
 	}
-	st := r.sink.Stats()
+	st := s.Stats()
 	fmt.Fprintf(w, "relayd %s: %d packets sent (%s), %d packets not sent\n", r.u, st.Sent, humanBytes(st.Bytes), st.NotSent)
 	if st.Err != nil {
 		where := "they are in no trace: pass -o DIR to keep a local copy"
@@ -172,4 +177,51 @@ func (r *relaydOut) summary(w io.Writer) {
 		}
 		fmt.Fprintf(w, "warning: relayd stopped taking packets (%v); %s\n", st.Err, where)
 	}
+}
+
+// stream returns the relayd sink, or nil before it is connected or
+// without --relayd.
+func (r *relaydOut) stream() *relayd.Sink {
+	if r == nil {
+		return nil
+	}
+	return r.sink.Load()
+}
+
+// files adds the relayd counters to the control directory's files.
+func (r *relaydOut) files(m map[string]string) {
+	if s := r.stream(); s != nil {
+		st := s.Stats()
+		m["relayd_sent"] = strconv.FormatUint(st.Sent, 10)
+		m["relayd_not_sent"] = strconv.FormatUint(st.NotSent, 10)
+	}
+}
+
+// status adds a relayd line to kconsume ctl status.
+func (r *relaydOut) status(b *strings.Builder) {
+	if s := r.stream(); s != nil {
+		st := s.Stats()
+		state := "connected"
+		if st.Err != nil {
+			state = "lost: " + st.Err.Error()
+		}
+		fmt.Fprintf(b, "relayd %s %s, %d packets sent, %d not sent\n", r.u, state, st.Sent, st.NotSent)
+	}
+}
+
+// prom adds the relayd counters to the metrics.
+func (r *relaydOut) prom(b *bytes.Buffer) {
+	s := r.stream()
+	if s == nil {
+		return
+	}
+	st := s.Stats()
+	up := 1
+	if st.Err != nil {
+		up = 0
+	}
+	fmt.Fprintf(b, "# HELP kconsume_relayd_up Whether relayd takes the session's packets.\n# TYPE kconsume_relayd_up gauge\nkconsume_relayd_up %d\n", up)
+	fmt.Fprintf(b, "# HELP kconsume_relayd_packets_total Packets by what became of them at relayd.\n# TYPE kconsume_relayd_packets_total counter\n")
+	fmt.Fprintf(b, "kconsume_relayd_packets_total{result=\"sent\"} %d\nkconsume_relayd_packets_total{result=\"not_sent\"} %d\n", st.Sent, st.NotSent)
+	fmt.Fprintf(b, "# HELP kconsume_relayd_bytes_total Packet bytes relayd took.\n# TYPE kconsume_relayd_bytes_total counter\nkconsume_relayd_bytes_total %d\n", st.Bytes)
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,8 +122,8 @@ func TestE2ERelaydKilled(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	local := filepath.Join(t.TempDir(), "t")
 	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash",
-		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "4s")
-	var out bytes.Buffer
+		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "4s", "--metrics", "127.0.0.1:0")
+	var out lockedBuffer
 	rec.Stdout, rec.Stderr = &out, &out
 	if err := rec.Start(); err != nil {
 		t.Fatal(err)
@@ -154,6 +157,27 @@ func TestE2ERelaydKilled(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// The control directory and the metrics count what relayd missed
+	// while record runs.
+	ctl := filepath.Join("/run/kconsume", "crash")
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(ctl, "relayd_not_sent"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n > 0
+	})
+	addr := regexp.MustCompile(`metrics at (http://\S+)`).FindStringSubmatch(out.String())
+	if addr == nil {
+		t.Fatalf("no metrics address:\n%s", out.String())
+	}
+	resp, err := http.Get(addr[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`(?m)^kconsume_relayd_packets_total\{result="not_sent"\} [1-9]`).Match(body) || !strings.Contains(string(body), "kconsume_relayd_up 0") {
+		t.Errorf("metrics after relayd died:\n%s", body)
+	}
 	if err := <-exited; err != nil {
 		t.Fatalf("record after relayd died: %v\n%s", err, out.String())
 	}
@@ -167,4 +191,23 @@ func TestE2ERelaydKilled(t *testing.T) {
 	if lines, _ := testenv.RunBT2(t, local); len(lines) == 0 {
 		t.Fatal("no event in the local copy")
 	}
+}
+
+// lockedBuffer collects a running command's output for a test that reads
+// it meanwhile.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
