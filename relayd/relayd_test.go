@@ -225,3 +225,62 @@ func (k *killAfter) WritePacket(name string, p []byte) error {
 	}
 	return err
 }
+
+// TestRelaydLiveIdle: in a live session, Live gives a stream that never
+// had a packet one empty packet (relayd takes beacons only after a first
+// index), then beacons; the trace keeps exactly the local copy's events.
+func TestRelaydLiveIdle(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := ParseURL(r.URL())
+	s, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: "hl", Name: "live", LiveTimer: 100 * time.Millisecond, Timeout: 5 * time.Second}, Streams: []string{"trace0", "trace1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 8, CPUs: 2}, &Tee{Local: dir, Remote: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := ch.AddEventClass("ev", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 8)
+	for tick := range 3 {
+		for i := range 10 {
+			if err := ch.Write(0, uint64(1e9+tick*1e6+i), cls.ID, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Live(uint64(1e9 + tick*1e6 + 500)); err != nil {
+			t.Fatalf("live tick %d: %v\n%s", tick, err, r.LogTail(20))
+		}
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Err != nil || st.Sent != 3 {
+		t.Fatalf("stats %+v, want 3 packets of CPU 0 sent", st)
+	}
+	// relayd -v logs each beacon it takes (stream.c, stream_add_index).
+	if log, _ := os.ReadFile(r.Log); strings.Count(string(log), "Received live beacon") < 2 {
+		t.Errorf("relayd took fewer than 2 beacons for the idle stream:\n%s", r.LogTail(30))
+	}
+	remote := filepath.Join(r.SessionDir(t, "hl", "live"), DomainPath)
+	fi, err := os.Stat(filepath.Join(remote, "trace1"))
+	if err != nil || fi.Size() != 4096 {
+		t.Fatalf("idle stream on relayd: %v, want one empty packet", err)
+	}
+	want, _ := testenv.RunBT2(t, local)
+	got, _ := testenv.RunBT2(t, remote)
+	if len(want) != 30 || !slices.Equal(got, want) {
+		t.Fatalf("babeltrace2: %d events from relayd, %d local", len(got), len(want))
+	}
+}

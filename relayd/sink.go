@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +60,9 @@ type Sink struct {
 	err     error
 	closed  bool
 
+	// lmu keeps Live and Close apart: no beacon after the streams close.
+	lmu sync.Mutex
+
 	sent, bytes, notSent atomic.Uint64
 }
 
@@ -66,6 +71,11 @@ type stream struct {
 	name   string
 	handle uint64
 	next   uint64 // the next packet's network sequence number
+	active bool   // a packet went out since the last live tick
+	seqNum uint64 // packet_seq_num of the last packet sent
+	// empty is set once Live sent an empty packet for a stream that had
+	// none: it stands for the channel's own empty first packet.
+	empty bool
 }
 
 // NewSink connects to relayd, creates the session and its streams, and
@@ -182,8 +192,18 @@ func (s *Sink) writePacket(name string, packet []byte) error {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.empty && x.PacketSeqNum == 0 && x.ContentSize == 8*relayfmt.PacketHeaderSize {
+		// The channel's empty first packet: Live already sent one.
+		s.sent.Add(1)
+		return nil
+	}
+	return s.send(st, x, data, padding, len(packet))
+}
+
+// send sends one packet of st and its index. The caller holds st.mu.
+func (s *Sink) send(st *stream, x Index, data []byte, padding uint32, size int) error {
 	x.Stream, x.Seq = st.handle, st.next
-	err = s.c.SendPacket(st.handle, st.next, data, padding)
+	err := s.c.SendPacket(st.handle, st.next, data, padding)
 	if err == nil {
 		err = s.c.SendIndex(&x)
 	}
@@ -193,8 +213,10 @@ func (s *Sink) writePacket(name string, packet []byte) error {
 		return err
 	}
 	st.next++
+	st.active = true
+	st.seqNum = x.PacketSeqNum
 	s.sent.Add(1)
-	s.bytes.Add(uint64(len(packet)))
+	s.bytes.Add(uint64(size))
 	return nil
 }
 
@@ -279,6 +301,8 @@ func (s *Sink) WriteMetadata(text []byte) error {
 // returns why the sink stopped sending, if it did, or why closing failed.
 // Later calls return nil.
 func (s *Sink) Close() error {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -335,4 +359,96 @@ func (s *Sink) drain(streams []*stream) error {
 		}
 	}
 	return nil
+}
+
+// Live tells relayd's live viewers that every stream that sent no packet
+// since the previous call has nothing up to ts (in the trace clock): it
+// sends such a stream's beacon, an empty index (LTTng's live timer does
+// the same). relayd takes beacons only for a stream that had a packet, so
+// a stream without any first gets an empty packet stamped ts, which then
+// stands for the channel's own empty first packet. The caller flushes the
+// channel first, so that nothing stamped before ts is still to come. A
+// network error stops the sink as WritePacket's do.
+func (s *Sink) Live(ts uint64) error {
+	s.lmu.Lock()
+	defer s.lmu.Unlock()
+	s.mu.Lock()
+	closed, err := s.closed, s.err
+	streams := make([]*stream, 0, len(s.streams))
+	for _, st := range s.streams {
+		streams = append(streams, st)
+	}
+	s.mu.Unlock()
+	if closed || err != nil {
+		return err
+	}
+	var tmpl *relayfmt.Metadata
+	for _, st := range streams {
+		st.mu.Lock()
+		if st.active {
+			st.active = false
+			st.mu.Unlock()
+			continue
+		}
+		var err error
+		if st.next == 0 {
+			if tmpl == nil {
+				s.mmu.Lock()
+				tmpl, err = relayfmt.ParseMetadata(s.metaSent)
+				s.mmu.Unlock()
+			}
+			if err == nil {
+				err = s.sendEmpty(st, tmpl, ts)
+			}
+		} else {
+			err = s.c.SendIndex(&Index{Stream: st.handle, Seq: st.next - 1, TimestampEnd: ts, PacketSeqNum: st.seqNum})
+			if err != nil {
+				s.fail(err)
+			}
+		}
+		st.active = false
+		st.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("live beacon of %s: %w", st.name, err)
+		}
+	}
+	return nil
+}
+
+// sendEmpty sends a packet without events for st, stamped ts, of the
+// channel's packet size (relayd writes the padding). The caller holds
+// st.mu.
+func (s *Sink) sendEmpty(st *stream, m *relayfmt.Metadata, ts uint64) error {
+	inst, err := instanceOf(st.name)
+	if err != nil {
+		return err
+	}
+	h := relayfmt.PacketHeader{UUID: m.UUID, StreamInstanceID: inst, CPUID: uint32(inst),
+		TimestampBegin: ts, TimestampEnd: ts, ContentSize: 8 * relayfmt.PacketHeaderSize, PacketSize: 8 * uint64(m.SubbufSize)}
+	b := make([]byte, relayfmt.PacketHeaderSize)
+	relayfmt.PutPacketHeader(b, &h)
+	x := Index{PacketSize: h.PacketSize, ContentSize: h.ContentSize, TimestampBegin: ts, TimestampEnd: ts, StreamInstanceID: inst}
+	if err := s.send(st, x, b, uint32(m.SubbufSize-relayfmt.PacketHeaderSize), 0); err != nil {
+		return err
+	}
+	s.sent.Add(^uint64(0)) // not one of the channel's packets
+	st.empty = true
+	return nil
+}
+
+// instanceOf returns the stream instance id (the CPU) of a stream file
+// name: N of traceN, 0 for the global stream "trace".
+func instanceOf(name string) (uint64, error) {
+	rest, ok := strings.CutPrefix(name, "trace")
+	if !ok {
+		return 0, fmt.Errorf("stream %q: not a trace stream name", name)
+	}
+	if rest == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(rest, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("stream %q: not a trace stream name", name)
+	}
+	return n, nil
 }

@@ -208,6 +208,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	h.set(s)
+	defer relay.startLive(s)()
 	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
 		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", why)
 	}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/relayd"
@@ -28,6 +29,7 @@ type relaydOut struct {
 	url     string
 	host    string
 	timeout time.Duration
+	live    time.Duration
 
 	u      relayd.URL
 	sink   atomic.Pointer[relayd.Sink] // set once connected; read by the control and metrics servers
@@ -41,6 +43,7 @@ func relaydFlags(fs *flag.FlagSet) *relaydOut {
 	fs.StringVar(&r.url, "relayd", "", "also stream to lttng-relayd at `URL` net://HOST[:CONTROL_PORT[:DATA_PORT]] (ports 5342, 5343 by default); -o is then optional and keeps a local copy")
 	fs.StringVar(&r.host, "relayd-hostname", "", "host `name` under which relayd files the session (default: this machine's hostname)")
 	fs.DurationVar(&r.timeout, "relayd-timeout", relayd.DefaultTimeout, "longest wait for relayd to connect or to take a packet before recording goes on without it")
+	fs.DurationVar(&r.live, "live-timer", 0, "make the relayd session live: every `period` (1s, say) flush the sub-buffers and send each idle stream's beacon, so babeltrace2 --input-format=lttng-live shows events as they happen")
 	return r
 }
 
@@ -51,8 +54,8 @@ func (r *relaydOut) enabled() bool { return r != nil && r.url != "" }
 // and no -o, the trace's sink is relayd, connected later.
 func (r *relaydOut) check(cfg consumer.Config) error {
 	if !r.enabled() {
-		if r.host != "" {
-			return errors.New("--relayd-hostname needs --relayd")
+		if r.host != "" || r.live != 0 {
+			return errors.New("--relayd-hostname and --live-timer need --relayd")
 		}
 		return cfg.Check()
 	}
@@ -62,6 +65,9 @@ func (r *relaydOut) check(cfg consumer.Config) error {
 	}
 	if r.timeout <= 0 {
 		return fmt.Errorf("--relayd-timeout %v: want a positive duration", r.timeout)
+	}
+	if r.live != 0 && (r.live < 10*time.Millisecond || r.live > time.Hour) {
+		return fmt.Errorf("--live-timer %v: want 10ms to 1h", r.live)
 	}
 	if cfg.Dir == "" {
 		cfg.Sink = &relayfmt.DiscardSink{}
@@ -108,7 +114,7 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	defer cancel()
-	s, err := relayd.NewSink(ctx, relayd.Config{URL: r.u, Session: relayd.Session{Host: host, Name: name, Timeout: r.timeout}, Streams: streams})
+	s, err := relayd.NewSink(ctx, relayd.Config{URL: r.u, Session: relayd.Session{Host: host, Name: name, Timeout: r.timeout, LiveTimer: r.live}, Streams: streams})
 	if err != nil {
 		return fmt.Errorf("%w; nothing was traced", err)
 	}
@@ -125,7 +131,48 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 		cfg.Sink = &relayd.Tee{Local: local, Remote: s}
 	}
 	fmt.Fprintf(stderr, "kconsume record: streaming to relayd %s, which writes %s/%s\n", r.u, s.Client().OutputPath, relayd.DomainPath)
+	if r.live != 0 {
+		fmt.Fprintf(stderr, "kconsume record: live: babeltrace2 --input-format=lttng-live net://%s:%d/host/%s/%s\n", r.u.Host, relayd.DefaultLivePort, host, name)
+	}
 	return nil
+}
+
+// startLive runs the live timer of a --live-timer session until the
+// returned function is called: every period it reads the trace clock,
+// flushes the session (whose packets go to relayd) and sends the idle
+// streams' beacons stamped with that time.
+func (r *relaydOut) startLive(s *consumer.Session) (stop func()) {
+	sink := r.stream()
+	if sink == nil || r.live == 0 {
+		return func() {}
+	}
+	clk := int32(unix.CLOCK_MONOTONIC)
+	switch s.Config().Clock {
+	case consumer.Boot:
+		clk = unix.CLOCK_BOOTTIME
+	case consumer.TAI:
+		clk = unix.CLOCK_TAI
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(r.live)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+			var now unix.Timespec
+			if unix.ClockGettime(clk, &now) != nil || s.Flush() != nil {
+				continue
+			}
+			// A failure stops the sink, which poll and summary report.
+			_ = sink.Live(uint64(now.Nano()))
+		}
+	}()
+	return func() { close(quit); <-done }
 }
 
 // abort closes the sink of a session that failed to start, and removes

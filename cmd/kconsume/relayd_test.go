@@ -8,12 +8,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/internal/testenv"
 )
@@ -210,4 +213,88 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// TestE2ERelaydLive records with --live-timer while babeltrace2 reads the
+// session through relayd's live port: getpid events of a thread pinned
+// to CPU 0 show while record still runs, although every other CPU's
+// stream stays empty (they need their empty packet and beacons, or the
+// viewer waits on them), and relayd's trace on disk has every event.
+func TestE2ERelaydLive(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	bt2 := testenv.BT2(t)
+	r := testenv.StartRelayd(t)
+	rec := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostlive", "--session", "live", "--live-timer", "200ms",
+		"-e", "syscalls:sys_enter_getpid", "--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "6s")
+	var recOut lockedBuffer
+	rec.Stdout, rec.Stderr = &recOut, &recOut
+	if err := rec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	recDone := make(chan error, 1)
+	go func() { recDone <- rec.Wait() }()
+	stop := make(chan struct{})
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var set unix.CPUSet
+		set.Set(0)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			t.Errorf("pin to CPU 0: %v", err)
+			return
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				unix.Getpid()
+			}
+		}
+	}()
+	defer func() { close(stop); <-genDone }()
+	waitFor(t, func() bool {
+		m, _ := filepath.Glob(filepath.Join(r.Out, "hostlive", "live-*", "kernel", "metadata"))
+		return len(m) == 1
+	})
+	view := exec.Command(bt2, "--input-format=lttng-live", r.LiveURL("hostlive", "live"))
+	var viewOut, viewErr lockedBuffer
+	view.Stdout, view.Stderr = &viewOut, &viewErr
+	if err := view.Start(); err != nil {
+		t.Fatal(err)
+	}
+	viewDone := make(chan error, 1)
+	go func() { viewDone <- view.Wait() }()
+	defer func() { _ = view.Process.Kill() }()
+	count := func() int { return strings.Count(viewOut.String(), "syscalls:sys_enter_getpid") }
+	waitFor(t, func() bool { return count() > 0 })
+	n1 := count()
+	time.Sleep(time.Second)
+	select {
+	case err := <-recDone:
+		t.Fatalf("record ended before the live check: %v\n%s", err, recOut.String())
+	default:
+	}
+	if n2 := count(); n2 <= n1 {
+		t.Fatalf("live view: %d events, a second later %d: not live\n%s", n1, n2, viewErr.String())
+	}
+	if err := <-recDone; err != nil {
+		t.Fatalf("record: %v\n%s", err, recOut.String())
+	}
+	select {
+	case err := <-viewDone:
+		if err != nil {
+			t.Fatalf("babeltrace2 live: %v\n%s", err, viewErr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("babeltrace2 live did not end with the session\n%s", viewErr.String())
+	}
+	recorded := regexp.MustCompile(`(\d+) events recorded`).FindStringSubmatch(recOut.String())
+	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostlive", "live"), "kernel"))
+	if recorded == nil || strconv.Itoa(len(lines)) != recorded[1] {
+		t.Fatalf("relayd's trace holds %d events; record said:\n%s", len(lines), recOut.String())
+	}
 }
