@@ -21,6 +21,8 @@ type Session struct {
 	// HOST/NAME-YYYYMMDD-HHMMSS/ (relayd's --group-output-by-host layout).
 	// Neither may hold a '/'.
 	Host, Name string
+	// BasePath, when set, replaces NAME-YYYYMMDD-HHMMSS in that path.
+	BasePath string
 	// LiveTimer, when not 0, makes the session live: relayd serves it to
 	// lttng-live viewers, who expect an index or a beacon per stream about
 	// this often.
@@ -90,7 +92,7 @@ func Dial(ctx context.Context, u URL, s Session) (*Client, error) {
 	var id [16]byte
 	_, _ = rand.Read(id[:])
 	now := uint64(time.Now().Unix())
-	if err := c.createSession(&createSession{Name: s.Name, Host: s.Host, LiveTimer: uint32(live), UUID: id, ID: 1, Created: now}); err != nil {
+	if err := c.createSession(&createSession{Name: s.Name, Host: s.Host, BasePath: s.BasePath, LiveTimer: uint32(live), UUID: id, ID: 1, Created: now}); err != nil {
 		return fail(err)
 	}
 	c.chunk = 0

@@ -284,3 +284,94 @@ func TestRelaydLiveIdle(t *testing.T) {
 		t.Fatalf("babeltrace2: %d events from relayd, %d local", len(got), len(want))
 	}
 }
+
+// TestRelaydReconnect kills relayd mid-stream and starts it again: the
+// sink counts what relayd missed, Reconnect fails while relayd is down
+// and then creates the session again in a directory of its own, where the
+// rest of the packets go; sent + not sent = the local copy's packets.
+func TestRelaydReconnect(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, r, "hostr", "again")
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 2}, &Tee{Local: dir, Remote: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := ch.AddEventClass("ev", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 8)
+	ts := uint64(1e9)
+	write := func(n int) {
+		for range n {
+			for cpu := range 2 {
+				ts += 100
+				binary.LittleEndian.PutUint64(p, ts)
+				if err := ch.Write(cpu, ts, cls.ID, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := ch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(1000)
+	r.Kill()
+	write(1000)
+	if st := s.Stats(); st.Err == nil || st.NotSent == 0 {
+		t.Fatalf("after the kill: %+v", st)
+	}
+	if err := s.Reconnect(context.Background()); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Reconnect with relayd down: %v", err)
+	}
+	r.Restart(t)
+	if err := s.Reconnect(context.Background()); err != nil {
+		t.Fatalf("Reconnect: %v\n%s", err, r.LogTail(20))
+	}
+	// A class defined after the reconnection reaches relayd too.
+	cls2, err := ch.AddEventClass("ev2", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls = cls2
+	write(1000)
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if st.Err != nil || st.Reconnects != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	var packets uint64
+	for _, name := range []string{"trace0", "trace1"} {
+		fi, err := os.Stat(filepath.Join(local, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		packets += uint64(fi.Size() / 4096)
+	}
+	if st.Sent+st.NotSent != packets {
+		t.Fatalf("sent %d + not sent %d != %d local packets", st.Sent, st.NotSent, packets)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(r.Out, "hostr", "again-*"))
+	if len(dirs) != 2 {
+		t.Fatalf("relayd session directories: %q, want the first and the reconnected one", dirs)
+	}
+	var total int
+	for _, d := range dirs {
+		lines, _ := testenv.RunBT2(t, filepath.Join(d, DomainPath))
+		total += len(lines)
+		if strings.HasSuffix(d, "-1") && (len(lines) < 2000 || !strings.Contains(strings.Join(lines, "\n"), "ev2")) {
+			t.Errorf("reconnected session %s: %d events", d, len(lines))
+		}
+	}
+	if total >= 6000 || total < 2000 {
+		t.Fatalf("relayd holds %d events of 6000 in its two sessions", total)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,34 +37,40 @@ type Config struct {
 
 // Stats counts what a Sink did.
 type Stats struct {
-	Sent    uint64 // packets relayd confirmed
-	Bytes   uint64 // bytes of those packets
-	NotSent uint64 // packets that never reached relayd, or that it never confirmed
-	Err     error  // why the sink stopped sending, or nil
+	Sent       uint64 // packets relayd confirmed
+	Bytes      uint64 // bytes of those packets
+	NotSent    uint64 // packets that never reached relayd, or that it never confirmed
+	Reconnects uint64 // sessions created again after relayd was lost
+	Err        error  // why the sink stopped sending, or nil
 }
 
 // Sink streams a channel to lttng-relayd: it implements relayfmt.Sink.
 // Each packet goes on the data connection behind its data header, then
 // its index on the control connection; metadata goes on the control
-// connection. After the first network error the sink sends nothing more:
-// every later packet fails with ErrNotSent and is counted (Stats).
+// connection. After a network error the sink sends nothing more until
+// Reconnect succeeds: every packet meanwhile fails with ErrNotSent and is
+// counted (Stats).
 type Sink struct {
-	c    *Client
-	meta uint64 // the metadata stream's handle
+	cfg Config
 
 	mmu         sync.Mutex
-	metaSent    []byte
+	metaText    []byte // the channel's latest metadata; relayd has it while connected
 	metaVersion uint64
 
+	// mu guards the fields below and the choice of client; lock order:
+	// mmu, then a stream's mu, then mu.
 	mu      sync.Mutex
+	c       *Client
+	meta    uint64 // the metadata stream's handle
 	streams map[string]*stream
+	names   []string // stream names in the order they were added
 	err     error
 	closed  bool
 
 	// lmu keeps Live and Close apart: no beacon after the streams close.
 	lmu sync.Mutex
 
-	sent, bytes, notSent atomic.Uint64
+	sent, bytes, notSent, reconnects atomic.Uint64
 }
 
 type stream struct {
@@ -82,30 +89,67 @@ type stream struct {
 // returns a sink ready for the channel's metadata and packets. It fails,
 // saying why, when relayd cannot be reached or refuses the session.
 func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
-	c, err := Dial(ctx, cfg.URL, cfg.Session)
+	s := &Sink{cfg: cfg, streams: map[string]*stream{}}
+	c, meta, handles, err := s.dial(ctx, cfg.Streams, cfg.Session.BasePath)
 	if err != nil {
 		return nil, err
 	}
-	s := &Sink{c: c, streams: map[string]*stream{}}
-	if s.meta, err = c.AddStream(relayfmt.MetadataFile, DomainPath); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("relayd %s: %w", cfg.URL, err)
-	}
-	for _, name := range cfg.Streams {
-		if _, err := s.addStream(name); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("relayd %s: %w", cfg.URL, err)
-		}
-	}
-	if err := c.StreamsSent(); err != nil {
-		c.Close()
-		return nil, fmt.Errorf("relayd %s: %w", cfg.URL, err)
+	s.c, s.meta = c, meta
+	for i, name := range cfg.Streams {
+		s.streams[name] = &stream{name: name, handle: handles[i]}
+		s.names = append(s.names, name)
 	}
 	return s, nil
 }
 
-// Client returns the sink's connection to relayd.
-func (s *Sink) Client() *Client { return s.c }
+// dial creates the session on relayd, under basePath when not empty,
+// with the metadata stream and the streams names, and returns the client
+// and the handles.
+func (s *Sink) dial(ctx context.Context, names []string, basePath string) (c *Client, meta uint64, handles []uint64, err error) {
+	sess := s.cfg.Session
+	sess.BasePath = basePath
+	c, err = Dial(ctx, s.cfg.URL, sess)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	meta, err = c.AddStream(relayfmt.MetadataFile, DomainPath)
+	for _, name := range names {
+		if err != nil {
+			break
+		}
+		var h uint64
+		h, err = c.AddStream(name, DomainPath)
+		handles = append(handles, h)
+	}
+	if err == nil {
+		err = c.StreamsSent()
+	}
+	if err != nil {
+		c.Close()
+		return nil, 0, nil, fmt.Errorf("relayd %s: %w", s.cfg.URL, err)
+	}
+	return c, meta, handles, nil
+}
+
+// Client returns the sink's current connection to relayd.
+func (s *Sink) Client() *Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.c
+}
+
+// current returns the client to use, or why there is none.
+func (s *Sink) current() (*Client, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return nil, s.err
+	}
+	if s.closed {
+		return nil, net.ErrClosed
+	}
+	return s.c, nil
+}
 
 // addStream creates the stream name on relayd, once.
 func (s *Sink) addStream(name string) (*stream, error) {
@@ -118,11 +162,15 @@ func (s *Sink) addStream(name string) (*stream, error) {
 		return nil, s.err
 	}
 	h, err := s.c.AddStream(name, DomainPath)
+	if err == nil {
+		err = s.c.StreamsSent()
+	}
 	if err != nil {
 		return nil, err
 	}
 	st := &stream{name: name, handle: h}
 	s.streams[name] = st
+	s.names = append(s.names, name)
 	return st, nil
 }
 
@@ -135,22 +183,19 @@ func (s *Sink) stream(name string) (*stream, error) {
 	if st != nil {
 		return st, nil
 	}
-	st, err := s.addStream(name)
-	if err == nil {
-		err = s.c.StreamsSent()
-	}
-	return st, err
+	return s.addStream(name)
 }
 
-// fail records the first network error and closes the connections, which
-// also ends exchanges other goroutines wait on.
-func (s *Sink) fail(err error) {
+// fail records the first network error of client c and closes it, which
+// also ends exchanges other goroutines wait on. An error of a client
+// already replaced by Reconnect is not the sink's.
+func (s *Sink) fail(c *Client, err error) {
 	s.mu.Lock()
-	if s.err == nil {
+	if s.err == nil && s.c == c {
 		s.err = err
 	}
 	s.mu.Unlock()
-	s.c.Close()
+	c.Close()
 }
 
 // Err returns why the sink stopped sending, or nil.
@@ -162,7 +207,7 @@ func (s *Sink) Err() error {
 
 // Stats returns the sink's counters.
 func (s *Sink) Stats() Stats {
-	return Stats{Sent: s.sent.Load(), Bytes: s.bytes.Load(), NotSent: s.notSent.Load(), Err: s.Err()}
+	return Stats{Sent: s.sent.Load(), Bytes: s.bytes.Load(), NotSent: s.notSent.Load(), Reconnects: s.reconnects.Load(), Err: s.Err()}
 }
 
 // WritePacket sends packet, a finished packet of stream name, and its
@@ -187,29 +232,35 @@ func (s *Sink) writePacket(name string, packet []byte) error {
 	}
 	st, err := s.stream(name)
 	if err != nil {
-		s.fail(err)
+		if c, cerr := s.current(); cerr == nil {
+			s.fail(c, err)
+		}
 		return err
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	c, err := s.current()
+	if err != nil {
+		return err
+	}
 	if st.empty && x.PacketSeqNum == 0 && x.ContentSize == 8*relayfmt.PacketHeaderSize {
 		// The channel's empty first packet: Live already sent one.
 		s.sent.Add(1)
 		return nil
 	}
-	return s.send(st, x, data, padding, len(packet))
+	return s.send(c, st, x, data, padding, len(packet))
 }
 
 // send sends one packet of st and its index. The caller holds st.mu.
-func (s *Sink) send(st *stream, x Index, data []byte, padding uint32, size int) error {
+func (s *Sink) send(c *Client, st *stream, x Index, data []byte, padding uint32, size int) error {
 	x.Stream, x.Seq = st.handle, st.next
-	err := s.c.SendPacket(st.handle, st.next, data, padding)
+	err := c.SendPacket(st.handle, st.next, data, padding)
 	if err == nil {
-		err = s.c.SendIndex(&x)
+		err = c.SendIndex(&x)
 	}
 	if err != nil {
 		err = fmt.Errorf("packet %d: %w", st.next, err)
-		s.fail(err)
+		s.fail(c, err)
 		return err
 	}
 	st.next++
@@ -274,25 +325,81 @@ func allZero(b []byte) bool {
 func (s *Sink) WriteMetadata(text []byte) error {
 	s.mmu.Lock()
 	defer s.mmu.Unlock()
-	if err := s.Err(); err != nil {
+	old := s.metaText
+	// Kept even when relayd is lost: Reconnect sends it whole.
+	s.metaText = slices.Clone(text)
+	c, err := s.current()
+	if err != nil {
 		return fmt.Errorf("metadata not sent to relayd: %w", err)
 	}
-	var err error
+	s.mu.Lock()
+	meta := s.meta
+	s.mu.Unlock()
 	tail := text
-	if bytes.HasPrefix(text, s.metaSent) {
-		tail = text[len(s.metaSent):]
+	if bytes.HasPrefix(text, old) {
+		tail = text[len(old):]
 	} else {
 		s.metaVersion++
-		err = s.c.ResetMetadata(s.meta, s.metaVersion)
+		err = c.ResetMetadata(meta, s.metaVersion)
 	}
 	if err == nil && len(tail) > 0 {
-		err = s.c.SendMetadata(s.meta, tail)
+		err = c.SendMetadata(meta, tail)
 	}
 	if err != nil {
-		s.fail(err)
+		s.fail(c, err)
 		return fmt.Errorf("metadata not sent to relayd: %w", err)
 	}
-	s.metaSent = slices.Clone(text)
+	return nil
+}
+
+// Reconnect creates the session on relayd again after the sink stopped
+// sending: a new session directory (relayd names it by its new creation
+// time), the streams, the whole metadata. Packets then go there, each
+// stream numbered from its next packet, so a reader sees the packets
+// relayd never had as a gap. It returns nil at once when nothing failed,
+// and fails, saying why, when relayd is still unreachable or refuses.
+func (s *Sink) Reconnect(ctx context.Context) error {
+	s.mmu.Lock()
+	defer s.mmu.Unlock()
+	s.mu.Lock()
+	failed, closed := s.err, s.closed
+	names := slices.Clone(s.names)
+	s.mu.Unlock()
+	if closed {
+		return net.ErrClosed
+	}
+	if failed == nil {
+		return nil
+	}
+	// A directory of its own: relayd names session directories by the
+	// second they were created, and the first one may be that recent.
+	n := s.reconnects.Load() + 1
+	c, meta, handles, err := s.dial(ctx, names, fmt.Sprintf("%s-%s-%d", s.cfg.Session.Name, time.Now().Format("20060102-150405"), n))
+	if err == nil && len(s.metaText) > 0 {
+		err = c.SendMetadata(meta, s.metaText)
+	}
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	streams := make([]*stream, len(names))
+	for i, name := range names {
+		streams[i] = s.streams[name]
+	}
+	s.mu.Unlock()
+	for i, st := range streams {
+		st.mu.Lock()
+		st.handle, st.next, st.active, st.empty = handles[i], 0, false, false
+		st.mu.Unlock()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		c.Close()
+		return net.ErrClosed
+	}
+	s.c, s.meta, s.err = c, meta, nil
+	s.reconnects.Add(1)
 	return nil
 }
 
@@ -314,38 +421,41 @@ func (s *Sink) Close() error {
 		streams = append(streams, st)
 	}
 	s.mu.Unlock()
-	slices.SortFunc(streams, func(a, b *stream) int { return int(a.handle - b.handle) })
-	if err := s.Err(); err != nil {
-		s.c.Close()
-		return fmt.Errorf("relayd %s: %w", s.c.URL(), err)
+	s.mu.Lock()
+	c, failed, meta := s.c, s.err, s.meta
+	s.mu.Unlock()
+	if failed != nil {
+		c.Close()
+		return fmt.Errorf("relayd %s: %w", s.cfg.URL, failed)
 	}
-	err := s.drain(streams)
+	slices.SortFunc(streams, func(a, b *stream) int { return int(a.handle - b.handle) })
+	err := s.drain(c, streams)
 	for _, st := range streams {
 		if err != nil {
 			break
 		}
-		err = s.c.CloseStream(st.handle, st.next-1) // ^0 when it had no packet
+		err = c.CloseStream(st.handle, st.next-1) // ^0 when it had no packet
 	}
 	if err == nil {
-		err = s.c.CloseStream(s.meta, ^uint64(0))
+		err = c.CloseStream(meta, ^uint64(0))
 	}
 	if err != nil {
-		s.fail(err)
-		return fmt.Errorf("relayd %s: %w", s.c.URL(), err)
+		s.fail(c, err)
+		return fmt.Errorf("relayd %s: %w", s.cfg.URL, err)
 	}
-	return s.c.Close()
+	return c.Close()
 }
 
 // drain waits until relayd has the data and index of every packet it
 // confirmed, polling each stream.
-func (s *Sink) drain(streams []*stream) error {
-	deadline := time.Now().Add(s.c.timeout)
+func (s *Sink) drain(c *Client, streams []*stream) error {
+	deadline := time.Now().Add(c.timeout)
 	for _, st := range streams {
 		if st.next == 0 {
 			continue
 		}
 		for {
-			pending, err := s.c.DataPending(st.handle, st.next-1)
+			pending, err := c.DataPending(st.handle, st.next-1)
 			if err != nil {
 				return err
 			}
@@ -353,7 +463,7 @@ func (s *Sink) drain(streams []*stream) error {
 				break
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("stream %s: relayd still misses data after %v", st.name, s.c.timeout)
+				return fmt.Errorf("stream %s: relayd still misses data after %v", st.name, c.timeout)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -382,6 +492,15 @@ func (s *Sink) Live(ts uint64) error {
 	if closed || err != nil {
 		return err
 	}
+	c, err := s.current()
+	if err != nil {
+		return err
+	}
+	// Read before any stream lock (lock order); WriteMetadata replaces,
+	// never changes, the slice.
+	s.mmu.Lock()
+	text := s.metaText
+	s.mmu.Unlock()
 	var tmpl *relayfmt.Metadata
 	for _, st := range streams {
 		st.mu.Lock()
@@ -393,17 +512,15 @@ func (s *Sink) Live(ts uint64) error {
 		var err error
 		if st.next == 0 {
 			if tmpl == nil {
-				s.mmu.Lock()
-				tmpl, err = relayfmt.ParseMetadata(s.metaSent)
-				s.mmu.Unlock()
+				tmpl, err = relayfmt.ParseMetadata(text)
 			}
 			if err == nil {
-				err = s.sendEmpty(st, tmpl, ts)
+				err = s.sendEmpty(c, st, tmpl, ts)
 			}
 		} else {
-			err = s.c.SendIndex(&Index{Stream: st.handle, Seq: st.next - 1, TimestampEnd: ts, PacketSeqNum: st.seqNum})
+			err = c.SendIndex(&Index{Stream: st.handle, Seq: st.next - 1, TimestampEnd: ts, PacketSeqNum: st.seqNum})
 			if err != nil {
-				s.fail(err)
+				s.fail(c, err)
 			}
 		}
 		st.active = false
@@ -418,7 +535,7 @@ func (s *Sink) Live(ts uint64) error {
 // sendEmpty sends a packet without events for st, stamped ts, of the
 // channel's packet size (relayd writes the padding). The caller holds
 // st.mu.
-func (s *Sink) sendEmpty(st *stream, m *relayfmt.Metadata, ts uint64) error {
+func (s *Sink) sendEmpty(c *Client, st *stream, m *relayfmt.Metadata, ts uint64) error {
 	inst, err := instanceOf(st.name)
 	if err != nil {
 		return err
@@ -428,7 +545,7 @@ func (s *Sink) sendEmpty(st *stream, m *relayfmt.Metadata, ts uint64) error {
 	b := make([]byte, relayfmt.PacketHeaderSize)
 	relayfmt.PutPacketHeader(b, &h)
 	x := Index{PacketSize: h.PacketSize, ContentSize: h.ContentSize, TimestampBegin: ts, TimestampEnd: ts, StreamInstanceID: inst}
-	if err := s.send(st, x, b, uint32(m.SubbufSize-relayfmt.PacketHeaderSize), 0); err != nil {
+	if err := s.send(c, st, x, b, uint32(m.SubbufSize-relayfmt.PacketHeaderSize), 0); err != nil {
 		return err
 	}
 	s.sent.Add(^uint64(0)) // not one of the channel's packets

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -31,10 +32,15 @@ type relaydOut struct {
 	timeout time.Duration
 	live    time.Duration
 
-	u      relayd.URL
-	sink   atomic.Pointer[relayd.Sink] // set once connected; read by the control and metrics servers
-	local  string                      // -o DIR, when a local copy is kept
-	warned sync.Once
+	u     relayd.URL
+	sink  atomic.Pointer[relayd.Sink] // set once connected; read by the control and metrics servers
+	local string                      // -o DIR, when a local copy is kept
+	lost  bool                        // poll reported the loss of relayd
+
+	notes    chan string   // what the reconnector says, printed by poll
+	quit     chan struct{} // ends the reconnector
+	stopOnce sync.Once
+	done     chan struct{}
 }
 
 // relaydFlags adds record's relayd flags to fs.
@@ -119,6 +125,8 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 		return fmt.Errorf("%w; nothing was traced", err)
 	}
 	r.sink.Store(s)
+	r.notes, r.quit, r.done = make(chan string, 16), make(chan struct{}), make(chan struct{})
+	go r.reconnector(s)
 	if cfg.Dir == "" {
 		cfg.Sink = s
 	} else {
@@ -181,32 +189,94 @@ func (r *relaydOut) abort(cfg consumer.Config) {
 	if r.sink.Load() == nil {
 		return
 	}
+	r.stop()
 	_ = cfg.Sink.Close()
 	if r.local != "" {
 		_ = os.Remove(filepath.Join(r.local, relayfmt.MetadataFile))
 	}
 }
 
-// poll warns once, while recording, when relayd went away.
+// reconnector creates the session on relayd again after it was lost, at
+// growing intervals (1 s to 30 s), until stop; it says what happens
+// through r.notes.
+func (r *relaydOut) reconnector(s *relayd.Sink) {
+	defer close(r.done)
+	backoff, last := time.Second, ""
+	for {
+		select {
+		case <-r.quit:
+			return
+		case <-time.After(backoff):
+		}
+		if s.Err() == nil {
+			backoff, last = time.Second, ""
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+		err := s.Reconnect(ctx)
+		cancel()
+		switch {
+		case errors.Is(err, net.ErrClosed):
+			return
+		case err == nil:
+			r.note(fmt.Sprintf("relayd is back: streaming again; relayd writes %s/%s", s.Client().OutputPath, relayd.DomainPath))
+			backoff, last = time.Second, ""
+		default:
+			if msg := err.Error(); msg != last {
+				r.note(fmt.Sprintf("relayd still lost, retrying every %v up to 30s: %v", backoff, err))
+				last = msg
+			}
+			backoff = min(2*backoff, 30*time.Second)
+		}
+	}
+}
+
+func (r *relaydOut) note(msg string) {
+	select {
+	case r.notes <- msg:
+	default: // poll is behind: drop the note, not the recording
+	}
+}
+
+// stop ends the reconnector.
+func (r *relaydOut) stop() {
+	if r.quit == nil {
+		return
+	}
+	r.stopOnce.Do(func() { close(r.quit); <-r.done })
+}
+
+// poll says, while recording, when relayd went away and what the
+// reconnector did since.
 func (r *relaydOut) poll(stderr io.Writer, live bool) {
 	s := r.stream()
 	if s == nil {
 		return
 	}
-	err := s.Err()
-	if err == nil {
-		return
-	}
-	r.warned.Do(func() {
+	clear := func() {
 		if live {
 			fmt.Fprint(stderr, "\r\033[K")
 		}
+	}
+	err := s.Err()
+	if err != nil && !r.lost {
+		clear()
 		if r.local != "" {
 			fmt.Fprintf(stderr, "kconsume record: relayd lost, recording goes on into %s only: %v\n", r.local, err)
 		} else {
 			fmt.Fprintf(stderr, "kconsume record: relayd lost and no local copy (-o): %v\n", err)
 		}
-	})
+	}
+	r.lost = err != nil
+	for {
+		select {
+		case msg := <-r.notes:
+			clear()
+			fmt.Fprintf(stderr, "kconsume record: %s\n", msg)
+		default:
+			return
+		}
+	}
 }
 
 // summary prints what reached relayd and what did not.
@@ -215,14 +285,22 @@ func (r *relaydOut) summary(w io.Writer) {
 	if s == nil {
 		return
 	}
+	r.stop()
 	st := s.Stats()
-	fmt.Fprintf(w, "relayd %s: %d packets sent (%s), %d packets not sent\n", r.u, st.Sent, humanBytes(st.Bytes), st.NotSent)
-	if st.Err != nil {
-		where := "they are in no trace: pass -o DIR to keep a local copy"
-		if r.local != "" {
-			where = "the local copy in " + r.local + " has them"
-		}
+	again := ""
+	if st.Reconnects > 0 {
+		again = fmt.Sprintf(", session created again %d times (last in %s)", st.Reconnects, s.Client().OutputPath)
+	}
+	fmt.Fprintf(w, "relayd %s: %d packets sent (%s), %d packets not sent%s\n", r.u, st.Sent, humanBytes(st.Bytes), st.NotSent, again)
+	where := "they are in no trace: pass -o DIR to keep a local copy"
+	if r.local != "" {
+		where = "the local copy in " + r.local + " has them"
+	}
+	switch {
+	case st.Err != nil:
 		fmt.Fprintf(w, "warning: relayd stopped taking packets (%v); %s\n", st.Err, where)
+	case st.NotSent > 0:
+		fmt.Fprintf(w, "note: relayd missed %d packets while it was lost; %s\n", st.NotSent, where)
 	}
 }
 

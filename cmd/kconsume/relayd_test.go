@@ -62,7 +62,8 @@ func TestE2ERelayd(t *testing.T) {
 	local := filepath.Join(t.TempDir(), "t")
 	events := "sched:sched_switch,syscalls:sys_enter_getpid"
 	a := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "hosta", "--session", "fleeta", "-e", events, "--subbuf-size", "16K", "--duration", "2s")
-	b := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostb", "--session", "fleetb", "-e", events, "--duration", "2s")
+	// b ends with Ctrl-C, which must still send every finished packet.
+	b := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostb", "--session", "fleetb", "-e", events)
 	var aOut, bOut bytes.Buffer
 	a.Stdout, a.Stderr = &aOut, &aOut
 	b.Stdout, b.Stderr = &bOut, &bOut
@@ -70,6 +71,10 @@ func TestE2ERelayd(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := b.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
 	errA, errB := a.Wait(), b.Wait()
@@ -89,8 +94,10 @@ func TestE2ERelayd(t *testing.T) {
 	if _, notSent := relaydCounts(t, bOut.String()); notSent != 0 {
 		t.Fatalf("hostb: %d packets not sent\n%s", notSent, bOut.String())
 	}
-	if lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostb", "fleetb"), "kernel")); len(lines) == 0 {
-		t.Fatal("hostb: no event in relayd's trace")
+	recorded := regexp.MustCompile(`(\d+) events recorded`).FindStringSubmatch(bOut.String())
+	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostb", "fleetb"), "kernel"))
+	if recorded == nil || recorded[1] == "0" || strconv.Itoa(len(lines)) != recorded[1] {
+		t.Fatalf("hostb stopped by Ctrl-C: relayd's trace holds %d events; record said:\n%s", len(lines), bOut.String())
 	}
 }
 
@@ -116,16 +123,17 @@ func TestE2ERelaydUnreachable(t *testing.T) {
 }
 
 // TestE2ERelaydKilled kills relayd while record streams: recording goes
-// on into the local copy, record warns, and its summary counts every
-// packet relayd never confirmed: sent + not sent = the local copy's
-// packets.
+// on into the local copy, record warns, the control directory and the
+// metrics count what relayd misses; relayd starts again and record
+// creates the session again there; its summary counts every packet relayd
+// never confirmed: sent + not sent = the local copy's packets.
 func TestE2ERelaydKilled(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := testenv.KconsumeBin(t)
 	r := testenv.StartRelayd(t)
 	local := filepath.Join(t.TempDir(), "t")
 	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash",
-		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "4s", "--metrics", "127.0.0.1:0")
+		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "7s", "--metrics", "127.0.0.1:0")
 	var out lockedBuffer
 	rec.Stdout, rec.Stderr = &out, &out
 	if err := rec.Start(); err != nil {
@@ -181,6 +189,8 @@ func TestE2ERelaydKilled(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^kconsume_relayd_packets_total\{result="not_sent"\} [1-9]`).Match(body) || !strings.Contains(string(body), "kconsume_relayd_up 0") {
 		t.Errorf("metrics after relayd died:\n%s", body)
 	}
+	r.Restart(t)
+	waitFor(t, func() bool { return strings.Contains(out.String(), "relayd is back") })
 	if err := <-exited; err != nil {
 		t.Fatalf("record after relayd died: %v\n%s", err, out.String())
 	}
@@ -193,6 +203,16 @@ func TestE2ERelaydKilled(t *testing.T) {
 	}
 	if lines, _ := testenv.RunBT2(t, local); len(lines) == 0 {
 		t.Fatal("no event in the local copy")
+	}
+	if !strings.Contains(out.String(), "session created again 1 times") {
+		t.Errorf("summary does not count the reconnection:\n%s", out.String())
+	}
+	again, _ := filepath.Glob(filepath.Join(r.Out, "crashy", "crash-*-1", "kernel"))
+	if len(again) != 1 {
+		t.Fatalf("no reconnected session directory in %s", r.Out)
+	}
+	if lines, _ := testenv.RunBT2(t, again[0]); len(lines) == 0 {
+		t.Fatal("no event in the reconnected session's trace")
 	}
 }
 

@@ -31,6 +31,7 @@ type Relayd struct {
 	Out                 string // its output directory
 	Log                 string // its log file (verbose)
 
+	dir  string
 	cmd  *exec.Cmd
 	done chan struct{}
 }
@@ -42,7 +43,7 @@ func StartRelayd(t testing.TB) *Relayd {
 	t.Helper()
 	bin := RelaydPath(t)
 	dir := t.TempDir()
-	r := &Relayd{Out: filepath.Join(dir, "out"), Log: filepath.Join(dir, "relayd.log")}
+	r := &Relayd{Out: filepath.Join(dir, "out"), Log: filepath.Join(dir, "relayd.log"), dir: dir}
 	var lastErr error
 	for range 5 {
 		ports, err := freePorts(3)
@@ -59,6 +60,15 @@ func StartRelayd(t testing.TB) *Relayd {
 	return nil
 }
 
+// Restart starts relayd again, after Kill or Stop, on the same ports and
+// output directory. It fails t if relayd does not listen within 10 s.
+func (r *Relayd) Restart(t testing.TB) {
+	t.Helper()
+	if err := r.start(RelaydPath(t), r.dir); err != nil {
+		t.Fatalf("restarting lttng-relayd: %v", err)
+	}
+}
+
 // URL returns net://127.0.0.1:CONTROL:DATA.
 func (r *Relayd) URL() string {
 	return fmt.Sprintf("net://127.0.0.1:%d:%d", r.Control, r.Data)
@@ -70,7 +80,7 @@ func (r *Relayd) LiveURL(host, session string) string {
 }
 
 func (r *Relayd) start(bin, dir string) error {
-	log, err := os.Create(r.Log)
+	log, err := os.OpenFile(r.Log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
