@@ -37,6 +37,7 @@ var families = []family{
 	{"./consumer", "^BenchmarkConcurrent$", "1000x"},
 	{"./consumer", "^BenchmarkTracepointCost$", "2000000x"},
 	{"./cmd/kconsume", "^BenchmarkPeakRSS$", "1x"},
+	{"./relayd", "^BenchmarkStream$", "4000000x"},
 }
 
 func main() {
