@@ -84,6 +84,7 @@ func TestRecordUsageErrors(t *testing.T) {
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--relayd", "tcp://collector"}, "net://HOST"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--relayd", "net://collector:0"}, "control port"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--relayd-hostname", "h"}, "needs --relayd"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--live-timer", "1ms"}, "10ms to 1h"},
 		{[]string{"record", "-e", "sched:sched_switch", "--relayd", "net://collector", "--relayd-timeout", "-1s"}, "positive"},
 		{[]string{"list", "nosuch:*"}, "no tracepoint or synthetic event matches"},
 	}

@@ -49,7 +49,7 @@ func relaydFlags(fs *flag.FlagSet) *relaydOut {
 	fs.StringVar(&r.url, "relayd", "", "also stream to lttng-relayd at `URL` net://HOST[:CONTROL_PORT[:DATA_PORT]] (ports 5342, 5343 by default); -o is then optional and keeps a local copy")
 	fs.StringVar(&r.host, "relayd-hostname", "", "host `name` under which relayd files the session (default: this machine's hostname)")
 	fs.DurationVar(&r.timeout, "relayd-timeout", relayd.DefaultTimeout, "longest wait for relayd to connect or to take a packet before recording goes on without it")
-	fs.DurationVar(&r.live, "live-timer", 0, "make the relayd session live: every `period` (1s, say) flush the sub-buffers and send each idle stream's beacon, so babeltrace2 --input-format=lttng-live shows events as they happen")
+	fs.DurationVar(&r.live, "live-timer", 0, "every `period` (1s, say) flush the sub-buffers, so kconsume report --follow DIR shows events as they happen; with --relayd the session is live: idle streams send beacons and babeltrace2 --input-format=lttng-live shows it")
 	return r
 }
 
@@ -59,9 +59,12 @@ func (r *relaydOut) enabled() bool { return r != nil && r.url != "" }
 // check validates the relayd flags and the configuration: with --relayd
 // and no -o, the trace's sink is relayd, connected later.
 func (r *relaydOut) check(cfg consumer.Config) error {
+	if r.live != 0 && (r.live < 10*time.Millisecond || r.live > time.Hour) {
+		return fmt.Errorf("--live-timer %v: want 10ms to 1h", r.live)
+	}
 	if !r.enabled() {
-		if r.host != "" || r.live != 0 {
-			return errors.New("--relayd-hostname and --live-timer need --relayd")
+		if r.host != "" {
+			return errors.New("--relayd-hostname needs --relayd")
 		}
 		return cfg.Check()
 	}
@@ -71,9 +74,6 @@ func (r *relaydOut) check(cfg consumer.Config) error {
 	}
 	if r.timeout <= 0 {
 		return fmt.Errorf("--relayd-timeout %v: want a positive duration", r.timeout)
-	}
-	if r.live != 0 && (r.live < 10*time.Millisecond || r.live > time.Hour) {
-		return fmt.Errorf("--live-timer %v: want 10ms to 1h", r.live)
 	}
 	if cfg.Dir == "" {
 		cfg.Sink = &relayfmt.DiscardSink{}
@@ -147,13 +147,14 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 
 // startLive runs the live timer of a --live-timer session until the
 // returned function is called: every period it reads the trace clock,
-// flushes the session (whose packets go to relayd) and sends the idle
-// streams' beacons stamped with that time.
+// flushes the session (whose packets go to the local copy, where report
+// --follow sees them, and to relayd) and sends the idle streams' beacons
+// to relayd stamped with that time.
 func (r *relaydOut) startLive(s *consumer.Session) (stop func()) {
-	sink := r.stream()
-	if sink == nil || r.live == 0 {
+	if r.live == 0 {
 		return func() {}
 	}
+	sink := r.stream()
 	clk := int32(unix.CLOCK_MONOTONIC)
 	switch s.Config().Clock {
 	case consumer.Boot:
@@ -176,8 +177,10 @@ func (r *relaydOut) startLive(s *consumer.Session) (stop func()) {
 			if unix.ClockGettime(clk, &now) != nil || s.Flush() != nil {
 				continue
 			}
-			// A failure stops the sink, which poll and summary report.
-			_ = sink.Live(uint64(now.Nano()))
+			if sink != nil {
+				// A failure stops the sink, which poll and summary report.
+				_ = sink.Live(uint64(now.Nano()))
+			}
 		}
 	}()
 	return func() { close(quit); <-done }

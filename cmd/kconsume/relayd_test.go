@@ -91,6 +91,10 @@ func TestE2ERelayd(t *testing.T) {
 	if len(want) == 0 || !slices.Equal(got, want) {
 		t.Fatalf("babeltrace2: %d events from relayd's trace, %d from the local copy", len(got), len(want))
 	}
+	// Our own reader takes relayd's directory (with its index/) too.
+	if o, code := shell(t, bin+" report "+remote+" | md5sum; "+bin+" report "+local+" | md5sum"); code != 0 || len(strings.Split(strings.TrimSpace(o), "\n")) != 2 || strings.Split(o, "\n")[0] != strings.Split(o, "\n")[1] {
+		t.Fatalf("kconsume report of relayd's trace and of the local copy differ: %d\n%s", code, o)
+	}
 	if _, notSent := relaydCounts(t, bOut.String()); notSent != 0 {
 		t.Fatalf("hostb: %d packets not sent\n%s", notSent, bOut.String())
 	}
@@ -316,5 +320,79 @@ func TestE2ERelaydLive(t *testing.T) {
 	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostlive", "live"), "kernel"))
 	if recorded == nil || strconv.Itoa(len(lines)) != recorded[1] {
 		t.Fatalf("relayd's trace holds %d events; record said:\n%s", len(lines), recOut.String())
+	}
+}
+
+// TestE2EReportFollow: record --live-timer without relayd flushes the
+// local trace often; report --follow prints its events while record
+// runs, and in the end the same events as report of the finished trace.
+func TestE2EReportFollow(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	out := filepath.Join(t.TempDir(), "t")
+	rec := exec.Command(bin, "record", "-q", "-o", out, "--live-timer", "200ms", "-e", "syscalls:sys_enter_getpid",
+		"--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "4s")
+	var recOut lockedBuffer
+	rec.Stdout, rec.Stderr = &recOut, &recOut
+	if err := rec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	recDone := make(chan error, 1)
+	go func() { recDone <- rec.Wait() }()
+	stop := make(chan struct{})
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				unix.Getpid()
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-genDone
+	}()
+	fol := exec.Command(bin, "report", "--follow", out)
+	var folOut, folErr lockedBuffer
+	fol.Stdout, fol.Stderr = &folOut, &folErr
+	if err := fol.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fol.Process.Kill() }()
+	waitFor(t, func() bool { return strings.Contains(folOut.String(), "syscalls:sys_enter_getpid") })
+	select {
+	case err := <-recDone:
+		t.Fatalf("record ended before report --follow printed: %v\n%s", err, recOut.String())
+	default:
+	}
+	if err := <-recDone; err != nil {
+		t.Fatalf("record: %v\n%s", err, recOut.String())
+	}
+	close(stop)
+	time.Sleep(3 * followPeriod)
+	if err := fol.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := fol.Wait(); err != nil {
+		t.Fatalf("report --follow: %v\n%s", err, folErr.String())
+	}
+	whole, code := shell(t, bin+" report "+out)
+	if code != 0 {
+		t.Fatalf("report: %d %s", code, whole)
+	}
+	got := strings.Split(strings.TrimSpace(folOut.String()), "\n")
+	want := strings.Split(strings.TrimSpace(whole), "\n")
+	slices.Sort(got)
+	slices.Sort(want)
+	if len(want) < 10 || !slices.Equal(got, want) {
+		t.Fatalf("report --follow printed %d lines, report of the finished trace %d", len(got), len(want))
 	}
 }
