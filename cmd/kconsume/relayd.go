@@ -305,6 +305,40 @@ func (r *relaydOut) summary(w io.Writer) {
 	case st.NotSent > 0:
 		fmt.Fprintf(w, "note: relayd missed %d packets while it was lost; %s\n", st.NotSent, where)
 	}
+	if r.local != "" {
+		// The local copy remembers, for kconsume stats, what relayd missed.
+		text := fmt.Sprintf("url %s\nsent %d\nnot_sent %d\nreconnects %d\n", r.u, st.Sent, st.NotSent, st.Reconnects)
+		if err := os.WriteFile(filepath.Join(r.local, relaydNote), []byte(text), 0o640); err != nil {
+			fmt.Fprintf(w, "warning: %v\n", err)
+		}
+	}
+}
+
+// relaydNote is the dot-file (CTF readers skip dot-files) in which the
+// local copy of a --relayd recording keeps what relayd missed.
+const relaydNote = ".relayd"
+
+// relaydNoteLine returns what stats says about relayd for the trace in
+// dir, or "" when it was not streamed.
+func relaydNoteLine(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, relaydNote))
+	if err != nil {
+		return ""
+	}
+	v := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, val, ok := strings.Cut(l, " "); ok {
+			v[k] = val
+		}
+	}
+	line := fmt.Sprintf("relayd %s: %s packets sent, %s packets not sent", v["url"], v["sent"], v["not_sent"])
+	if v["reconnects"] != "" && v["reconnects"] != "0" {
+		line += ", session created again " + v["reconnects"] + " times"
+	}
+	if v["not_sent"] != "" && v["not_sent"] != "0" {
+		line += " (this local copy has them)"
+	}
+	return line + "\n"
 }
 
 // stream returns the relayd sink, or nil before it is connected or

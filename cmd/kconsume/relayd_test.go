@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -20,6 +21,10 @@ import (
 
 	"github.com/kconsume/kconsume/internal/testenv"
 )
+
+// uniq keeps these tests' session names (/run/kconsume/NAME) apart from
+// other test processes' on the machine.
+var uniq = "-" + strconv.Itoa(os.Getpid())
 
 var relaydSummary = regexp.MustCompile(`relayd \S+: (\d+) packets sent \([^)]*\), (\d+) packets not sent`)
 
@@ -61,9 +66,9 @@ func TestE2ERelayd(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	local := filepath.Join(t.TempDir(), "t")
 	events := "sched:sched_switch,syscalls:sys_enter_getpid"
-	a := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "hosta", "--session", "fleeta", "-e", events, "--subbuf-size", "16K", "--duration", "2s")
+	a := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "hosta", "--session", "fleeta"+uniq, "-e", events, "--subbuf-size", "16K", "--duration", "2s")
 	// b ends with Ctrl-C, which must still send every finished packet.
-	b := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostb", "--session", "fleetb", "-e", events)
+	b := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostb", "--session", "fleetb"+uniq, "-e", events)
 	var aOut, bOut bytes.Buffer
 	a.Stdout, a.Stderr = &aOut, &aOut
 	b.Stdout, b.Stderr = &bOut, &bOut
@@ -85,7 +90,7 @@ func TestE2ERelayd(t *testing.T) {
 	if notSent != 0 || sent == 0 || sent != packetsIn(t, local, 16<<10) {
 		t.Fatalf("hosta: %d packets sent, %d not sent, %d in the local copy\n%s", sent, notSent, packetsIn(t, local, 16<<10), aOut.String())
 	}
-	remote := filepath.Join(r.SessionDir(t, "hosta", "fleeta"), "kernel")
+	remote := filepath.Join(r.SessionDir(t, "hosta", "fleeta"+uniq), "kernel")
 	want, _ := testenv.RunBT2(t, local)
 	got, _ := testenv.RunBT2(t, remote)
 	if len(want) == 0 || !slices.Equal(got, want) {
@@ -99,7 +104,7 @@ func TestE2ERelayd(t *testing.T) {
 		t.Fatalf("hostb: %d packets not sent\n%s", notSent, bOut.String())
 	}
 	recorded := regexp.MustCompile(`(\d+) events recorded`).FindStringSubmatch(bOut.String())
-	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostb", "fleetb"), "kernel"))
+	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostb", "fleetb"+uniq), "kernel"))
 	if recorded == nil || recorded[1] == "0" || strconv.Itoa(len(lines)) != recorded[1] {
 		t.Fatalf("hostb stopped by Ctrl-C: relayd's trace holds %d events; record said:\n%s", len(lines), bOut.String())
 	}
@@ -113,7 +118,7 @@ func TestE2ERelaydUnreachable(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	r.Stop()
 	local := filepath.Join(t.TempDir(), "t")
-	cmd := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-timeout", "2s", "-e", "sched:sched_switch", "--duration", "10s")
+	cmd := exec.Command(bin, "record", "-q", "-o", local, "--session", "unreach"+uniq, "--relayd", r.URL(), "--relayd-timeout", "2s", "-e", "sched:sched_switch", "--duration", "10s")
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() == 0 {
 		t.Fatalf("record with relayd down: %v\n%s", err, out)
@@ -136,7 +141,7 @@ func TestE2ERelaydKilled(t *testing.T) {
 	bin := testenv.KconsumeBin(t)
 	r := testenv.StartRelayd(t)
 	local := filepath.Join(t.TempDir(), "t")
-	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash",
+	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash"+uniq,
 		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "7s", "--metrics", "127.0.0.1:0")
 	var out lockedBuffer
 	rec.Stdout, rec.Stderr = &out, &out
@@ -148,7 +153,7 @@ func TestE2ERelaydKilled(t *testing.T) {
 	// Kill relayd once it has written a few packets.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		m, _ := filepath.Glob(filepath.Join(r.Out, "crashy", "crash-*", "kernel", "trace*"))
+		m, _ := filepath.Glob(filepath.Join(r.Out, "crashy", "crash"+uniq+"-*", "kernel", "trace*"))
 		var size int64
 		for _, f := range m {
 			if fi, err := os.Stat(f); err == nil {
@@ -174,7 +179,7 @@ func TestE2ERelaydKilled(t *testing.T) {
 	}
 	// The control directory and the metrics count what relayd missed
 	// while record runs.
-	ctl := filepath.Join("/run/kconsume", "crash")
+	ctl := filepath.Join("/run/kconsume", "crash"+uniq)
 	waitFor(t, func() bool {
 		b, _ := os.ReadFile(filepath.Join(ctl, "relayd_not_sent"))
 		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
@@ -208,10 +213,13 @@ func TestE2ERelaydKilled(t *testing.T) {
 	if lines, _ := testenv.RunBT2(t, local); len(lines) == 0 {
 		t.Fatal("no event in the local copy")
 	}
+	if o, code := shell(t, bin+" stats "+local); code != 0 || !strings.Contains(o, fmt.Sprintf("%d packets sent, %d packets not sent, session created again 1 times (this local copy has them)", sent, notSent)) {
+		t.Errorf("kconsume stats of the local copy does not say what relayd missed: %d\n%s", code, o)
+	}
 	if !strings.Contains(out.String(), "session created again 1 times") {
 		t.Errorf("summary does not count the reconnection:\n%s", out.String())
 	}
-	again, _ := filepath.Glob(filepath.Join(r.Out, "crashy", "crash-*-1", "kernel"))
+	again, _ := filepath.Glob(filepath.Join(r.Out, "crashy", "crash"+uniq+"-*-1", "kernel"))
 	if len(again) != 1 {
 		t.Fatalf("no reconnected session directory in %s", r.Out)
 	}
@@ -249,7 +257,7 @@ func TestE2ERelaydLive(t *testing.T) {
 	bin := testenv.KconsumeBin(t)
 	bt2 := testenv.BT2(t)
 	r := testenv.StartRelayd(t)
-	rec := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostlive", "--session", "live", "--live-timer", "200ms",
+	rec := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostlive", "--session", "live"+uniq, "--live-timer", "200ms",
 		"-e", "syscalls:sys_enter_getpid", "--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "6s")
 	var recOut lockedBuffer
 	rec.Stdout, rec.Stderr = &recOut, &recOut
@@ -281,10 +289,10 @@ func TestE2ERelaydLive(t *testing.T) {
 	}()
 	defer func() { close(stop); <-genDone }()
 	waitFor(t, func() bool {
-		m, _ := filepath.Glob(filepath.Join(r.Out, "hostlive", "live-*", "kernel", "metadata"))
+		m, _ := filepath.Glob(filepath.Join(r.Out, "hostlive", "live"+uniq+"-*", "kernel", "metadata"))
 		return len(m) == 1
 	})
-	view := exec.Command(bt2, "--input-format=lttng-live", r.LiveURL("hostlive", "live"))
+	view := exec.Command(bt2, "--input-format=lttng-live", r.LiveURL("hostlive", "live"+uniq))
 	var viewOut, viewErr lockedBuffer
 	view.Stdout, view.Stderr = &viewOut, &viewErr
 	if err := view.Start(); err != nil {
@@ -317,7 +325,7 @@ func TestE2ERelaydLive(t *testing.T) {
 		t.Fatalf("babeltrace2 live did not end with the session\n%s", viewErr.String())
 	}
 	recorded := regexp.MustCompile(`(\d+) events recorded`).FindStringSubmatch(recOut.String())
-	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostlive", "live"), "kernel"))
+	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostlive", "live"+uniq), "kernel"))
 	if recorded == nil || strconv.Itoa(len(lines)) != recorded[1] {
 		t.Fatalf("relayd's trace holds %d events; record said:\n%s", len(lines), recOut.String())
 	}
@@ -330,7 +338,7 @@ func TestE2EReportFollow(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := testenv.KconsumeBin(t)
 	out := filepath.Join(t.TempDir(), "t")
-	rec := exec.Command(bin, "record", "-q", "-o", out, "--live-timer", "200ms", "-e", "syscalls:sys_enter_getpid",
+	rec := exec.Command(bin, "record", "-q", "-o", out, "--session", "follow"+uniq, "--live-timer", "200ms", "-e", "syscalls:sys_enter_getpid",
 		"--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "4s")
 	var recOut lockedBuffer
 	rec.Stdout, rec.Stderr = &recOut, &recOut
