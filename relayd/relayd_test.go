@@ -375,3 +375,66 @@ func TestRelaydReconnect(t *testing.T) {
 		t.Fatalf("relayd holds %d events of 6000 in its two sessions", total)
 	}
 }
+
+// TestRelaydSlow stalls relayd (SIGSTOP) while the channel writes: the
+// sink waits, the channel's sub-buffers fill and it drops, and once relayd
+// goes on every packet reaches it; relayd's trace is the local copy, the
+// losses included at their place, as babeltrace2 reports them.
+func TestRelaydSlow(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, r, "hosts", "slow")
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 1}, &Tee{Local: dir, Remote: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := ch.AddEventClass("ev", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 8)
+	ts := uint64(1e9)
+	write := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			for range 50 {
+				ts += 1000
+				binary.LittleEndian.PutUint64(p, ts)
+				_ = ch.Write(0, ts, cls.ID, p) // drops are counted
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	write(200 * time.Millisecond)
+	r.Pause()
+	write(time.Second)
+	r.Resume()
+	write(200 * time.Millisecond)
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cs, _ := ch.StatsCPU(0)
+	if st := s.Stats(); st.Err != nil || st.NotSent != 0 || cs.Dropped == 0 {
+		t.Fatalf("sink %+v, channel dropped %d: want everything sent and drops while relayd stalled", st, cs.Dropped)
+	}
+	remote := filepath.Join(r.SessionDir(t, "hosts", "slow"), DomainPath)
+	want, err := os.ReadFile(filepath.Join(local, "trace0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(remote, "trace0")); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("relayd's trace0 (%d bytes, %v) is not the local one (%d bytes)", len(got), err, len(want))
+	}
+	wl, wd := testenv.RunBT2(t, local)
+	gl, gd := testenv.RunBT2(t, remote)
+	lost := 0
+	for _, d := range gd {
+		lost += d.Count
+	}
+	if !slices.Equal(gl, wl) || !slices.Equal(gd, wd) || uint64(lost) != cs.Dropped {
+		t.Fatalf("babeltrace2: relayd %d events, %d discarded in %d ranges; local %d events, %d ranges; channel dropped %d", len(gl), lost, len(gd), len(wl), len(wd), cs.Dropped)
+	}
+}

@@ -138,6 +138,13 @@ func (r *Relayd) Kill() {
 	_ = os.Remove(fmt.Sprintf("/var/run/lttng/relayd/health-%d", r.cmd.Process.Pid))
 }
 
+// Pause stops relayd (SIGSTOP), as a stalled link or host would;
+// Resume lets it go on.
+func (r *Relayd) Pause() { _ = r.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Resume undoes Pause.
+func (r *Relayd) Resume() { _ = r.cmd.Process.Signal(syscall.SIGCONT) }
+
 // Stop ends relayd with SIGTERM, or SIGKILL after 5 s.
 func (r *Relayd) Stop() {
 	select {
@@ -145,6 +152,7 @@ func (r *Relayd) Stop() {
 		return
 	default:
 	}
+	_ = r.cmd.Process.Signal(syscall.SIGCONT) // a paused relayd takes no SIGTERM
 	_ = r.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-r.done:
