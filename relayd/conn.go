@@ -95,7 +95,8 @@ func Dial(ctx context.Context, u URL, s Session) (*Client, error) {
 	if err := c.createSession(&createSession{Name: s.Name, Host: s.Host, BasePath: s.BasePath, LiveTimer: uint32(live), UUID: id, ID: 1, Created: now}); err != nil {
 		return fail(err)
 	}
-	c.chunk = 0
+	// One chunk for the whole session, id 0: the session is never
+	// rotated.
 	if err := c.command(cmdCreateTraceChunk, createChunk(c.chunk, now), nil, 0); err != nil {
 		return fail(fmt.Errorf("create trace chunk: %w", err))
 	}
