@@ -48,6 +48,8 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzParseFormat$$' ./consumer/tracefs/
 	$(FUZZ) -fuzz '^FuzzTranscode$$' ./consumer/
 	$(FUZZ) -fuzz '^FuzzParse$$' ./synth/
+	$(FUZZ) -fuzz '^FuzzIndexOf$$' ./relayd/
+	$(FUZZ) -fuzz '^FuzzParseURL$$' ./relayd/
 
 # bpf2go output (gen/); needs clang and llvm-strip. vmlinux.h is not rebuilt here: it comes from the running
 # kernel's BTF (make vmlinux) and is committed.

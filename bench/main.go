@@ -39,6 +39,7 @@ var families = []family{
 	{"./cmd/kconsume", "^BenchmarkPeakRSS$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkStartStop$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkIdle$", "1x"},
+	{"./relayd", "^BenchmarkStream$", "4000000x"},
 }
 
 func main() {

@@ -192,5 +192,20 @@ func rows() []sectionRow {
 			fig: m(k, "peak-MiB"), label: "MiB peak", extra: []extra{{m(k, "buffers-MiB"), "MiB configured"}, {m(k, "excess-MiB"), "MiB over"}},
 			target: "≤ buffers + 32 MiB", ok: func(res results, _, _ stat) bool { return summarize(res.get(m(k, "excess-MiB"))).max <= 32 }})
 	}
+	const net = "Streaming: relayfmt channel at full speed, 64 B records, 16 × 1 MiB sub-buffers, packets to a sink"
+	for _, c := range []struct{ name, what string }{
+		{"relayd/64B", "to a real lttng-relayd on loopback (which writes them to disk)"},
+		{"disk/64B", "to a local directory (DirSink)"},
+	} {
+		k := "Stream/" + c.name
+		r := row{what: c.what, cmd: fmt.Sprintf("go test -run '^$' -bench 'Stream/%s' -benchtime 4000000x ./relayd", c.name), fig: m(k, "Mrec/s"), label: "M rec/s",
+			extra: []extra{{m(k, "GB/s"), "GB/s"}, {m(k, "dropped/op"), "dropped/record"}}}
+		if c.name == "relayd/64B" {
+			r.base, r.baseName = pm("Stream/disk/64B", "Mrec/s"), "local disk"
+			r.target, r.needRatio = "streaming keeps up: ≥ 0.8 × local disk", true
+			r.ok = func(_ results, _, rat stat) bool { return rat.med >= 0.8 }
+		}
+		add(net, r)
+	}
 	return out
 }

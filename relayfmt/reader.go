@@ -21,8 +21,10 @@ type Trace struct {
 }
 
 // Open reads dir's metadata and lists its stream files ("trace" or
-// "trace<N>"). Dot-files are ignored, as CTF readers do; any other file is
-// an error, because babeltrace2 would reject the trace for it.
+// "trace<N>"). Dot-files and an "index" directory (LTTng's packet
+// indexes, as lttng-relayd writes them) are ignored, as CTF readers do;
+// any other entry is an error, because babeltrace2 would reject the trace
+// for it.
 func Open(dir string) (*Trace, error) {
 	f, err := os.Open(filepath.Join(dir, MetadataFile))
 	if err != nil {
@@ -46,6 +48,11 @@ func Open(dir string) (*Trace, error) {
 	for _, e := range ents {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") || name == MetadataFile {
+			continue
+		}
+		if name == "index" && e.IsDir() {
+			// LTTng's packet indexes (lttng-relayd writes them beside
+			// the streams it receives); CTF readers take them or not.
 			continue
 		}
 		n, ok := streamNumber(name, meta.Global)

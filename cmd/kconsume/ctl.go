@@ -24,8 +24,9 @@ var ctlCommands = []string{"start", "stop", "flush", "snapshot", "rewind", "rese
 
 // handler carries out control commands on a recording session.
 type handler struct {
-	mu sync.Mutex
-	s  *consumer.Session
+	mu    sync.Mutex
+	s     *consumer.Session
+	relay *relaydOut // nil without --relayd
 }
 
 func (h *handler) session() (*consumer.Session, error) {
@@ -122,6 +123,7 @@ func (h *handler) status(s *consumer.Session, cpu int) (string, error) {
 		}
 		fmt.Fprintf(&b, "%-5d %8v %12d %12d %12d\n", c.CPU, !c.Disabled, c.Channel.Records, c.Discarded(), c.KernelLost)
 	}
+	h.relay.status(&b)
 	return b.String(), nil
 }
 
@@ -142,12 +144,14 @@ func (h *handler) Files() map[string]string {
 		}
 	}
 	cfg := s.Config()
-	return map[string]string{
+	m := map[string]string{
 		"state":    state,
 		"dropped":  strconv.FormatUint(dropped, 10),
 		"nr_sub":   strconv.Itoa(cfg.NSubbufs),
 		"sub_size": strconv.Itoa(cfg.SubbufSize),
 	}
+	h.relay.files(m)
+	return m
 }
 
 const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|snapshot|rewind|reset|status

@@ -64,12 +64,13 @@ func TestE2EControlFromShell(t *testing.T) {
 }
 
 // TestE2EKillRecover: SIGKILL a recording; kconsume recover makes the
-// files readable by babeltrace2.
+// files readable by babeltrace2. --latency makes records reach the disk
+// while the load is light; without it they wait for a quarter-full ring.
 func TestE2EKillRecover(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := testenv.KconsumeBin(t)
 	out := filepath.Join(t.TempDir(), "t")
-	rec := exec.Command(bin, "record", "-q", "-o", out, "-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K")
+	rec := exec.Command(bin, "record", "-q", "-o", out, "-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--latency", "10ms")
 	var recOut bytes.Buffer
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
@@ -77,6 +78,7 @@ func TestE2EKillRecover(t *testing.T) {
 	}
 	exited := make(chan struct{})
 	go func() { _ = rec.Wait(); close(exited) }()
+	t.Cleanup(func() { _ = rec.Process.Kill(); <-exited })
 	// Let sub-buffers reach the disk, then kill it mid-write.
 	waitFor(t, func() bool {
 		select {

@@ -81,6 +81,11 @@ func TestRecordUsageErrors(t *testing.T) {
 		{[]string{"record", "-o", full, "-e", "sched:sched_switch", "--force"}, "not part of a trace"},
 		{[]string{"record", "-o", link, "-e", "sched:sched_switch"}, "symlink"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--bogus"}, "flag provided but not defined"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--relayd", "tcp://collector"}, "net://HOST"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--relayd", "net://collector:0"}, "control port"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--relayd-hostname", "h"}, "needs --relayd"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--live-timer", "1ms"}, "10ms to 1h"},
+		{[]string{"record", "-e", "sched:sched_switch", "--relayd", "net://collector", "--relayd-timeout", "-1s"}, "positive"},
 		{[]string{"list", "nosuch:*"}, "no tracepoint or synthetic event matches"},
 	}
 	for _, c := range cases {

@@ -32,7 +32,9 @@ func serveMetrics(addr string, h *handler) (net.Addr, func(), error) {
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		_, _ = w.Write(promText(s.Running(), stats, s.Drainer()))
+		b := bytes.NewBuffer(promText(s.Running(), stats, s.Drainer()))
+		h.relay.prom(b)
+		_, _ = w.Write(b.Bytes())
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()

@@ -33,6 +33,7 @@ type recordOpts struct {
 	force     bool
 	quiet     bool
 	command   []string
+	relay     *relaydOut
 }
 
 // parseRecord parses record's arguments into options and a session
@@ -75,6 +76,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
 	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
 	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
+	o.relay = relaydFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -92,8 +94,8 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 		RingSize:   int(ring),
 		Latency:    latency,
 	}
-	if o.out == "" {
-		return nil, usageError{errors.New("-o DIR is required")}
+	if o.out == "" && !o.relay.enabled() {
+		return nil, usageError{errors.New("-o DIR is required (or --relayd URL)")}
 	}
 	if len(events) == 0 && len(objects) == 0 {
 		return nil, usageError{errors.New("-e EVENT or --bpf FILE is required (see kconsume list)")}
@@ -134,12 +136,10 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 		}
 	}
 	cfg.Dir = o.out
-	if err := cfg.Check(); err != nil {
+	if err := o.relay.check(cfg); err != nil {
 		return nil, usageError{err}
 	}
-	if o.session == "" {
-		o.session = filepath.Base(filepath.Clean(o.out))
-	}
+	o.session = sessionName(o.session, o.out)
 	if err := control.CheckName(o.session); err != nil {
 		return nil, usageError{err}
 	}
@@ -164,7 +164,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	}
 	// The session's name is taken first: a second record with the same
 	// name must not touch the first one's output.
-	h := &handler{}
+	h := &handler{relay: o.relay}
 	srv, err := control.Serve(controlRoot, o.session, h)
 	if err != nil {
 		if errors.Is(err, control.ErrRunning) {
@@ -173,19 +173,26 @@ func record(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer srv.Close()
-	if err := prepareDir(o.out, o.force); err != nil {
-		return err
+	if o.out != "" {
+		if err := prepareDir(o.out, o.force); err != nil {
+			return err
+		}
 	}
 	cfg.Env = map[string]string{"session": o.session}
+	if err := o.relay.connect(&cfg, o.session, stderr); err != nil {
+		return err
+	}
 
 	s, err := consumer.New(cfg)
 	if err != nil {
+		o.relay.abort(cfg)
 		if errors.Is(err, consumer.ErrConfig) || errors.Is(err, consumer.ErrUnknownEvent) {
 			return usageError{err}
 		}
 		return err
 	}
 	h.set(s)
+	defer o.relay.startLive(s)()
 	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
 		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
 	}
@@ -198,7 +205,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		defer stopMetrics()
 		fmt.Fprintf(stderr, "kconsume record: metrics at http://%s/metrics\n", addr)
 	}
-	r := &recorder{s: s, srv: srv, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr)}
+	r := &recorder{s: s, srv: srv, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay}
 	return r.run(o.command, o.duration)
 }
 

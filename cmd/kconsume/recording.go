@@ -30,6 +30,7 @@ type recorder struct {
 	stdout, stderr io.Writer
 	start          time.Time
 	live           bool
+	relay          *relaydOut
 	lastRecords    uint64
 	lastTick       time.Time
 }
@@ -68,11 +69,12 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 		}
 		go func() { cmdDone <- cmd.Wait() }()
 	}
-	// The live status line ticks every second; without it, the control
-	// directory is refreshed after the drainer ran for data, at most once
-	// a second, so an idle recording wakes nothing here.
+	// The live status line, and a stream to relayd (whose loss and
+	// reconnection it reports), tick every second; without them, the
+	// control directory is refreshed after the drainer ran for data, at
+	// most once a second, so an idle recording wakes nothing here.
 	var tick <-chan time.Time
-	if r.live {
+	if r.live || r.relay.enabled() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		tick = t.C
@@ -96,9 +98,12 @@ loop:
 		case <-tick:
 			_ = r.srv.Refresh()
 			lastRefresh = time.Now()
-			r.status()
+			r.relay.poll(r.stderr, r.live)
+			if r.live {
+				r.status()
+			}
 		case <-r.s.Activity():
-			if refreshLater != nil || r.live {
+			if refreshLater != nil || tick != nil {
 				continue
 			}
 			if wait := time.Second - time.Since(lastRefresh); wait > 0 {

@@ -2,20 +2,24 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"os/signal"
 	"path"
 	"strconv"
 	"strings"
+	"syscall"
 	"unicode/utf8"
 
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
-const reportSynopsis = `report DIR [--json] [-e EVENT]... [--cpu N] [--pid PID] [--since T] [--until T]
+const reportSynopsis = `report DIR [--follow] [--json] [-e EVENT]... [--cpu N] [--pid PID] [--since T] [--until T]
        [--clock-date] [--clock-gmt] [--trace-seconds]
 
 Prints the trace's events merged by time, one line each with every field,
@@ -33,8 +37,18 @@ type reportFilter struct {
 	cpu          int      // -1: all
 	pid          int64    // 0: all
 	since, until string
-	from, to     uint64 // resolved times; to == 0: no end
-	clock        *clockFormat
+	from, to     uint64       // resolved times; to == 0: no end
+	clock        *clockFormat // set from the trace's metadata (setClock)
+	raw          bool         // --trace-seconds
+	date, gmt    bool         // --clock-date, --clock-gmt
+	resolved     bool
+	json         bool
+	vals         []relayfmt.Value
+}
+
+// setClock makes f print times as the clock c of a trace's metadata.
+func (f *reportFilter) setClock(c relayfmt.Clock) {
+	f.clock = newClockFormat(c, f.raw, f.date, f.gmt)
 }
 
 func report(args []string, stdout, stderr io.Writer) error {
@@ -47,9 +61,10 @@ func report(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&f.since, "since", "", "first `time` to print")
 	fs.StringVar(&f.until, "until", "", "last `time` to print")
 	asJSON := fs.Bool("json", false, "one JSON object per line (times in trace clock ns)")
-	date := fs.Bool("clock-date", false, "print the date too, as babeltrace2 --clock-date")
-	gmt := fs.Bool("clock-gmt", false, "print times in UTC, not the local zone, as babeltrace2 --clock-gmt")
-	raw := fs.Bool("trace-seconds", false, "print times as the trace clock's seconds (1301.098291682)")
+	fs.BoolVar(&f.date, "clock-date", false, "print the date too, as babeltrace2 --clock-date")
+	fs.BoolVar(&f.gmt, "clock-gmt", false, "print times in UTC, not the local zone, as babeltrace2 --clock-gmt")
+	fs.BoolVar(&f.raw, "trace-seconds", false, "print times as the trace clock's seconds (1301.098291682)")
+	follow := fs.Bool("follow", false, "print the events of a trace being written as its packets land (record --live-timer makes them land often), until Ctrl-C")
 	// Flags may follow the directory: kconsume report DIR --json.
 	var dir string
 	rest := args
@@ -74,6 +89,12 @@ func report(args []string, stdout, stderr io.Writer) error {
 			return usageError{fmt.Errorf("-e %q: %w", e, err)}
 		}
 	}
+	if *follow {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		f.json = *asJSON
+		return followTrace(ctx, dir, &f, stdout)
+	}
 	tr, err := relayfmt.Open(dir)
 	if err != nil {
 		return err
@@ -83,64 +104,18 @@ func report(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer m.Close()
-	f.clock = newClockFormat(tr.Meta.Clock, *raw, *date, *gmt)
-	tf := f.clock
+	f.setClock(tr.Meta.Clock)
+	f.json = *asJSON
 	w := bufio.NewWriterSize(stdout, 1<<16)
-	var vals []relayfmt.Value
 	var line []byte
-	first := true
 	for m.Next() {
-		it := m.Item()
-		if first {
-			first = false
-			if err := f.resolve(it.Time); err != nil {
-				return usageError{err}
-			}
-		}
-		if it.Time < f.from || f.to != 0 && it.Time > f.to || f.cpu >= 0 && int(it.CPU) != f.cpu {
-			continue
-		}
 		// Formatting straight into the writer's free space saves a copy
 		// per line (bufio takes it in place when it fits).
-		line = w.AvailableBuffer()
-		if it.Kind != relayfmt.EventItem {
-			if len(f.events) > 0 || f.pid != 0 {
-				// A loss cannot be matched to an event name or pid: it is
-				// shown only in the unfiltered view.
-				continue
-			}
-			what := "events"
-			if it.Kind == relayfmt.DiscardedPackets {
-				what = "packets"
-			}
-			if *asJSON {
-				line = fmt.Appendf(line, `{"time":%d,"cpu":%d,"lost":%d,"kind":%q,"begin":%d,"end":%d}`+"\n", it.Time, it.CPU, it.Count, what, it.Begin, it.End)
-			} else {
-				line = fmt.Appendf(tf.appendTime(line, it.Time), " cpu%d LOST %d %s between ", it.CPU, it.Count, what)
-				line = append(tf.appendTime(append(tf.appendTime(line, it.Begin), " and "...), it.End), '\n')
-			}
-		} else {
-			if !f.matchName(it.Class.Name) {
-				continue
-			}
-			if vals, err = it.Fields(vals); err != nil {
-				return fmt.Errorf("%s: offset %d: %w", it.Stream, it.Offset, err)
-			}
-			if !f.matchPID(vals) {
-				continue
-			}
-			if *asJSON {
-				line = appendJSONEvent(line, it, vals)
-			} else {
-				// By hand, not fmt: this line is most of report's time.
-				line = append(tf.appendTime(line, it.Time), " cpu"...)
-				line = append(append(append(strconv.AppendUint(line, uint64(it.CPU), 10), ' '), it.Class.Name...), ':')
-				for _, v := range vals {
-					line = append(append(append(line, ' '), v.Field.Name...), '=')
-					line = relayfmt.AppendValue(line, v)
-				}
-				line = append(line, '\n')
-			}
+		var ok bool
+		if line, ok, err = f.format(w.AvailableBuffer(), m.Item()); err != nil {
+			return err
+		} else if !ok {
+			continue
 		}
 		if _, err := w.Write(line); err != nil {
 			return err
@@ -151,6 +126,58 @@ func report(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w (kconsume recover %s cuts damaged files back to their last whole packet)", err, dir)
 	}
 	return w.Flush()
+}
+
+// format appends it to line as report prints it, and reports whether it
+// passes the filters. The first item it sees resolves --since/--until.
+func (f *reportFilter) format(line []byte, it *relayfmt.Item) ([]byte, bool, error) {
+	if !f.resolved {
+		f.resolved = true
+		if err := f.resolve(it.Time); err != nil {
+			return line, false, usageError{err}
+		}
+	}
+	if it.Time < f.from || f.to != 0 && it.Time > f.to || f.cpu >= 0 && int(it.CPU) != f.cpu {
+		return line, false, nil
+	}
+	if it.Kind != relayfmt.EventItem {
+		if len(f.events) > 0 || f.pid != 0 {
+			// A loss cannot be matched to an event name or pid: it is
+			// shown only in the unfiltered view.
+			return line, false, nil
+		}
+		what := "events"
+		if it.Kind == relayfmt.DiscardedPackets {
+			what = "packets"
+		}
+		if f.json {
+			return fmt.Appendf(line, `{"time":%d,"cpu":%d,"lost":%d,"kind":%q,"begin":%d,"end":%d}`+"\n", it.Time, it.CPU, it.Count, what, it.Begin, it.End), true, nil
+		}
+		tf := f.clock
+		line = fmt.Appendf(tf.appendTime(line, it.Time), " cpu%d LOST %d %s between ", it.CPU, it.Count, what)
+		return append(tf.appendTime(append(tf.appendTime(line, it.Begin), " and "...), it.End), '\n'), true, nil
+	}
+	if !f.matchName(it.Class.Name) {
+		return line, false, nil
+	}
+	var err error
+	if f.vals, err = it.Fields(f.vals); err != nil {
+		return line, false, fmt.Errorf("%s: offset %d: %w", it.Stream, it.Offset, err)
+	}
+	if !f.matchPID(f.vals) {
+		return line, false, nil
+	}
+	if f.json {
+		return appendJSONEvent(line, it, f.vals), true, nil
+	}
+	// By hand, not fmt: this line is most of report's time.
+	line = append(f.clock.appendTime(line, it.Time), " cpu"...)
+	line = append(append(append(strconv.AppendUint(line, uint64(it.CPU), 10), ' '), it.Class.Name...), ':')
+	for _, v := range f.vals {
+		line = append(append(append(line, ' '), v.Field.Name...), '=')
+		line = relayfmt.AppendValue(line, v)
+	}
+	return append(line, '\n'), true, nil
 }
 
 // resolve turns --since/--until into trace times, given the first one.

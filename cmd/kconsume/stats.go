@@ -72,5 +72,8 @@ func statsCmd(args []string, stdout, stderr io.Writer) error {
 	for _, n := range names {
 		fmt.Fprintf(stdout, "%12d  %s\n", total.byClass[n], n)
 	}
+	if l := relaydNoteLine(dir); l != "" {
+		fmt.Fprint(stdout, "\n"+l)
+	}
 	return nil
 }

@@ -63,6 +63,7 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	if over > 0 {
 		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", over)
 	}
+	r.relay.summary(w)
 }
 
 func human(v float64) string {

@@ -15,9 +15,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,7 +39,8 @@ type Handler interface {
 	// for most commands), and returns the reply text.
 	Do(cmd string, cpu int, arg string) (string, error)
 	// Files returns the current content of the read files: state,
-	// dropped, nr_sub, sub_size.
+	// dropped, nr_sub, sub_size, and any other name it holds (plain file
+	// names, such as relayd_not_sent).
 	Files() map[string]string
 }
 
@@ -157,7 +160,13 @@ func (s *Server) Refresh() error {
 	defer s.mu.Unlock()
 	// state goes last: a reader that sees "running" finds the sizes of
 	// that session already in place.
-	for _, name := range []string{fileDropped, fileNrSub, fileSubSize, fileState} {
+	names := []string{fileDropped, fileNrSub, fileSubSize}
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		if !slices.Contains(names, name) && name != fileState && name != fileRewind && name != fileSocket && CheckName(name) == nil {
+			names = append(names, name)
+		}
+	}
+	for _, name := range append(names, fileState) {
 		v := files[name] + "\n"
 		if s.last[name] == v {
 			continue

@@ -1,0 +1,406 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+)
+
+// uniq keeps these tests' session names (/run/kconsume/NAME) apart from
+// other test processes' on the machine.
+var uniq = "-" + strconv.Itoa(os.Getpid())
+
+var relaydSummary = regexp.MustCompile(`relayd \S+: (\d+) packets sent \([^)]*\), (\d+) packets not sent`)
+
+// relaydCounts returns the sent and not-sent packet counts of record's
+// summary, failing t without them.
+func relaydCounts(t *testing.T, out string) (sent, notSent uint64) {
+	t.Helper()
+	m := relaydSummary.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no relayd line in record's summary:\n%s", out)
+	}
+	sent, _ = strconv.ParseUint(m[1], 10, 64)
+	notSent, _ = strconv.ParseUint(m[2], 10, 64)
+	return sent, notSent
+}
+
+// packetsIn counts the packets of a trace directory's stream files.
+func packetsIn(t *testing.T, dir string, size int64) uint64 {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(dir, "trace*"))
+	var n uint64
+	for _, f := range m {
+		fi, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += uint64(fi.Size() / size)
+	}
+	return n
+}
+
+// TestE2ERelayd records two sessions at once to one real lttng-relayd
+// under two host names (two sessions of one machine need two names for
+// kconsume ctl; relayd/TestRelaydHosts has one name on two hosts): one keeps a local copy, whose events babeltrace2
+// reads exactly from relayd's trace too, the other streams only.
+func TestE2ERelayd(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	r := testenv.StartRelayd(t)
+	local := filepath.Join(t.TempDir(), "t")
+	events := "sched:sched_switch,syscalls:sys_enter_getpid"
+	a := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "hosta", "--session", "fleeta"+uniq, "-e", events, "--subbuf-size", "16K", "--duration", "2s")
+	// b ends with Ctrl-C, which must still send every finished packet.
+	b := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostb", "--session", "fleetb"+uniq, "-e", events)
+	var aOut, bOut bytes.Buffer
+	a.Stdout, a.Stderr = &aOut, &aOut
+	b.Stdout, b.Stderr = &bOut, &bOut
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if err := b.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	errA, errB := a.Wait(), b.Wait()
+	if errA != nil || errB != nil {
+		t.Fatalf("record: %v, %v\n%s\n%s\nrelayd log:\n%s", errA, errB, aOut.String(), bOut.String(), r.LogTail(20))
+	}
+	sent, notSent := relaydCounts(t, aOut.String())
+	if notSent != 0 || sent == 0 || sent != packetsIn(t, local, 16<<10) {
+		t.Fatalf("hosta: %d packets sent, %d not sent, %d in the local copy\n%s", sent, notSent, packetsIn(t, local, 16<<10), aOut.String())
+	}
+	remote := filepath.Join(r.SessionDir(t, "hosta", "fleeta"+uniq), "kernel")
+	want, _ := testenv.RunBT2(t, local)
+	got, _ := testenv.RunBT2(t, remote)
+	if len(want) == 0 || !slices.Equal(got, want) {
+		t.Fatalf("babeltrace2: %d events from relayd's trace, %d from the local copy", len(got), len(want))
+	}
+	// Our own reader takes relayd's directory (with its index/) too.
+	if o, code := shell(t, bin+" report "+remote+" | md5sum; "+bin+" report "+local+" | md5sum"); code != 0 || len(strings.Split(strings.TrimSpace(o), "\n")) != 2 || strings.Split(o, "\n")[0] != strings.Split(o, "\n")[1] {
+		t.Fatalf("kconsume report of relayd's trace and of the local copy differ: %d\n%s", code, o)
+	}
+	if _, notSent := relaydCounts(t, bOut.String()); notSent != 0 {
+		t.Fatalf("hostb: %d packets not sent\n%s", notSent, bOut.String())
+	}
+	recorded := regexp.MustCompile(`(\d+) events recorded`).FindStringSubmatch(bOut.String())
+	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostb", "fleetb"+uniq), "kernel"))
+	if recorded == nil || recorded[1] == "0" || strconv.Itoa(len(lines)) != recorded[1] {
+		t.Fatalf("hostb stopped by Ctrl-C: relayd's trace holds %d events; record said:\n%s", len(lines), bOut.String())
+	}
+}
+
+// TestE2ERelaydUnreachable: with no relayd at the URL, record fails at
+// once, says why and where, and traces nothing.
+func TestE2ERelaydUnreachable(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	r := testenv.StartRelayd(t)
+	r.Stop()
+	local := filepath.Join(t.TempDir(), "t")
+	cmd := exec.Command(bin, "record", "-q", "-o", local, "--session", "unreach"+uniq, "--relayd", r.URL(), "--relayd-timeout", "2s", "-e", "sched:sched_switch", "--duration", "10s")
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() == 0 {
+		t.Fatalf("record with relayd down: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "connection refused") || !strings.Contains(string(out), strconv.Itoa(r.Control)) || !strings.Contains(string(out), "nothing was traced") {
+		t.Fatalf("record with relayd down, want the address, the cause and that nothing was traced:\n%s", out)
+	}
+	if m, _ := filepath.Glob(filepath.Join(local, "*")); len(m) != 0 {
+		t.Fatalf("record with relayd down left %q", m)
+	}
+}
+
+// TestE2ERelaydKilled kills relayd while record streams: recording goes
+// on into the local copy, record warns, the control directory and the
+// metrics count what relayd misses; relayd starts again and record
+// creates the session again there; its summary counts every packet relayd
+// never confirmed: sent + not sent = the local copy's packets.
+func TestE2ERelaydKilled(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	r := testenv.StartRelayd(t)
+	local := filepath.Join(t.TempDir(), "t")
+	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash"+uniq,
+		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "7s", "--metrics", "127.0.0.1:0")
+	var out lockedBuffer
+	rec.Stdout, rec.Stderr = &out, &out
+	if err := rec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- rec.Wait() }()
+	// Kill relayd once it has written a few packets.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, _ := filepath.Glob(filepath.Join(r.Out, "crashy", "crash"+uniq+"-*", "kernel", "trace*"))
+		var size int64
+		for _, f := range m {
+			if fi, err := os.Stat(f); err == nil {
+				size += fi.Size()
+			}
+		}
+		if size >= 3*4096 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("relayd got no packets in 10s\n%s\nrelayd log:\n%s", out.String(), r.LogTail(20))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.Kill()
+	// Make sure packets keep coming after the kill.
+	for range 50 {
+		f, err := os.Open("/dev/null")
+		if err == nil {
+			f.Close()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The control directory and the metrics count what relayd missed
+	// while record runs.
+	ctl := filepath.Join("/run/kconsume", "crash"+uniq)
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(ctl, "relayd_not_sent"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n > 0
+	})
+	addr := regexp.MustCompile(`metrics at (http://\S+)`).FindStringSubmatch(out.String())
+	if addr == nil {
+		t.Fatalf("no metrics address:\n%s", out.String())
+	}
+	resp, err := http.Get(addr[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`(?m)^kconsume_relayd_packets_total\{result="not_sent"\} [1-9]`).Match(body) || !strings.Contains(string(body), "kconsume_relayd_up 0") {
+		t.Errorf("metrics after relayd died:\n%s", body)
+	}
+	r.Restart(t)
+	waitFor(t, func() bool { return strings.Contains(out.String(), "relayd is back") })
+	if err := <-exited; err != nil {
+		t.Fatalf("record after relayd died: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "relayd lost, recording goes on into "+local) {
+		t.Errorf("no warning while recording:\n%s", out.String())
+	}
+	sent, notSent := relaydCounts(t, out.String())
+	if sent == 0 || notSent == 0 || sent+notSent != packetsIn(t, local, 4096) {
+		t.Fatalf("%d packets sent + %d not sent, %d in the local copy\n%s", sent, notSent, packetsIn(t, local, 4096), out.String())
+	}
+	if lines, _ := testenv.RunBT2(t, local); len(lines) == 0 {
+		t.Fatal("no event in the local copy")
+	}
+	if o, code := shell(t, bin+" stats "+local); code != 0 || !strings.Contains(o, fmt.Sprintf("%d packets sent, %d packets not sent, session created again 1 times (this local copy has them)", sent, notSent)) {
+		t.Errorf("kconsume stats of the local copy does not say what relayd missed: %d\n%s", code, o)
+	}
+	if !strings.Contains(out.String(), "session created again 1 times") {
+		t.Errorf("summary does not count the reconnection:\n%s", out.String())
+	}
+	again, _ := filepath.Glob(filepath.Join(r.Out, "crashy", "crash"+uniq+"-*-1", "kernel"))
+	if len(again) != 1 {
+		t.Fatalf("no reconnected session directory in %s", r.Out)
+	}
+	if lines, _ := testenv.RunBT2(t, again[0]); len(lines) == 0 {
+		t.Fatal("no event in the reconnected session's trace")
+	}
+}
+
+// lockedBuffer collects a running command's output for a test that reads
+// it meanwhile.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestE2ERelaydLive records with --live-timer while babeltrace2 reads the
+// session through relayd's live port: getpid events of a thread pinned
+// to CPU 0 show while record still runs, although every other CPU's
+// stream stays empty (they need their empty packet and beacons, or the
+// viewer waits on them), and relayd's trace on disk has every event.
+func TestE2ERelaydLive(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	bt2 := testenv.BT2(t)
+	r := testenv.StartRelayd(t)
+	rec := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostlive", "--session", "live"+uniq, "--live-timer", "200ms",
+		"-e", "syscalls:sys_enter_getpid", "--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "6s")
+	var recOut lockedBuffer
+	rec.Stdout, rec.Stderr = &recOut, &recOut
+	if err := rec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	recDone := make(chan error, 1)
+	go func() { recDone <- rec.Wait() }()
+	stop := make(chan struct{})
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		var set unix.CPUSet
+		set.Set(0)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			t.Errorf("pin to CPU 0: %v", err)
+			return
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				unix.Getpid()
+			}
+		}
+	}()
+	defer func() { close(stop); <-genDone }()
+	waitFor(t, func() bool {
+		m, _ := filepath.Glob(filepath.Join(r.Out, "hostlive", "live"+uniq+"-*", "kernel", "metadata"))
+		return len(m) == 1
+	})
+	view := exec.Command(bt2, "--input-format=lttng-live", r.LiveURL("hostlive", "live"+uniq))
+	var viewOut, viewErr lockedBuffer
+	view.Stdout, view.Stderr = &viewOut, &viewErr
+	if err := view.Start(); err != nil {
+		t.Fatal(err)
+	}
+	viewDone := make(chan error, 1)
+	go func() { viewDone <- view.Wait() }()
+	defer func() { _ = view.Process.Kill() }()
+	count := func() int { return strings.Count(viewOut.String(), "syscalls:sys_enter_getpid") }
+	waitFor(t, func() bool { return count() > 0 })
+	n1 := count()
+	time.Sleep(time.Second)
+	select {
+	case err := <-recDone:
+		t.Fatalf("record ended before the live check: %v\n%s", err, recOut.String())
+	default:
+	}
+	if n2 := count(); n2 <= n1 {
+		t.Fatalf("live view: %d events, a second later %d: not live\n%s", n1, n2, viewErr.String())
+	}
+	if err := <-recDone; err != nil {
+		t.Fatalf("record: %v\n%s", err, recOut.String())
+	}
+	select {
+	case err := <-viewDone:
+		if err != nil {
+			t.Fatalf("babeltrace2 live: %v\n%s", err, viewErr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("babeltrace2 live did not end with the session\n%s", viewErr.String())
+	}
+	recorded := regexp.MustCompile(`(\d+) events recorded`).FindStringSubmatch(recOut.String())
+	lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, "hostlive", "live"+uniq), "kernel"))
+	if recorded == nil || strconv.Itoa(len(lines)) != recorded[1] {
+		t.Fatalf("relayd's trace holds %d events; record said:\n%s", len(lines), recOut.String())
+	}
+}
+
+// TestE2EReportFollow: record --live-timer without relayd flushes the
+// local trace often; report --follow prints its events while record
+// runs, and in the end the same events as report of the finished trace.
+func TestE2EReportFollow(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	out := filepath.Join(t.TempDir(), "t")
+	rec := exec.Command(bin, "record", "-q", "-o", out, "--session", "follow"+uniq, "--live-timer", "200ms", "-e", "syscalls:sys_enter_getpid",
+		"--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "4s")
+	var recOut lockedBuffer
+	rec.Stdout, rec.Stderr = &recOut, &recOut
+	if err := rec.Start(); err != nil {
+		t.Fatal(err)
+	}
+	recDone := make(chan error, 1)
+	go func() { recDone <- rec.Wait() }()
+	stop := make(chan struct{})
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				unix.Getpid()
+			}
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-genDone
+	}()
+	fol := exec.Command(bin, "report", "--follow", out)
+	var folOut, folErr lockedBuffer
+	fol.Stdout, fol.Stderr = &folOut, &folErr
+	if err := fol.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fol.Process.Kill() }()
+	waitFor(t, func() bool { return strings.Contains(folOut.String(), "syscalls:sys_enter_getpid") })
+	select {
+	case err := <-recDone:
+		t.Fatalf("record ended before report --follow printed: %v\n%s", err, recOut.String())
+	default:
+	}
+	if err := <-recDone; err != nil {
+		t.Fatalf("record: %v\n%s", err, recOut.String())
+	}
+	close(stop)
+	time.Sleep(3 * followPeriod)
+	if err := fol.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := fol.Wait(); err != nil {
+		t.Fatalf("report --follow: %v\n%s", err, folErr.String())
+	}
+	whole, code := shell(t, bin+" report "+out)
+	if code != 0 {
+		t.Fatalf("report: %d %s", code, whole)
+	}
+	got := strings.Split(strings.TrimSpace(folOut.String()), "\n")
+	want := strings.Split(strings.TrimSpace(whole), "\n")
+	slices.Sort(got)
+	slices.Sort(want)
+	if len(want) < 10 || !slices.Equal(got, want) {
+		t.Fatalf("report --follow printed %d lines, report of the finished trace %d", len(got), len(want))
+	}
+}

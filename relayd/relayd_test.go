@@ -1,0 +1,440 @@
+package relayd
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// writeChannel writes n events per CPU on a 2-CPU channel into sink, adds
+// a second event class half way (a metadata update), and closes the
+// channel.
+func writeChannel(t *testing.T, sink relayfmt.Sink, n int) {
+	t.Helper()
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 2, Clock: relayfmt.Clock{Offset: 1.7e18}}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ch.AddEventClass("ev_a", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b *relayfmt.EventClass
+	p := make([]byte, 8)
+	for i := range n {
+		if i == n/2 {
+			if b, err = ch.AddEventClass("ev_b", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for cpu := range 2 {
+			binary.LittleEndian.PutUint64(p, uint64(i*2+cpu))
+			id := a.ID
+			if b != nil && i%3 == 0 {
+				id = b.ID
+			}
+			if err := ch.Write(cpu, 1e9+uint64(i)*1000+uint64(cpu), id, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newSink(t *testing.T, r *testenv.Relayd, host, name string) *Sink {
+	t.Helper()
+	u, err := ParseURL(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: host, Name: name, Timeout: 5 * time.Second}, Streams: []string{"trace0", "trace1"}})
+	if err != nil {
+		t.Fatalf("%v\nrelayd log:\n%s", err, r.LogTail(20))
+	}
+	return s
+}
+
+// TestRelaydTrace streams a channel to a real lttng-relayd beside a local
+// copy: relayd's files are byte for byte the local ones (relayd writes the
+// padding itself), it wrote an index per packet, and babeltrace2 reads the
+// same events from both.
+func TestRelaydTrace(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, r, "hosta", "sess")
+	writeChannel(t, &Tee{Local: dir, Remote: s}, 3000)
+	st := s.Stats()
+	if st.Err != nil || st.NotSent != 0 || st.Sent == 0 {
+		t.Fatalf("sink stats %+v\nrelayd log:\n%s", st, r.LogTail(20))
+	}
+	remote := filepath.Join(r.SessionDir(t, "hosta", "sess"), DomainPath)
+	if want := filepath.Join("hosta", filepath.Base(filepath.Dir(remote))); s.Client().OutputPath != want {
+		t.Errorf("relayd said the output path is %q, want %q", s.Client().OutputPath, want)
+	}
+	var packets uint64
+	for _, name := range []string{"metadata", "trace0", "trace1"} {
+		want, err := os.ReadFile(filepath.Join(local, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(remote, name))
+		if err != nil {
+			t.Fatalf("%v\nrelayd log:\n%s", err, r.LogTail(20))
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s: relayd wrote %d bytes, differing from the local %d bytes", name, len(got), len(want))
+		}
+		if name == "metadata" {
+			continue
+		}
+		packets += uint64(len(want) / 4096)
+		// CTF index: a 32-byte header then one 64-byte entry per packet
+		// (lttng-tools' ctf-index.h, index 1.1).
+		idx, err := os.ReadFile(filepath.Join(remote, "index", name+".idx"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := (len(idx) - 32) / 64; n != len(want)/4096 {
+			t.Errorf("%s: index holds %d entries for %d packets", name, n, len(want)/4096)
+		}
+	}
+	if packets != st.Sent {
+		t.Errorf("sink sent %d packets, the files hold %d", st.Sent, packets)
+	}
+	want, _ := testenv.RunBT2(t, local)
+	got, _ := testenv.RunBT2(t, remote)
+	if len(want) != 6000 {
+		t.Fatalf("babeltrace2 read %d events locally, want 6000", len(want))
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("babeltrace2 read %d events from relayd's trace, %d from the local one", len(got), len(want))
+	}
+}
+
+// TestRelaydHosts streams two sessions with different host names to one
+// relayd at once: each lands in its own directory with its own events.
+func TestRelaydHosts(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	sa := newSink(t, r, "hosta", "fleet")
+	sb := newSink(t, r, "hostb", "fleet")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		writeChannel(t, sa, 500)
+	}()
+	writeChannel(t, sb, 1500)
+	<-done
+	for host, n := range map[string]int{"hosta": 1000, "hostb": 3000} {
+		lines, _ := testenv.RunBT2(t, filepath.Join(r.SessionDir(t, host, "fleet"), DomainPath))
+		if len(lines) != n {
+			t.Errorf("%s: babeltrace2 read %d events, want %d", host, len(lines), n)
+		}
+	}
+}
+
+// TestRelaydUnreachable: no relayd at the address is an error at once,
+// naming the address.
+func TestRelaydUnreachable(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	r.Stop()
+	u, _ := ParseURL(r.URL())
+	_, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: "h", Name: "s", Timeout: time.Second}})
+	if err == nil || !strings.Contains(err.Error(), u.String()) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("NewSink with relayd stopped: %v", err)
+	}
+}
+
+// TestRelaydKilled kills relayd mid-stream: the local copy gets every
+// packet, the sink counts every packet relayd did not confirm, and
+// together they account for all of them.
+func TestRelaydKilled(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, r, "hosta", "crash")
+	k := &killAfter{Sink: s, n: 6, kill: r.Kill}
+	writeChannel(t, &Tee{Local: dir, Remote: k}, 3000)
+	st := s.Stats()
+	if st.Err == nil || st.NotSent == 0 {
+		t.Fatalf("stats after relayd was killed: %+v", st)
+	}
+	var packets uint64
+	for _, name := range []string{"trace0", "trace1"} {
+		fi, err := os.Stat(filepath.Join(local, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		packets += uint64(fi.Size() / 4096)
+	}
+	if st.Sent+st.NotSent != packets {
+		t.Fatalf("sent %d + not sent %d != %d packets written locally", st.Sent, st.NotSent, packets)
+	}
+	// Packets in flight when relayd died may be unconfirmed.
+	if st.Sent == 0 || st.Sent > 6 {
+		t.Fatalf("relayd confirmed %d packets, want 1 to 6 (it was killed at the 7th)", st.Sent)
+	}
+	if lines, _ := testenv.RunBT2(t, local); len(lines) != 6000 {
+		t.Fatalf("local copy: %d events, want 6000", len(lines))
+	}
+	if !errors.Is(k.lastErr, ErrNotSent) {
+		t.Fatalf("a packet after the kill: error %v, want ErrNotSent", k.lastErr)
+	}
+}
+
+// killAfter kills relayd once n packets went through.
+type killAfter struct {
+	*Sink
+	n       int
+	kill    func()
+	mu      sync.Mutex
+	lastErr error
+}
+
+func (k *killAfter) WritePacket(name string, p []byte) error {
+	k.mu.Lock()
+	if k.n == 0 {
+		k.kill()
+	}
+	k.n--
+	k.mu.Unlock()
+	err := k.Sink.WritePacket(name, p)
+	if err != nil {
+		k.mu.Lock()
+		k.lastErr = err
+		k.mu.Unlock()
+	}
+	return err
+}
+
+// TestRelaydLiveIdle: in a live session, Live gives a stream that never
+// had a packet one empty packet (relayd takes beacons only after a first
+// index), then beacons; the trace keeps exactly the local copy's events.
+func TestRelaydLiveIdle(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := ParseURL(r.URL())
+	s, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: "hl", Name: "live", LiveTimer: 100 * time.Millisecond, Timeout: 5 * time.Second}, Streams: []string{"trace0", "trace1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 8, CPUs: 2}, &Tee{Local: dir, Remote: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := ch.AddEventClass("ev", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 8)
+	for tick := range 3 {
+		for i := range 10 {
+			if err := ch.Write(0, uint64(1e9+tick*1e6+i), cls.ID, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := ch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Live(uint64(1e9 + tick*1e6 + 500)); err != nil {
+			t.Fatalf("live tick %d: %v\n%s", tick, err, r.LogTail(20))
+		}
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Err != nil || st.Sent != 3 {
+		t.Fatalf("stats %+v, want 3 packets of CPU 0 sent", st)
+	}
+	// relayd -v logs each beacon it takes (stream.c, stream_add_index).
+	if log, _ := os.ReadFile(r.Log); strings.Count(string(log), "Received live beacon") < 2 {
+		t.Errorf("relayd took fewer than 2 beacons for the idle stream:\n%s", r.LogTail(30))
+	}
+	remote := filepath.Join(r.SessionDir(t, "hl", "live"), DomainPath)
+	fi, err := os.Stat(filepath.Join(remote, "trace1"))
+	if err != nil || fi.Size() != 4096 {
+		t.Fatalf("idle stream on relayd: %v, want one empty packet", err)
+	}
+	want, _ := testenv.RunBT2(t, local)
+	got, _ := testenv.RunBT2(t, remote)
+	if len(want) != 30 || !slices.Equal(got, want) {
+		t.Fatalf("babeltrace2: %d events from relayd, %d local", len(got), len(want))
+	}
+}
+
+// TestRelaydReconnect kills relayd mid-stream and starts it again: the
+// sink counts what relayd missed, Reconnect fails while relayd is down
+// and then creates the session again in a directory of its own, where the
+// rest of the packets go; sent + not sent = the local copy's packets.
+func TestRelaydReconnect(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, r, "hostr", "again")
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 2}, &Tee{Local: dir, Remote: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := ch.AddEventClass("ev", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 8)
+	ts := uint64(1e9)
+	write := func(n int) {
+		for range n {
+			for cpu := range 2 {
+				ts += 100
+				binary.LittleEndian.PutUint64(p, ts)
+				if err := ch.Write(cpu, ts, cls.ID, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := ch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(1000)
+	r.Kill()
+	write(1000)
+	if st := s.Stats(); st.Err == nil || st.NotSent == 0 {
+		t.Fatalf("after the kill: %+v", st)
+	}
+	if err := s.Reconnect(context.Background()); err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("Reconnect with relayd down: %v", err)
+	}
+	r.Restart(t)
+	if err := s.Reconnect(context.Background()); err != nil {
+		t.Fatalf("Reconnect: %v\n%s", err, r.LogTail(20))
+	}
+	// A class defined after the reconnection reaches relayd too.
+	cls2, err := ch.AddEventClass("ev2", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls = cls2
+	write(1000)
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if st.Err != nil || st.Reconnects != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	var packets uint64
+	for _, name := range []string{"trace0", "trace1"} {
+		fi, err := os.Stat(filepath.Join(local, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		packets += uint64(fi.Size() / 4096)
+	}
+	if st.Sent+st.NotSent != packets {
+		t.Fatalf("sent %d + not sent %d != %d local packets", st.Sent, st.NotSent, packets)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(r.Out, "hostr", "again-*"))
+	if len(dirs) != 2 {
+		t.Fatalf("relayd session directories: %q, want the first and the reconnected one", dirs)
+	}
+	var total int
+	for _, d := range dirs {
+		lines, _ := testenv.RunBT2(t, filepath.Join(d, DomainPath))
+		total += len(lines)
+		if strings.HasSuffix(d, "-1") && (len(lines) < 2000 || !strings.Contains(strings.Join(lines, "\n"), "ev2")) {
+			t.Errorf("reconnected session %s: %d events", d, len(lines))
+		}
+	}
+	if total >= 6000 || total < 2000 {
+		t.Fatalf("relayd holds %d events of 6000 in its two sessions", total)
+	}
+}
+
+// TestRelaydSlow stalls relayd (SIGSTOP) while the channel writes: the
+// sink waits, the channel's sub-buffers fill and it drops, and once relayd
+// goes on every packet reaches it; relayd's trace is the local copy, the
+// losses included at their place, as babeltrace2 reports them.
+func TestRelaydSlow(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSink(t, r, "hosts", "slow")
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 1}, &Tee{Local: dir, Remote: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := ch.AddEventClass("ev", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 8)
+	ts := uint64(1e9)
+	write := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); {
+			for range 50 {
+				ts += 1000
+				binary.LittleEndian.PutUint64(p, ts)
+				_ = ch.Write(0, ts, cls.ID, p) // drops are counted
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	write(200 * time.Millisecond)
+	r.Pause()
+	write(time.Second)
+	r.Resume()
+	write(200 * time.Millisecond)
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cs, _ := ch.StatsCPU(0)
+	if st := s.Stats(); st.Err != nil || st.NotSent != 0 || cs.Dropped == 0 {
+		t.Fatalf("sink %+v, channel dropped %d: want everything sent and drops while relayd stalled", st, cs.Dropped)
+	}
+	remote := filepath.Join(r.SessionDir(t, "hosts", "slow"), DomainPath)
+	want, err := os.ReadFile(filepath.Join(local, "trace0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(remote, "trace0")); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("relayd's trace0 (%d bytes, %v) is not the local one (%d bytes)", len(got), err, len(want))
+	}
+	wl, wd := testenv.RunBT2(t, local)
+	gl, gd := testenv.RunBT2(t, remote)
+	lost := 0
+	for _, d := range gd {
+		lost += d.Count
+	}
+	if !slices.Equal(gl, wl) || !slices.Equal(gd, wd) || uint64(lost) != cs.Dropped {
+		t.Fatalf("babeltrace2: relayd %d events, %d discarded in %d ranges; local %d events, %d ranges; channel dropped %d", len(gl), lost, len(gd), len(wl), len(wd), cs.Dropped)
+	}
+}
