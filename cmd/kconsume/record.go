@@ -83,6 +83,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	var (
 		events, comms listFlag
 		pids          listFlag
+		prof          profileFlag
 		objects       listFlag
 		out           = fs.String("o", "", "output `directory` (created; must be empty unless --force)")
 		cgroup        = fs.String("cgroup", "", "record only tasks in this cgroup v2 `directory` and below")
@@ -108,6 +109,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
 	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
 	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
+	fs.Var(&prof, "profile", "`name` of the event and field naming: ftrace (tracefs names) or lttng (lttng-modules names and a statedump, for LTTng's analyses and Trace Compass)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -195,6 +197,9 @@ func record(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Dir = *out
 	cfg.Env = map[string]string{"session": name}
+	if err := prof.configure(&cfg, name); err != nil {
+		return err
+	}
 
 	s, err := consumer.New(cfg)
 	if err != nil {
@@ -215,6 +220,10 @@ func record(args []string, stdout, stderr io.Writer) error {
 		}
 		defer stopMetrics()
 		fmt.Fprintf(stderr, "kconsume record: metrics at http://%s/metrics\n", addr)
+	}
+	if err := prof.begin(s, stderr); err != nil {
+		s.Close()
+		return err
 	}
 	r := &recorder{s: s, srv: srv, stdout: stdout, stderr: stderr, start: time.Now(), live: !*quiet && isTerminal(os.Stderr)}
 	return r.run(fs.Args(), *duration)

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/profile"
+	"github.com/kconsume/kconsume/relayfmt"
+	"github.com/kconsume/kconsume/statedump"
+)
+
+// profileFlag is record's --profile: a profile name, checked when parsed.
+type profileFlag struct{ p *profile.Profile }
+
+func (f *profileFlag) String() string {
+	if f.p == nil {
+		return profile.Ftrace.Name
+	}
+	return f.p.Name
+}
+
+// Set fails for an unknown name with the list of known ones.
+func (f *profileFlag) Set(s string) error {
+	p, err := profile.Lookup(s)
+	if err != nil {
+		return err
+	}
+	f.p = p
+	return nil
+}
+
+func (f *profileFlag) lttng() bool { return f.p == profile.LTTng }
+
+// configure prepares cfg for the profile: under lttng, the statedump's
+// events are recorded and the trace is written through the profile's
+// sink, which names the metadata's classes and env as lttng-modules does.
+// It runs once the output directory exists. It fails when the profile
+// cannot describe the session (lttng and --global: LTTng's readers take
+// the CPU from each packet, which a global stream does not have).
+func (f *profileFlag) configure(cfg *consumer.Config, session string) error {
+	if !f.lttng() {
+		return nil
+	}
+	if cfg.Global {
+		return usageError{errors.New("--profile lttng needs per-CPU streams: LTTng's readers take each event's CPU from its packet; drop --global")}
+	}
+	env, err := profile.LTTngEnv(session, time.Now())
+	if err != nil {
+		return err
+	}
+	cfg.Synth = append(cfg.Synth, statedump.Events()...)
+	cfg.Events = append(cfg.Events, statedump.Patterns()...)
+	dir, err := relayfmt.NewDirSink(cfg.Dir)
+	if err != nil {
+		return err
+	}
+	cfg.Sink = profile.LTTng.Sink(dir, env)
+	return nil
+}
+
+// begin starts recording and, under lttng, writes the statedump first,
+// as lttng-modules does when a session starts. It fails when the session
+// cannot start or the statedump cannot read /proc.
+func (f *profileFlag) begin(s *consumer.Session, stderr io.Writer) error {
+	if !f.lttng() {
+		return nil
+	}
+	if err := s.Start(); err != nil {
+		return err
+	}
+	_, err := runStatedump(s, 1, stderr)
+	return err
+}
+
+// runStatedump emits one statedump into s and warns about lost events.
+func runStatedump(s *consumer.Session, seq uint32, stderr io.Writer) (statedump.Counts, error) {
+	d := &statedump.Dumper{Seq: seq, Stopped: func(err error) bool { return errors.Is(err, consumer.ErrStopped) }}
+	c, err := d.Run(s)
+	if err != nil {
+		return c, fmt.Errorf("statedump: %w", err)
+	}
+	if c.Lost > 0 {
+		fmt.Fprintf(stderr, "kconsume record: statedump: %d of %d events lost (ring full): raise --ring-size\n", c.Lost, c.Lost+c.Emitted)
+	}
+	return c, nil
+}
