@@ -15,11 +15,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
 	"github.com/prometheus/procfs"
 	"github.com/prometheus/procfs/blockdevice"
+	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/synth"
 )
@@ -147,6 +149,20 @@ func (d *Dumper) Run(e Emitter) (Counts, error) {
 		d.Sys = "/sys"
 	}
 	d.emit = e
+	// The injector runs the event on d.CPU: from another CPU that is an
+	// IPI and a wait per event (kernel bpf_prog_test_run_raw_tp), which on
+	// a VM costs hundreds of microseconds. Running on d.CPU makes it a
+	// local call. Where the CPU is not allowed, the dump runs unpinned.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old unix.CPUSet
+	if unix.SchedGetaffinity(0, &old) == nil {
+		var one unix.CPUSet
+		one.Set(d.CPU)
+		if unix.SchedSetaffinity(0, &one) == nil {
+			defer func() { _ = unix.SchedSetaffinity(0, &old) }()
+		}
+	}
 	d.defs = map[string]*synth.Event{}
 	for _, ev := range Events() {
 		d.defs[ev.Name] = ev
@@ -260,13 +276,17 @@ func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
 		c.Threads++
 		// The pid namespace: NSpid lists the ids from the root's
 		// namespace down to the task's own; its level is the depth.
+		// Threads share their process's pid namespace: a thread's own
+		// status is read only when that is not the root one.
 		level, vtid, vpid := 0, t.PID, p.PID
-		if ts, err := t.NewStatus(); err == nil && len(ts.NSpids) > 0 {
-			level = len(ts.NSpids) - 1
-			vtid = int(ts.NSpids[level])
-		}
-		if len(status0.NSpids) > 0 {
-			vpid = int(status0.NSpids[len(status0.NSpids)-1])
+		if len(status0.NSpids) > 1 {
+			level = len(status0.NSpids) - 1
+			vpid = int(status0.NSpids[level])
+			if t.PID == p.PID {
+				vtid = vpid
+			} else if ts, err := t.NewStatus(); err == nil && len(ts.NSpids) > level {
+				vtid = int(ts.NSpids[level])
+			}
 		}
 		vppid := st.PPID
 		if level > 0 {

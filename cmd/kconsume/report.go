@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/kconsume/kconsume/profile"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -29,6 +30,9 @@ type reportFilter struct {
 	pid          int64    // 0: all
 	since, until string
 	from, to     uint64 // resolved times; to == 0: no end
+	// prof is the trace's naming profile: an event also matches by its
+	// ftrace name (sched:sched_switch finds lttng's sched_switch).
+	prof *profile.Profile
 }
 
 func report(args []string, stdout, stderr io.Writer) error {
@@ -69,6 +73,7 @@ func report(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	f.prof = profile.Detect(tr.Meta)
 	m, err := tr.Merge()
 	if err != nil {
 		return err
@@ -190,6 +195,16 @@ func (f *reportFilter) matchName(name string) bool {
 	if len(f.events) == 0 {
 		return true
 	}
+	if f.prof != nil {
+		if orig, ok := f.prof.Original(name); ok && f.matchOne(orig) {
+			return true
+		}
+	}
+	return f.matchOne(name)
+}
+
+// matchOne reports whether one of the -e globs matches name.
+func (f *reportFilter) matchOne(name string) bool {
 	for _, e := range f.events {
 		if ok, _ := path.Match(e, name); ok {
 			return true
