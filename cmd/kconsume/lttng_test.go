@@ -224,3 +224,45 @@ func TestLTTngAnalyses(t *testing.T) {
 	}
 	t.Logf("lttng-irqstats: %d hard IRQs", total)
 }
+
+// TestCtlStatedump: kconsume ctl statedump writes a second statedump into
+// a --profile lttng recording, on the CPU asked for; a session of the
+// ftrace profile refuses it, and --profile lttng refuses --global.
+func TestCtlStatedump(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	tmp := t.TempDir()
+	if o, code := shell(t, bin+" record -q --profile lttng --global -o "+filepath.Join(tmp, "g")+" -e sched:sched_switch --duration 1s"); code != 2 || !strings.Contains(o, "drop --global") {
+		t.Fatalf("--global: %d %s", code, o)
+	}
+	for _, prof := range []string{"lttng", "ftrace"} {
+		out := filepath.Join(tmp, prof)
+		name := "sd" + prof + strconv.Itoa(os.Getpid())
+		rec := exec.Command(bin, "record", "-q", "--profile", prof, "--session", name, "-o", out, "-e", "sched:sched_switch", "--duration", "2s")
+		var recOut bytes.Buffer
+		rec.Stdout, rec.Stderr = &recOut, &recOut
+		if err := rec.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ctl := filepath.Join("/run/kconsume", name, "state")
+		waitFor(t, func() bool { b, _ := os.ReadFile(ctl); return strings.TrimSpace(string(b)) == "running" })
+		o, code := shell(t, bin+" ctl --session "+name+" --cpu 1 statedump")
+		if err := rec.Wait(); err != nil {
+			t.Fatalf("record: %v\n%s", err, recOut.String())
+		}
+		if prof == "ftrace" {
+			if code == 0 || !strings.Contains(o, "needs a session recording with --profile lttng") {
+				t.Errorf("ctl statedump on an ftrace session: %d %s", code, o)
+			}
+			continue
+		}
+		if code != 0 || !strings.Contains(o, "statedump 2:") {
+			t.Fatalf("ctl statedump: %d %s", code, o)
+		}
+		r, code := shell(t, bin+" report -e lttng_statedump_start,lttng_statedump_end "+out)
+		lines := strings.Split(strings.TrimSpace(r), "\n")
+		if code != 0 || len(lines) != 4 || !strings.Contains(lines[0], "cpu0 lttng_statedump_start: seq=1") || !strings.Contains(lines[2], "cpu1 lttng_statedump_start: seq=2") || !strings.Contains(lines[3], "cpu1 lttng_statedump_end: seq=2") {
+			t.Errorf("statedumps in the trace:\n%s", r)
+		}
+	}
+}

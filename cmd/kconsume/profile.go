@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kconsume/kconsume/consumer"
@@ -71,8 +73,39 @@ func (f *profileFlag) begin(s *consumer.Session, stderr io.Writer) error {
 	if err := s.Start(); err != nil {
 		return err
 	}
-	_, err := runStatedump(s, 1, stderr)
+	_, err := runStatedump(s, statedumps.Add(1), stderr)
 	return err
+}
+
+// statedumps numbers the statedumps of this process's session.
+var statedumps atomic.Uint32
+
+// ctlStatedump runs kconsume ctl statedump: one more statedump into the
+// stream of cpu (0 when cpu < 0). It fails for a session that does not
+// record the statedump's events (not --profile lttng) or is stopped.
+func ctlStatedump(s *consumer.Session, cpu int) (string, error) {
+	if s.Synth(statedump.Start) == nil {
+		return "", errors.New("statedump needs a session recording with --profile lttng")
+	}
+	if cpu < 0 {
+		cpu = 0
+	}
+	if cpu >= s.CPUs() {
+		return "", fmt.Errorf("--cpu %d: the session has CPUs 0..%d", cpu, s.CPUs()-1)
+	}
+	var warn strings.Builder
+	seq := statedumps.Add(1)
+	d := &statedump.Dumper{Seq: seq, CPU: cpu, Stopped: func(err error) bool { return errors.Is(err, consumer.ErrStopped) }}
+	start := time.Now()
+	c, err := d.Run(s)
+	if err != nil {
+		return "", err
+	}
+	if c.Lost > 0 {
+		fmt.Fprintf(&warn, " (%d lost: ring full)", c.Lost)
+	}
+	return fmt.Sprintf("statedump %d: %d threads of %d processes, %d file descriptors, %d block devices, %d interrupts, %d CPUs: %d events in %v%s\n",
+		seq, c.Threads, c.Processes, c.FDs, c.BlockDevices, c.Interrupts, c.CPUs, c.Emitted, time.Since(start).Round(time.Millisecond), warn.String()), nil
 }
 
 // runStatedump emits one statedump into s and warns about lost events.
