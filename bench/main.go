@@ -37,6 +37,7 @@ var families = []family{
 	{"./consumer", "^BenchmarkConcurrent$", "1000x"},
 	{"./consumer", "^BenchmarkTracepointCost$", "2000000x"},
 	{"./cmd/kconsume", "^BenchmarkPeakRSS$", "1x"},
+	{"./statedump", "^BenchmarkStatedump1000$", "3x"},
 }
 
 func main() {

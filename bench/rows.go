@@ -173,5 +173,12 @@ func rows() []sectionRow {
 			fig: m(k, "peak-MiB"), label: "MiB peak", extra: []extra{{m(k, "buffers-MiB"), "MiB configured"}, {m(k, "excess-MiB"), "MiB over"}},
 			target: "≤ buffers + 32 MiB", ok: func(res results, _, _ stat) bool { return summarize(res.get(m(k, "excess-MiB"))).max <= 32 }})
 	}
+
+	const sd = "Statedump (--profile lttng): the system plus 1,000 sleeping processes"
+	add(sd, row{what: "statedump through a session's injector", cmd: "go test -bench 'Statedump1000/session' -benchtime 3x ./statedump",
+		fig: m("Statedump1000/session", "s/dump"), label: "s", extra: []extra{{m("Statedump1000/session", "events"), "events"}, {m("Statedump1000/session", "lost"), "lost"}},
+		target: "< 1 s", ok: func(_ results, f, _ stat) bool { return f.med < 1 }})
+	add(sd, row{what: "the same, into a collector that decodes (reading /proc alone)", cmd: "go test -bench 'Statedump1000/read' -benchtime 3x ./statedump",
+		fig: m("Statedump1000/read", "s/dump"), label: "s"})
 	return out
 }

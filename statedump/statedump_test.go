@@ -178,6 +178,7 @@ func BenchmarkStatedump1000(b *testing.B) {
 func dump(b *testing.B, e Emitter) {
 	var c Counts
 	var err error
+	start := time.Now()
 	for i := 0; i < b.N; i++ {
 		if col, ok := e.(*collector); ok {
 			col.got = col.got[:0]
@@ -186,6 +187,7 @@ func dump(b *testing.B, e Emitter) {
 			b.Fatal(err)
 		}
 	}
+	b.ReportMetric(time.Since(start).Seconds()/float64(b.N), "s/dump")
 	b.ReportMetric(float64(c.Processes), "processes")
 	b.ReportMetric(float64(c.Emitted), "events")
 	b.ReportMetric(float64(c.Lost), "lost")
