@@ -240,3 +240,22 @@ func FuzzApply(f *testing.F) {
 		_ = Unrename(m)
 	})
 }
+
+// TestREADMEListsMappings: the README's table of renamed events is the
+// profile's.
+func TestREADMEListsMappings(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range Mappings() {
+		if row := "| `" + m.Ftrace + "` | `" + m.LTTng + "` |"; !strings.Contains(string(b), row) {
+			t.Errorf("README lacks the row %s", row)
+		}
+		for from, to := range m.Fields {
+			if !strings.Contains(string(b), from+" → "+to) {
+				t.Errorf("README lacks %s's field %s → %s", m.Ftrace, from, to)
+			}
+		}
+	}
+}
