@@ -84,13 +84,19 @@ func (p *Profile) EventName(name string) (string, map[string]string, bool) {
 // another class already has keeps its name, so names stay unique. It
 // fails only when a renamed class is invalid, which names it.
 func (p *Profile) Apply(m *relayfmt.Metadata) error {
+	return p.apply(m, nil)
+}
+
+// apply is Apply with a cache of renamed classes by original, so a
+// metadata rewritten at each new class renames each class once.
+func (p *Profile) apply(m *relayfmt.Metadata, cache map[*relayfmt.EventClass]*relayfmt.EventClass) error {
 	if p.Tracer != "" {
 		m.Tracer = p.Tracer
 	}
 	if p.rename == nil {
 		return nil
 	}
-	taken := map[string]bool{}
+	taken := make(map[string]bool, len(m.Classes))
 	for _, c := range m.Classes {
 		if c != nil {
 			taken[c.Name] = true
@@ -100,31 +106,50 @@ func (p *Profile) Apply(m *relayfmt.Metadata) error {
 		if c == nil {
 			continue
 		}
-		name, fields, ok := p.rename(c.Name)
-		if !ok || taken[name] {
-			continue
-		}
-		fs := slices.Clone(c.Fields)
-		for j := range fs {
-			if to, ok := fields[fs[j].Name]; ok && !slices.ContainsFunc(fs, func(f relayfmt.Field) bool { return f.Name == to }) {
-				from := fs[j].Name
-				fs[j].Name = to
-				for k := range fs {
-					if fs[k].LengthField == from {
-						fs[k].LengthField = to
-					}
-				}
+		nc, ok := cache[c]
+		if !ok {
+			var err error
+			if nc, err = p.renameClass(c); err != nil {
+				return err
+			}
+			if cache != nil {
+				cache[c] = nc
 			}
 		}
-		nc, err := relayfmt.NewEventClass(c.ID, name, fs)
-		if err != nil {
-			return fmt.Errorf("profile %s: event %s as %s: %w", p.Name, c.Name, name, err)
+		if nc == nil || taken[nc.Name] {
+			continue
 		}
 		delete(taken, c.Name)
-		taken[name] = true
+		taken[nc.Name] = true
 		m.Classes[i] = nc
 	}
 	return nil
+}
+
+// renameClass returns c in the profile's dialect, or nil when it keeps
+// its ftrace names.
+func (p *Profile) renameClass(c *relayfmt.EventClass) (*relayfmt.EventClass, error) {
+	name, fields, ok := p.rename(c.Name)
+	if !ok {
+		return nil, nil
+	}
+	fs := slices.Clone(c.Fields)
+	for j := range fs {
+		if to, ok := fields[fs[j].Name]; ok && !slices.ContainsFunc(fs, func(f relayfmt.Field) bool { return f.Name == to }) {
+			from := fs[j].Name
+			fs[j].Name = to
+			for k := range fs {
+				if fs[k].LengthField == from {
+					fs[k].LengthField = to
+				}
+			}
+		}
+	}
+	nc, err := relayfmt.NewEventClass(c.ID, name, fs)
+	if err != nil {
+		return nil, fmt.Errorf("profile %s: event %s as %s: %w", p.Name, c.Name, name, err)
+	}
+	return nc, nil
 }
 
 // Original returns the ftrace name of an event class name of this

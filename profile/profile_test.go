@@ -259,3 +259,42 @@ func TestREADMEListsMappings(t *testing.T) {
 		}
 	}
 }
+
+// captureSink keeps the last metadata text.
+type captureSink struct {
+	relayfmt.DiscardSink
+	text []byte
+}
+
+func (c *captureSink) WriteMetadata(text []byte) error { c.text = text; return nil }
+
+// TestSinkTextAndStructAgree: metadata given as text (parsed) and as the
+// channel's structure (no parse) come out the same, and the channel's own
+// metadata is left as it was.
+func TestSinkTextAndStructAgree(t *testing.T) {
+	env, err := LTTngEnv("unit", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byStruct, byText := &captureSink{}, &captureSink{}
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1, Clock: relayfmt.Clock{Name: "monotonic"}, Env: map[string]string{"hostname": "x"}}, LTTng.Sink(byStruct, env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	for _, n := range []string{"sched:sched_switch", "sched:sched_process_fork", "syscalls:sys_enter_read"} {
+		if _, err := ch.AddEventClass(n, switchFields); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := ch.Metadata()
+	if err := LTTng.Sink(byText, env).WriteMetadata(m.TSDL()); err != nil {
+		t.Fatal(err)
+	}
+	if string(byText.text) != string(byStruct.text) {
+		t.Fatalf("text path:\n%s\nstructure path:\n%s", byText.text, byStruct.text)
+	}
+	if m.Tracer != "" || m.ClassByName("sched:sched_switch") == nil || m.Env["hostname"] != "x" || m.Env["sysname"] != "" {
+		t.Fatalf("the channel's metadata changed: %q %v %v", m.Tracer, names(&m), m.Env)
+	}
+}
