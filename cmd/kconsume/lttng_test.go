@@ -165,8 +165,9 @@ func TestLTTngAnalyses(t *testing.T) {
 	m := reRead.FindStringSubmatch(o)
 	if m == nil || m[1] != strconv.Itoa(n) {
 		t.Errorf("lttng-syscallstats: reader's reads %v, want %d\n%s", m, n, o)
+	} else {
+		t.Logf("lttng-syscallstats: reader (tid %d) read count %s, truth %d", reader.Process.Pid, m[1], n)
 	}
-	t.Logf("lttng-syscallstats: reader (tid %d) read count %s, truth %d", reader.Process.Pid, m[1], n)
 
 	// lttng-iousagetop: the file the statedump named, with its N bytes.
 	o = runAnalysis(t, "lttng-iousagetop", dir, "--limit", "10000")
