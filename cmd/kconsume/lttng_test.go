@@ -130,7 +130,6 @@ func TestLTTngAnalyses(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := "lttng" + strconv.Itoa(os.Getpid())
-	irq0 := irqCounts(t)
 	rec := exec.Command(bin, "record", "-q", "--profile", "lttng", "-o", out, "--session", name,
 		"-e", "sched:sched_switch,sched:sched_wakeup,sched:sched_waking,sched:sched_process_exec,sched:sched_process_exit,irq:*,syscalls:sys_enter_read,syscalls:sys_exit_read",
 		"--duration", "3s")
@@ -144,19 +143,20 @@ func TestLTTngAnalyses(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // past the statedump
 	// The burner's run time by the kernel's account over a window inside
 	// the recording.
+	irq0 := irqCounts(t)
 	w0, run0 := time.Now(), schedRuntime(t, burner.Process.Pid)
 	if err := os.WriteFile(gofile, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1500 * time.Millisecond)
 	w1, run1 := time.Now(), schedRuntime(t, burner.Process.Pid)
+	irq1 := irqCounts(t)
 	if err := reader.Wait(); err != nil {
 		t.Fatalf("reader: %v", err)
 	}
 	if err := rec.Wait(); err != nil {
 		t.Fatalf("record: %v\n%s", err, recOut.String())
 	}
-	irq1 := irqCounts(t)
 	testenv.RunBT2(t, out) // babeltrace2 reads it whole
 	dir := filepath.Dir(out)
 
@@ -208,22 +208,24 @@ func TestLTTngAnalyses(t *testing.T) {
 	}
 	t.Logf("lttng-schedlog: %d wakeups of the reader", wakeups)
 
-	// lttng-irqstats: each hard IRQ's count is within what
-	// /proc/interrupts counted over the recording, and some are seen.
-	o = runAnalysis(t, "lttng-irqstats", dir)
-	total := 0
+	// lttng-irqstats over the window: each hard IRQ's count against what
+	// /proc/interrupts counted in it, give or take the interrupts on the
+	// window's edges.
+	o = runAnalysis(t, "lttng-irqstats", dir, "--gmt", "--begin", w0.UTC().Format(hms), "--end", w1.UTC().Format(hms))
+	seen := map[int]uint64{}
 	for _, m := range reIRQ.FindAllStringSubmatch(o, -1) {
 		irq, _ := strconv.Atoi(m[1])
-		cnt, _ := strconv.ParseUint(m[2], 10, 64)
-		total += int(cnt)
-		if d := irq1[irq] - irq0[irq]; cnt > d {
-			t.Errorf("lttng-irqstats: IRQ %d seen %d times, /proc/interrupts counted %d", irq, cnt, d)
+		seen[irq], _ = strconv.ParseUint(m[2], 10, 64)
+	}
+	total := 0
+	for irq, c1 := range irq1 {
+		truth, got := c1-irq0[irq], seen[irq]
+		total += int(got)
+		if slack := 2 + truth/50; got+slack < truth || got > truth+slack {
+			t.Errorf("lttng-irqstats: IRQ %d seen %d times in the window, /proc/interrupts counted %d\n%s", irq, got, truth, o)
 		}
 	}
-	if total == 0 {
-		t.Errorf("lttng-irqstats: no hard IRQ\n%s", o)
-	}
-	t.Logf("lttng-irqstats: %d hard IRQs", total)
+	t.Logf("lttng-irqstats: %d hard IRQs in the window, each within its /proc/interrupts count", total)
 }
 
 // TestCtlStatedump: kconsume ctl statedump writes a second statedump into
