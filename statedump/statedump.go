@@ -253,6 +253,7 @@ func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
 		return nil
 	}
 	ns, _ := p.Namespaces() // a kernel thread's may be unreadable: inode 0
+	self := unix.Gettid()   // Run holds its OS thread
 	status0, _ := p.NewStatus()
 	c.Processes++
 	for _, t := range threads {
@@ -266,7 +267,7 @@ func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
 			typ = kernelThread
 		}
 		stt := status(st.State)
-		if t.PID == os.Getpid() { // the dumping thread runs
+		if t.PID == self { // the dumping thread runs
 			stt = statusRun
 		}
 		err = d.put(c, ProcessState, int32(t.PID), int32(p.PID), int32(st.PPID), st.Comm, int32(typ), int32(modeUnknown), int32(submodeUnk), int32(stt), uint32(st.Processor), uint64(p.PID))

@@ -79,7 +79,7 @@ func TestDumpSelf(t *testing.T) {
 	}
 	pid := os.Getpid()
 	threads, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	var mine, fd, kthread int
+	var mine, fd, kthread, running int
 	for _, e := range c.got {
 		switch e.name {
 		case ProcessState:
@@ -87,6 +87,9 @@ func TestDumpSelf(t *testing.T) {
 				mine++
 				if e.values["ppid"].Int(0) != int64(os.Getppid()) || e.values["type"].Int(0) != userThread {
 					t.Errorf("own thread: %v", e.values)
+				}
+				if e.values["status"].Int(0) == statusRun {
+					running++
 				}
 			}
 			if e.values["tid"].Int(0) == 2 && e.values["type"].Int(0) == kernelThread && e.values["ppid"].Int(0) == 0 {
@@ -103,6 +106,9 @@ func TestDumpSelf(t *testing.T) {
 	}
 	if mine < len(threads)-2 || mine == 0 {
 		t.Errorf("%d of this process's %d threads dumped", mine, len(threads))
+	}
+	if running != 1 {
+		t.Errorf("%d threads of this process marked running, want the dumping one", running)
 	}
 	if fd != 1 {
 		t.Errorf("the file held open appears %d times", fd)
