@@ -87,6 +87,19 @@ func irqCounts(t *testing.T) map[int]uint64 {
 	return out
 }
 
+// waitRunning waits for a session's state file to read running: loading
+// the programs takes seconds in a TCG guest, more than waitFor waits.
+func waitRunning(t *testing.T, state string) {
+	t.Helper()
+	for i := 0; i < 1200; i++ {
+		if b, _ := os.ReadFile(state); strings.TrimSpace(string(b)) == "running" {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s never read running", state)
+}
+
 var (
 	reTimerange = regexp.MustCompile(`Timerange: \[(\S+ \S+), (\S+ \S+)\]`)
 	reRead      = regexp.MustCompile(`(?m)^ - read\s+(\d+)\s`)
@@ -139,7 +152,7 @@ func TestLTTngAnalyses(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctl := filepath.Join("/run/kconsume", name, "state")
-	waitFor(t, func() bool { b, _ := os.ReadFile(ctl); return strings.TrimSpace(string(b)) == "running" })
+	waitRunning(t, ctl)
 	time.Sleep(500 * time.Millisecond) // past the statedump
 	// The burner's run time by the kernel's account over a window inside
 	// the recording.
@@ -248,7 +261,7 @@ func TestCtlStatedump(t *testing.T) {
 			t.Fatal(err)
 		}
 		ctl := filepath.Join("/run/kconsume", name, "state")
-		waitFor(t, func() bool { b, _ := os.ReadFile(ctl); return strings.TrimSpace(string(b)) == "running" })
+		waitRunning(t, ctl)
 		o, code := shell(t, bin+" ctl --session "+name+" --cpu 1 statedump")
 		if err := rec.Wait(); err != nil {
 			t.Fatalf("record: %v\n%s", err, recOut.String())
