@@ -122,7 +122,9 @@ func TestLTTngAnalyses(t *testing.T) {
 	}
 	gofile := filepath.Join(tmp, "go")
 
-	burner := exec.Command(work, "burn", "12")
+	// The burner outlives the test (killed at cleanup): in a TCG guest the
+	// recording takes many seconds to start.
+	burner := exec.Command(work, "burn", "600")
 	reader := exec.Command(work, "read", file, strconv.Itoa(n), gofile)
 	for _, c := range []*exec.Cmd{burner, reader} {
 		if err := c.Start(); err != nil {
@@ -145,7 +147,7 @@ func TestLTTngAnalyses(t *testing.T) {
 	name := "lttng" + strconv.Itoa(os.Getpid())
 	rec := exec.Command(bin, "record", "-q", "--profile", "lttng", "-o", out, "--session", name,
 		"-e", "sched:sched_switch,sched:sched_wakeup,sched:sched_waking,sched:sched_process_exec,sched:sched_process_exit,irq:*,syscalls:sys_enter_read,syscalls:sys_exit_read",
-		"--duration", "3s")
+		"--duration", "5s")
 	var recOut bytes.Buffer
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
@@ -153,7 +155,7 @@ func TestLTTngAnalyses(t *testing.T) {
 	}
 	ctl := filepath.Join("/run/kconsume", name, "state")
 	waitRunning(t, ctl)
-	time.Sleep(500 * time.Millisecond) // past the statedump
+	time.Sleep(1500 * time.Millisecond) // past the statedump
 	// The burner's run time by the kernel's account over a window inside
 	// the recording.
 	irq0 := irqCounts(t)
@@ -200,15 +202,18 @@ func TestLTTngAnalyses(t *testing.T) {
 		t.Fatalf("lttng-cputop: no time range\n%s", o)
 	}
 	reBurn := regexp.MustCompile(`([\d.]+) %\s+kcwork \(` + strconv.Itoa(burner.Process.Pid) + `\)`)
-	bm := reBurn.FindStringSubmatch(o)
-	if bm == nil {
-		t.Fatalf("lttng-cputop: no line for the burner (%d)\n%s", burner.Process.Pid, o)
+	// No line is 0 %.
+	var got float64
+	if bm := reBurn.FindStringSubmatch(o); bm != nil {
+		got, _ = strconv.ParseFloat(bm[1], 64)
 	}
-	got, _ := strconv.ParseFloat(bm[1], 64)
 	truth := 100 * float64(run1-run0) / float64(w1.Sub(w0).Nanoseconds())
 	t.Logf("lttng-cputop: burner %.2f %% over %s; kernel schedstat %.2f %% (the machine is shared)", got, tr[0], truth)
 	if got > truth+5 || got < truth-5 {
 		t.Errorf("lttng-cputop: burner %.2f %%, kernel says %.2f %%", got, truth)
+	}
+	if truth < 10 {
+		t.Errorf("the burner ran %.2f %% of the window by the kernel's account: the comparison says nothing", truth)
 	}
 
 	// lttng-schedlog: the reader's wakeups: at least the two sleeps it
