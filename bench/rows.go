@@ -207,5 +207,12 @@ func rows() []sectionRow {
 		}
 		add(net, r)
 	}
+
+	const sd = "Statedump (--profile lttng): the system plus 1,000 sleeping processes"
+	add(sd, row{what: "statedump through a session's injector", cmd: "go test -bench 'Statedump1000/session' -benchtime 3x ./statedump",
+		fig: m("Statedump1000/session", "s/dump"), label: "s", extra: []extra{{m("Statedump1000/session", "events"), "events"}, {m("Statedump1000/session", "lost"), "lost"}},
+		target: "< 1 s", ok: func(_ results, f, _ stat) bool { return f.med < 1 }})
+	add(sd, row{what: "the same, into a collector that decodes (reading /proc alone)", cmd: "go test -bench 'Statedump1000/read' -benchtime 3x ./statedump",
+		fig: m("Statedump1000/read", "s/dump"), label: "s"})
 	return out
 }

@@ -214,7 +214,7 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 	c.meta = Metadata{UUID: cfg.UUID, Clock: cfg.Clock, Global: cfg.Global, SubbufSize: cfg.SubbufSize, NSubbufs: cfg.NSubbufs, Env: env}
 	empty := []*EventClass{}
 	c.classes.Store(&empty)
-	if err := sink.WriteMetadata(c.meta.TSDL()); err != nil {
+	if err := writeMetadata(sink, &c.meta); err != nil {
 		return nil, fmt.Errorf("channel: %w", err)
 	}
 	for i := range nbuf {
@@ -271,7 +271,7 @@ func (c *Channel) AddEventClass(name string, fields []Field) (*EventClass, error
 	}
 	next := c.meta
 	next.Classes = append(append([]*EventClass(nil), c.meta.Classes...), cls)
-	if err := c.sink.WriteMetadata(next.TSDL()); err != nil {
+	if err := writeMetadata(c.sink, &next); err != nil {
 		return nil, fmt.Errorf("event %q: %w", name, err)
 	}
 	c.meta = next
@@ -721,7 +721,7 @@ func (c *Channel) RewindTo(sink Sink, cpu int) error {
 		bufs = []*buffer{b}
 	}
 	meta := c.Metadata()
-	if err := sink.WriteMetadata(meta.TSDL()); err != nil {
+	if err := writeMetadata(sink, &meta); err != nil {
 		return fmt.Errorf("rewind: %w", err)
 	}
 	for _, b := range bufs {

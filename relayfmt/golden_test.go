@@ -104,3 +104,30 @@ func TestParseMetadataErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestMetadataRoundTripTracer: another tracer's name and integer env
+// entries (what profile lttng writes) read back as they were written.
+func TestMetadataRoundTripTracer(t *testing.T) {
+	g := newGen(t, Config{SubbufSize: 8192, NSubbufs: 2, CPUs: 1, Env: map[string]string{"hostname": "h"}}, nil)
+	g.defineClasses(2)
+	m := g.c.Metadata()
+	m.Tracer = "lttng-modules"
+	m.EnvInt = map[string]int64{"tracer_major": 2, "tracer_minor": 13, "hostname": 7}
+	text := m.TSDL()
+	for _, want := range []string{"tracer_name = \"lttng-modules\";", "tracer_major = 2;", "tracer_minor = 13;", "hostname = \"h\";"} {
+		if !bytes.Contains(text, []byte(want)) {
+			t.Errorf("metadata lacks %q:\n%s", want, text)
+		}
+	}
+	if bytes.Contains(text, []byte("hostname = 7")) {
+		t.Errorf("an integer entry shadowed by a string one was written:\n%s", text)
+	}
+	back, err := ParseMetadata(text)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	if back.Tracer != "lttng-modules" || back.EnvInt["tracer_minor"] != 13 || back.Env["hostname"] != "h" {
+		t.Fatalf("parsed tracer %q, env %v %v", back.Tracer, back.Env, back.EnvInt)
+	}
+	g.close()
+}

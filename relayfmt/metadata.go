@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/rand"
 	"fmt"
+	"maps"
+	"slices"
 )
 
 // FormatVersion is written to the metadata's env block as kconsume_format;
@@ -37,6 +39,12 @@ type Metadata struct {
 	// Env holds extra env entries (hostname, kernel release...). Keys must
 	// be identifiers; values are written as strings.
 	Env map[string]string
+	// EnvInt holds extra integer env entries (LTTng's tracer_major...),
+	// written unquoted; a key also in Env is left out.
+	EnvInt map[string]int64
+	// Tracer is the env's tracer_name; empty means "kconsume". A trace
+	// written in another tracer's dialect (profile lttng) names it here.
+	Tracer string
 	// Classes is indexed by event id.
 	Classes []*EventClass
 }
@@ -72,6 +80,14 @@ func (m *Metadata) ClassByName(name string) *EventClass {
 	return nil
 }
 
+// tracer returns the env's tracer_name.
+func (m *Metadata) tracer() string {
+	if m.Tracer == "" {
+		return "kconsume"
+	}
+	return m.Tracer
+}
+
 func (c Clock) freq() uint64 {
 	if c.Freq == 0 {
 		return 1e9
@@ -104,14 +120,19 @@ func (m *Metadata) TSDL() []byte {
 
 env {
 	domain = "kernel";
-	tracer_name = "kconsume";
+	tracer_name = %s;
 	kconsume_format = %d;
 	sub_size = %d;
 	nr_sub = %d;
 	global = %d;
-`, formatUUID(m.UUID), FormatVersion, m.SubbufSize, m.NSubbufs, b2i(m.Global))
+`, formatUUID(m.UUID), tsdlQuote(m.tracer()), FormatVersion, m.SubbufSize, m.NSubbufs, b2i(m.Global))
 	for _, k := range sortedKeys(m.Env) {
 		fmt.Fprintf(&b, "\t%s = %s;\n", k, tsdlQuote(m.Env[k]))
+	}
+	for _, k := range slices.Sorted(maps.Keys(m.EnvInt)) {
+		if _, dup := m.Env[k]; !dup {
+			fmt.Fprintf(&b, "\t%s = %d;\n", k, m.EnvInt[k])
+		}
 	}
 	freq := m.Clock.freq()
 	offS, offNs := m.Clock.Offset/1e9, m.Clock.Offset%1e9

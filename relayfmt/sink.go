@@ -23,6 +23,23 @@ type Sink interface {
 	Close() error
 }
 
+// MetadataWriter is a Sink that takes the metadata as a structure rather
+// than as text: a sink that rewrites it (profile.Sink names classes in
+// another tracer's dialect) then needs no parse. The channel passes its
+// metadata to WriteMetadataOf when its sink has it, and must not be
+// changed or kept beyond the call.
+type MetadataWriter interface {
+	WriteMetadataOf(m *Metadata) error
+}
+
+// writeMetadata gives m to sink, as a structure when it takes one.
+func writeMetadata(sink Sink, m *Metadata) error {
+	if w, ok := sink.(MetadataWriter); ok {
+		return w.WriteMetadataOf(m)
+	}
+	return sink.WriteMetadata(m.TSDL())
+}
+
 // MetadataFile is the metadata's file name in a trace directory.
 const MetadataFile = "metadata"
 

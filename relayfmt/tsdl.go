@@ -587,7 +587,11 @@ func (m *Metadata) applyEnv(es []entry) error {
 	var format, global int = -1, 0
 	for _, e := range es {
 		switch e.key {
-		case "domain", "tracer_name":
+		case "domain":
+		case "tracer_name":
+			if e.val != "kconsume" {
+				m.Tracer = e.val
+			}
 		case "kconsume_format":
 			format = atoiOr(e.val, -1)
 		case "global":
@@ -597,10 +601,21 @@ func (m *Metadata) applyEnv(es []entry) error {
 				*p = atoiOr(e.val, -1)
 				continue
 			}
-			if e.kind != tkString {
+			switch e.kind {
+			case tkString:
+				m.Env[e.key] = e.val
+			case tkNumber:
+				v, err := strconv.ParseInt(e.val, 0, 64)
+				if err != nil {
+					return fmt.Errorf("env %s: %q is not a 64-bit integer", e.key, e.val)
+				}
+				if m.EnvInt == nil {
+					m.EnvInt = map[string]int64{}
+				}
+				m.EnvInt[e.key] = v
+			default:
 				return fmt.Errorf("env %s: unexpected value %q", e.key, e.val)
 			}
-			m.Env[e.key] = e.val
 		}
 	}
 	if format != FormatVersion {

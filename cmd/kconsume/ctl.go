@@ -20,7 +20,7 @@ import (
 var controlRoot = control.DefaultRoot
 
 // ctlCommands are what kconsume ctl and the control socket accept.
-var ctlCommands = []string{"start", "stop", "flush", "snapshot", "rewind", "reset", "status"}
+var ctlCommands = []string{"start", "stop", "flush", "snapshot", "rewind", "reset", "status", "statedump"}
 
 // handler carries out control commands on a recording session.
 type handler struct {
@@ -100,6 +100,8 @@ func (h *handler) Do(cmd string, cpu int, arg string) (string, error) {
 		return h.status(s, cpu)
 	case "emit":
 		return emit(s, cpu, arg)
+	case "statedump":
+		return ctlStatedump(s, cpu)
 	}
 	return "", fmt.Errorf("unknown command %q: want one of %s", cmd, strings.Join(ctlCommands, ", "))
 }
@@ -154,12 +156,14 @@ func (h *handler) Files() map[string]string {
 	return m
 }
 
-const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|snapshot|rewind|reset|status
+const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|snapshot|rewind|reset|status|statedump
 
 Drives a running kconsume record from another shell. Without --session,
 the one running session. --cpu acts on one CPU's buffer. In overwrite
 mode, snapshot writes the newest data into the trace, and rewind writes
-everything still held, from the oldest, into a new trace DIR.rewind-N.`
+everything still held, from the oldest, into a new trace DIR.rewind-N.
+statedump (--profile lttng sessions) writes the processes, open files,
+block devices, IRQs and CPUs into the trace again (--cpu: its stream).`
 
 func ctl(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("ctl", ctlSynopsis, "kconsume ctl --session web stop", stderr)

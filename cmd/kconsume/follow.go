@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kconsume/kconsume/profile"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -47,6 +48,7 @@ func followTrace(ctx context.Context, dir string, f *reportFilter, stdout io.Wri
 		batch = batch[:0]
 		if tr != nil && f.clock == nil {
 			f.setClock(tr.Meta.Clock)
+			f.prof = profile.Detect(tr.Meta)
 		}
 		for _, name := range streamsOf(tr) {
 			st := streams[name]

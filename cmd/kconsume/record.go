@@ -34,6 +34,7 @@ type recordOpts struct {
 	quiet     bool
 	command   []string
 	relay     *relaydOut
+	prof      profileFlag
 }
 
 // parseRecord parses record's arguments into options and a session
@@ -77,6 +78,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
 	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
 	o.relay = relaydFlags(fs)
+	fs.Var(&o.prof, "profile", "`name` of the event and field naming: ftrace (tracefs names) or lttng (lttng-modules names and a statedump, for LTTng's analyses and Trace Compass)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -182,6 +184,10 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if err := o.relay.connect(&cfg, o.session, stderr); err != nil {
 		return err
 	}
+	if err := o.prof.configure(&cfg, o.session); err != nil {
+		o.relay.abort(cfg)
+		return err
+	}
 
 	s, err := consumer.New(cfg)
 	if err != nil {
@@ -204,6 +210,10 @@ func record(args []string, stdout, stderr io.Writer) error {
 		}
 		defer stopMetrics()
 		fmt.Fprintf(stderr, "kconsume record: metrics at http://%s/metrics\n", addr)
+	}
+	if err := o.prof.begin(s, stderr); err != nil {
+		s.Close()
+		return err
 	}
 	r := &recorder{s: s, srv: srv, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay}
 	return r.run(o.command, o.duration)

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"unicode/utf8"
 
+	"github.com/kconsume/kconsume/profile"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -44,6 +45,9 @@ type reportFilter struct {
 	resolved     bool
 	json         bool
 	vals         []relayfmt.Value
+	// prof is the trace's naming profile: an event also matches by its
+	// ftrace name (sched:sched_switch finds lttng's sched_switch).
+	prof *profile.Profile
 }
 
 // setClock makes f print times as the clock c of a trace's metadata.
@@ -99,6 +103,7 @@ func report(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	f.prof = profile.Detect(tr.Meta)
 	m, err := tr.Merge()
 	if err != nil {
 		return err
@@ -221,6 +226,16 @@ func (f *reportFilter) matchName(name string) bool {
 	if len(f.events) == 0 {
 		return true
 	}
+	if f.prof != nil {
+		if orig, ok := f.prof.Original(name); ok && f.matchOne(orig) {
+			return true
+		}
+	}
+	return f.matchOne(name)
+}
+
+// matchOne reports whether one of the -e globs matches name.
+func (f *reportFilter) matchOne(name string) bool {
 	for _, e := range f.events {
 		if ok, _ := path.Match(e, name); ok {
 			return true

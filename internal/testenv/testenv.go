@@ -160,3 +160,18 @@ func RemoveBin() {
 		_ = os.RemoveAll(filepath.Dir(binPath))
 	}
 }
+
+// LTTngAnalysis returns the path of one of LTTng's analyses (lttng-cputop,
+// lttng-syscallstats...), skipping or failing t when it, or the
+// babeltrace 1 command it runs on the trace, is missing.
+func LTTngAnalysis(t testing.TB, tool string) string {
+	t.Helper()
+	p, err := exec.LookPath(tool)
+	if err != nil {
+		Missing(t, "%s is required (apt-get install python3-lttnganalyses): %v", tool, err)
+	}
+	if _, err := exec.LookPath("babeltrace"); err != nil {
+		Missing(t, "babeltrace (1.x), which LTTng's analyses run, is required (apt-get install babeltrace python3-babeltrace): %v", err)
+	}
+	return p
+}

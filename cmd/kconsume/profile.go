@@ -1,0 +1,124 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/profile"
+	"github.com/kconsume/kconsume/relayfmt"
+	"github.com/kconsume/kconsume/statedump"
+)
+
+// profileFlag is record's --profile: a profile name, checked when parsed.
+type profileFlag struct{ p *profile.Profile }
+
+func (f *profileFlag) String() string {
+	if f.p == nil {
+		return profile.Ftrace.Name
+	}
+	return f.p.Name
+}
+
+// Set fails for an unknown name with the list of known ones.
+func (f *profileFlag) Set(s string) error {
+	p, err := profile.Lookup(s)
+	if err != nil {
+		return err
+	}
+	f.p = p
+	return nil
+}
+
+func (f *profileFlag) lttng() bool { return f.p == profile.LTTng }
+
+// configure prepares cfg for the profile: under lttng, the statedump's
+// events are recorded and the trace is written through the profile's
+// sink, which names the metadata's classes and env as lttng-modules does.
+// It runs once the output directory exists. It fails when the profile
+// cannot describe the session (lttng and --global: LTTng's readers take
+// the CPU from each packet, which a global stream does not have).
+func (f *profileFlag) configure(cfg *consumer.Config, session string) error {
+	if !f.lttng() {
+		return nil
+	}
+	if cfg.Global {
+		return usageError{errors.New("--profile lttng needs per-CPU streams: LTTng's readers take each event's CPU from its packet; drop --global")}
+	}
+	env, err := profile.LTTngEnv(session, time.Now())
+	if err != nil {
+		return err
+	}
+	cfg.Synth = append(cfg.Synth, statedump.Events()...)
+	cfg.Events = append(cfg.Events, statedump.Patterns()...)
+	inner := cfg.Sink // relayd's, when streaming
+	if inner == nil {
+		if inner, err = relayfmt.NewDirSink(cfg.Dir); err != nil {
+			return err
+		}
+	}
+	cfg.Sink = profile.LTTng.Sink(inner, env)
+	return nil
+}
+
+// begin starts recording and, under lttng, writes the statedump first,
+// as lttng-modules does when a session starts. It fails when the session
+// cannot start or the statedump cannot read /proc.
+func (f *profileFlag) begin(s *consumer.Session, stderr io.Writer) error {
+	if !f.lttng() {
+		return nil
+	}
+	if err := s.Start(); err != nil {
+		return err
+	}
+	_, err := runStatedump(s, statedumps.Add(1), stderr)
+	return err
+}
+
+// statedumps numbers the statedumps of this process's session.
+var statedumps atomic.Uint32
+
+// ctlStatedump runs kconsume ctl statedump: one more statedump into the
+// stream of cpu (0 when cpu < 0). It fails for a session that does not
+// record the statedump's events (not --profile lttng) or is stopped.
+func ctlStatedump(s *consumer.Session, cpu int) (string, error) {
+	if s.Synth(statedump.Start) == nil {
+		return "", errors.New("statedump needs a session recording with --profile lttng")
+	}
+	if cpu < 0 {
+		cpu = 0
+	}
+	if cpu >= s.CPUs() {
+		return "", fmt.Errorf("--cpu %d: the session has CPUs 0..%d", cpu, s.CPUs()-1)
+	}
+	var warn strings.Builder
+	seq := statedumps.Add(1)
+	d := &statedump.Dumper{Seq: seq, CPU: cpu, Stopped: func(err error) bool { return errors.Is(err, consumer.ErrStopped) }}
+	start := time.Now()
+	c, err := d.Run(s)
+	if err != nil {
+		return "", err
+	}
+	if c.Lost > 0 {
+		fmt.Fprintf(&warn, " (%d lost: ring full)", c.Lost)
+	}
+	return fmt.Sprintf("statedump %d: %d threads of %d processes, %d file descriptors, %d block devices, %d interrupts, %d CPUs: %d events in %v%s\n",
+		seq, c.Threads, c.Processes, c.FDs, c.BlockDevices, c.Interrupts, c.CPUs, c.Emitted, time.Since(start).Round(time.Millisecond), warn.String()), nil
+}
+
+// runStatedump emits one statedump into s and warns about lost events.
+func runStatedump(s *consumer.Session, seq uint32, stderr io.Writer) (statedump.Counts, error) {
+	d := &statedump.Dumper{Seq: seq, Stopped: func(err error) bool { return errors.Is(err, consumer.ErrStopped) }}
+	c, err := d.Run(s)
+	if err != nil {
+		return c, fmt.Errorf("statedump: %w", err)
+	}
+	if c.Lost > 0 {
+		fmt.Fprintf(stderr, "kconsume record: statedump: %d of %d events lost (ring full): raise --ring-size\n", c.Lost, c.Lost+c.Emitted)
+	}
+	return c, nil
+}

@@ -1,0 +1,422 @@
+// Package statedump describes the system as it is when a trace begins, in
+// the events lttng-modules' statedump writes (lttng-statedump.h): every
+// thread with its process, parent and namespaces, every open file
+// descriptor, block device, interrupt action and CPU. Analyses need it to
+// know the processes and files that existed before tracing began.
+//
+// The events are synthetic events (kconsume's synth package), injected
+// through the recording session, so they get kernel timestamps and sort
+// among the kernel's events. Everything is read from /proc and /sys with
+// github.com/prometheus/procfs.
+package statedump
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/procfs"
+	"github.com/prometheus/procfs/blockdevice"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/synth"
+)
+
+// Event names, as the lttng profile shows them (the ftrace profile
+// prefixes "synthetic:").
+const (
+	Start          = "lttng_statedump_start"
+	End            = "lttng_statedump_end"
+	ProcessState   = "lttng_statedump_process_state"
+	ProcessPidNs   = "lttng_statedump_process_pid_ns"
+	FileDescriptor = "lttng_statedump_file_descriptor"
+	BlockDevice    = "lttng_statedump_block_device"
+	Interrupt      = "lttng_statedump_interrupt"
+	CPUTopology    = "lttng_statedump_cpu_topology"
+)
+
+// Simple namespace events: tid and the namespace's inode number.
+var nsEvents = map[string]string{
+	"cgroup": "lttng_statedump_process_cgroup_ns",
+	"ipc":    "lttng_statedump_process_ipc_ns",
+	"mnt":    "lttng_statedump_process_mnt_ns",
+	"net":    "lttng_statedump_process_net_ns",
+	"uts":    "lttng_statedump_process_uts_ns",
+	"time":   "lttng_statedump_process_time_ns",
+}
+
+// definitions mirror lttng-modules' field names, order and types.
+// lttng-modules' start and end have no field; a synthetic event needs
+// one, so they carry the statedump's number in the trace (from 1).
+// file_descriptor keeps the pid field lttng-modules had before 2.11 (which
+// LTTng's analyses read) next to file_table_address, the newer key.
+var definitions = map[string][]string{
+	Start:                               {"unsigned int seq"},
+	End:                                 {"unsigned int seq"},
+	ProcessState:                        {"pid_t tid", "pid_t pid", "pid_t ppid", "char name[16]", "int type", "int mode", "int submode", "int status", "unsigned int cpu", "u64 file_table_address"},
+	ProcessPidNs:                        {"pid_t tid", "pid_t vtid", "pid_t vpid", "pid_t vppid", "int ns_level", "unsigned int ns_inum"},
+	FileDescriptor:                      {"u64 file_table_address", "pid_t pid", "int fd", "unsigned int flags", "unsigned int fmode", "char filename[]"},
+	BlockDevice:                         {"u32 dev", "char diskname[]"},
+	Interrupt:                           {"unsigned int irq", "char name[]", "char action[]", "pid_t tid"},
+	"lttng_statedump_process_cgroup_ns": nsFields,
+	"lttng_statedump_process_ipc_ns":    nsFields,
+	"lttng_statedump_process_mnt_ns":    nsFields,
+	"lttng_statedump_process_net_ns":    nsFields,
+	"lttng_statedump_process_uts_ns":    nsFields,
+	"lttng_statedump_process_time_ns":   nsFields,
+	CPUTopology:                         {"char architecture[]", "u16 cpu_id", "char vendor[]", "u8 family", "u8 model", "char model_name[]", "u16 physical_id", "u16 core_id", "u16 cores"},
+}
+
+var nsFields = []string{"pid_t tid", "unsigned int ns_inum"}
+
+// Events returns the statedump's synthetic event definitions, finalized,
+// in a fixed order. Start must be recorded for any other to be emitted.
+func Events() []*synth.Event {
+	names := []string{Start, End, ProcessState, ProcessPidNs, FileDescriptor, BlockDevice, Interrupt, CPUTopology}
+	for _, k := range []string{"cgroup", "ipc", "mnt", "net", "uts", "time"} {
+		names = append(names, nsEvents[k])
+	}
+	var out []*synth.Event
+	for _, n := range names {
+		e, err := synth.Create(n, definitions[n]...)
+		if err != nil {
+			panic(fmt.Sprintf("statedump: definition of %s: %v", n, err)) // fixed table: a bug
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// Patterns returns the event patterns (consumer.Config.Events) that record
+// the statedump's events.
+func Patterns() []string { return []string{"synthetic:lttng_statedump_*"} }
+
+// Emitter injects one synthetic event; consumer.Session.EmitSynth is one.
+type Emitter interface {
+	EmitSynth(cpu int, name string, payload []byte) error
+}
+
+// ErrStopped is returned when the emitter refused an event because
+// recording is stopped (errors.Is also matches the emitter's own error).
+var ErrStopped = errors.New("statedump: recording stopped")
+
+// Counts says what a statedump emitted.
+type Counts struct {
+	Threads, Processes, FDs, BlockDevices, Interrupts, CPUs int
+	// Lost counts events the emitter could not write (ring full, an
+	// event too large); they are counted in the trace like any loss.
+	Lost int
+	// Gone counts threads or processes that exited while being read.
+	Gone int
+	// Emitted counts the events written, start and end included.
+	Emitted int
+}
+
+// Dumper reads the system and emits the statedump.
+type Dumper struct {
+	// Proc and Sys are the procfs and sysfs mount points (default /proc
+	// and /sys).
+	Proc, Sys string
+	// CPU is the stream the events go to; all go to one stream, so they
+	// stay in the order lttng-modules writes them.
+	CPU int
+	// Seq numbers this statedump in the trace (start and end carry it).
+	Seq uint32
+	// Stopped, when not nil, tells whether an emit error means recording
+	// stopped (consumer.ErrStopped); the dump then ends with ErrStopped.
+	Stopped func(error) bool
+
+	emit Emitter
+	buf  []byte
+	defs map[string]*synth.Event
+}
+
+// Run emits one statedump through e: start, the processes and their
+// threads, their file descriptors, block devices, interrupts, CPUs, end.
+// A process that exits meanwhile is skipped (counted in Gone). It fails
+// when /proc cannot be read, or with ErrStopped when recording stopped;
+// an emit error of another kind is counted in Lost.
+func (d *Dumper) Run(e Emitter) (Counts, error) {
+	var c Counts
+	if d.Proc == "" {
+		d.Proc = procfs.DefaultMountPoint
+	}
+	if d.Sys == "" {
+		d.Sys = "/sys"
+	}
+	d.emit = e
+	// The injector runs the event on d.CPU: from another CPU that is an
+	// IPI and a wait per event (kernel bpf_prog_test_run_raw_tp), which on
+	// a VM costs hundreds of microseconds. Running on d.CPU makes it a
+	// local call. Where the CPU is not allowed, the dump runs unpinned.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var old unix.CPUSet
+	if unix.SchedGetaffinity(0, &old) == nil {
+		var one unix.CPUSet
+		one.Set(d.CPU)
+		if unix.SchedSetaffinity(0, &one) == nil {
+			defer func() { _ = unix.SchedSetaffinity(0, &old) }()
+		}
+	}
+	d.defs = map[string]*synth.Event{}
+	for _, ev := range Events() {
+		d.defs[ev.Name] = ev
+	}
+	fs, err := procfs.NewFS(d.Proc)
+	if err != nil {
+		return c, fmt.Errorf("statedump: %w", err)
+	}
+	if err := d.put(&c, Start, d.Seq); err != nil {
+		return c, err
+	}
+	procs, err := fs.AllProcs()
+	if err != nil {
+		return c, fmt.Errorf("statedump: processes: %w", err)
+	}
+	for _, p := range procs {
+		if err := d.process(&c, fs, p); err != nil {
+			return c, err
+		}
+	}
+	if err := d.blockDevices(&c); err != nil {
+		return c, err
+	}
+	if err := d.interrupts(&c, fs); err != nil {
+		return c, err
+	}
+	if err := d.cpus(&c, fs); err != nil {
+		return c, err
+	}
+	return c, d.put(&c, End, d.Seq)
+}
+
+// put encodes and emits one event.
+func (d *Dumper) put(c *Counts, name string, values ...any) error {
+	var err error
+	d.buf, err = d.defs[name].Encode(d.buf[:0], values...)
+	if err != nil {
+		return fmt.Errorf("statedump: %w", err) // a value of a wrong type: a bug here
+	}
+	if err := d.emit.EmitSynth(d.CPU, name, d.buf); err != nil {
+		if d.Stopped != nil && d.Stopped(err) {
+			return fmt.Errorf("%w: %w", ErrStopped, err)
+		}
+		c.Lost++
+		return nil
+	}
+	c.Emitted++
+	return nil
+}
+
+// lttng-statedump-impl.c's enums.
+const (
+	userThread    = 0
+	kernelThread  = 1
+	modeUnknown   = 5 // LTTNG_MODE_UNKNOWN: /proc does not say
+	submodeUnk    = 1 // LTTNG_UNKNOWN
+	statusWaitCPU = 2
+	statusZombie  = 4
+	statusWait    = 5
+	statusRun     = 6
+	statusDead    = 7
+	statusUnnamed = 0
+	pfKthread     = 0x00200000 // include/linux/sched.h PF_KTHREAD
+)
+
+// status maps a /proc state letter to lttng_process_status the way
+// lttng-statedump-impl.c maps the task state.
+func status(state string) int {
+	switch state {
+	case "R":
+		return statusWaitCPU
+	case "S", "D", "I":
+		return statusWait
+	case "Z":
+		return statusZombie
+	case "X":
+		return statusDead
+	}
+	return statusUnnamed
+}
+
+// process emits process_state and the namespace events for every thread
+// of p, then its file descriptors.
+func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
+	threads, err := fs.AllThreads(p.PID)
+	if err != nil {
+		c.Gone++
+		return nil
+	}
+	ns, _ := p.Namespaces() // a kernel thread's may be unreadable: inode 0
+	self := unix.Gettid()   // Run holds its OS thread
+	status0, _ := p.NewStatus()
+	c.Processes++
+	for _, t := range threads {
+		st, err := t.Stat()
+		if err != nil {
+			c.Gone++
+			continue
+		}
+		typ := userThread
+		if st.Flags&pfKthread != 0 {
+			typ = kernelThread
+		}
+		stt := status(st.State)
+		if t.PID == self { // the dumping thread runs
+			stt = statusRun
+		}
+		err = d.put(c, ProcessState, int32(t.PID), int32(p.PID), int32(st.PPID), st.Comm, int32(typ), int32(modeUnknown), int32(submodeUnk), int32(stt), uint32(st.Processor), uint64(p.PID))
+		if err != nil {
+			return err
+		}
+		c.Threads++
+		// The pid namespace: NSpid lists the ids from the root's
+		// namespace down to the task's own; its level is the depth.
+		// Threads share their process's pid namespace: a thread's own
+		// status is read only when that is not the root one.
+		level, vtid, vpid := 0, t.PID, p.PID
+		if len(status0.NSpids) > 1 {
+			level = len(status0.NSpids) - 1
+			vpid = int(status0.NSpids[level])
+			if t.PID == p.PID {
+				vtid = vpid
+			} else if ts, err := t.NewStatus(); err == nil && len(ts.NSpids) > level {
+				vtid = int(ts.NSpids[level])
+			}
+		}
+		vppid := st.PPID
+		if level > 0 {
+			vppid = 0 // the parent may live in another namespace
+		}
+		inum := uint32(0)
+		if n, ok := ns["pid"]; ok {
+			inum = n.Inode
+		}
+		if err := d.put(c, ProcessPidNs, int32(t.PID), int32(vtid), int32(vpid), int32(vppid), int32(level), inum); err != nil {
+			return err
+		}
+		for _, k := range []string{"cgroup", "ipc", "mnt", "net", "uts", "time"} {
+			if n, ok := ns[k]; ok {
+				if err := d.put(c, nsEvents[k], int32(t.PID), n.Inode); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return d.fds(c, p)
+}
+
+// fds emits one file_descriptor per open descriptor of p. fmode is
+// derived from the access mode (FMODE_READ 1, FMODE_WRITE 2): /proc does
+// not show the other f_mode bits.
+func (d *Dumper) fds(c *Counts, p procfs.Proc) error {
+	fds, err := p.FileDescriptors()
+	if err != nil {
+		return nil // exited, or a kernel thread
+	}
+	dir := filepath.Join(d.Proc, strconv.Itoa(p.PID), "fd")
+	for _, fd := range fds {
+		n := strconv.Itoa(int(fd))
+		target, err := os.Readlink(filepath.Join(dir, n))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		var flags uint64
+		if info, err := p.FDInfo(n); err == nil {
+			flags, _ = strconv.ParseUint(info.Flags, 8, 32)
+		}
+		fmode := uint32(1)
+		switch flags & 3 {
+		case 1:
+			fmode = 2
+		case 2:
+			fmode = 3
+		}
+		if err := d.put(c, FileDescriptor, uint64(p.PID), int32(p.PID), int32(fd), uint32(flags), fmode, target); err != nil {
+			return err
+		}
+		c.FDs++
+	}
+	return nil
+}
+
+// blockDevices emits one block_device per disk and partition of
+// /proc/diskstats; dev is the kernel's dev_t (major << 20 | minor,
+// include/linux/kdev_t.h), as block tracepoints carry it.
+func (d *Dumper) blockDevices(c *Counts) error {
+	bfs, err := blockdevice.NewFS(d.Proc, d.Sys)
+	if err != nil {
+		return nil
+	}
+	disks, err := bfs.ProcDiskstats()
+	if err != nil {
+		return nil // no block layer
+	}
+	for _, s := range disks {
+		dev := s.MajorNumber<<20 | s.MinorNumber
+		if err := d.put(c, BlockDevice, uint32(dev), s.DeviceName); err != nil {
+			return err
+		}
+		c.BlockDevices++
+	}
+	return nil
+}
+
+// interrupts emits one interrupt per action of each numbered IRQ of
+// /proc/interrupts: name is the chip, action the handler's device name.
+// The handler thread's id is not in /proc: tid is 0.
+func (d *Dumper) interrupts(c *Counts, fs procfs.FS) error {
+	self, err := fs.Self()
+	if err != nil {
+		return nil
+	}
+	irqs, err := self.Interrupts()
+	if err != nil {
+		return nil
+	}
+	for key, irq := range irqs {
+		n, err := strconv.ParseUint(key, 10, 32)
+		if err != nil {
+			continue // NMI, LOC...: not IRQ lines
+		}
+		chip, _, _ := strings.Cut(strings.TrimSpace(irq.Info), " ")
+		for _, action := range strings.Split(irq.Devices, ",") {
+			if err := d.put(c, Interrupt, uint32(n), chip, strings.TrimSpace(action), int32(0)); err != nil {
+				return err
+			}
+			c.Interrupts++
+		}
+	}
+	return nil
+}
+
+// cpus emits cpu_topology for each CPU of /proc/cpuinfo; lttng-modules
+// writes it on x86 only, where cpuinfo has these fields.
+func (d *Dumper) cpus(c *Counts, fs procfs.FS) error {
+	infos, err := fs.CPUInfo()
+	if err != nil {
+		return nil
+	}
+	for _, ci := range infos {
+		if ci.VendorID == "" {
+			continue
+		}
+		num := func(s string) uint64 { v, _ := strconv.ParseUint(s, 10, 16); return v }
+		vendor, model := ci.VendorID, ci.ModelName
+		if model == "" {
+			model = "unknown"
+		}
+		err := d.put(c, CPUTopology, "x86", uint16(ci.Processor), vendor, uint8(num(ci.CPUFamily)), uint8(num(ci.Model)), model,
+			uint16(num(ci.PhysicalID)), uint16(num(ci.CoreID)), uint16(ci.CPUCores))
+		if err != nil {
+			return err
+		}
+		c.CPUs++
+	}
+	return nil
+}
