@@ -170,12 +170,10 @@ func (d *drainer) loop() {
 	ids := make([]int32, 0, len(events))
 	woke := make([]uint64, 2*d.rec.ncpu) // the writers' last wakeups seen
 	var deadline time.Time               // data waits: drain by then
+	var done []reply                     // commands run, to answer once re-armed
 	more := false
+	timeout := d.sleep(more, deadline)
 	for {
-		timeout := d.timeout(more, deadline)
-		if timeout != 0 {
-			d.rec.arm(d.latency > 0 && deadline.IsZero())
-		}
 		t0 := time.Now()
 		var err error
 		ids, err = d.poll.Wait(events, ids, timeout)
@@ -216,13 +214,14 @@ func (d *drainer) loop() {
 			d.lastMissed = now
 			d.placeMissed()
 		}
+		over := d.overWatermark()
 		switch {
-		case fromRing && deadline.IsZero() && d.latency > 0 && !d.overWatermark():
+		case fromRing && deadline.IsZero() && d.latency > 0 && !over:
 			// The first record of another process: pick it up, and
 			// whatever follows it, within the latency.
 			deadline = now.Add(d.latency)
 			more = false
-		case !deadline.IsZero() && now.Before(deadline) && !fromRing:
+		case !deadline.IsZero() && now.Before(deadline) && !fromRing && !over:
 			// A command woke us before the deadline: keep waiting.
 			more = false
 		default:
@@ -240,20 +239,56 @@ func (d *drainer) loop() {
 				deadline = now.Add(max(time.Duration(d.window), time.Millisecond))
 			}
 		}
+		done = done[:0]
+		end := false
+	commands:
 		for {
 			select {
 			case c := <-d.cmds:
 				if c.fn == nil {
-					c.reply <- nil
-					return
+					end = true
+					done = append(done, reply{c.reply, nil})
+					break commands
 				}
-				c.reply <- c.fn()
-				continue
+				done = append(done, reply{c.reply, c.fn()})
 			default:
+				break commands
 			}
-			break
+		}
+		// Armed before the answers go out: a caller that writes records
+		// right after its answer (Stats, Flush) must find the writers
+		// told to wake the drainer.
+		if !end {
+			timeout = d.sleep(more, deadline)
+		}
+		for _, r := range done {
+			r.c <- r.err
+		}
+		if end {
+			return
 		}
 	}
+}
+
+// reply is a command's answer waiting to be sent.
+type reply struct {
+	c   chan error
+	err error
+}
+
+// sleep returns how long the drainer may sleep next, and arms the
+// writers to wake it when it is to sleep: they are armed first and the
+// rings looked at after, so that a ring that crossed the watermark while
+// they were not armed is drained at once, not left until the next one.
+func (d *drainer) sleep(more bool, deadline time.Time) time.Duration {
+	timeout := d.timeout(more, deadline)
+	if timeout != 0 {
+		d.rec.arm(d.latency > 0 && deadline.IsZero())
+		if d.overWatermark() {
+			return 0
+		}
+	}
+	return timeout
 }
 
 // timeout returns how long the drainer may sleep: not at all when a ring
