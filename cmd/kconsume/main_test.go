@@ -255,9 +255,12 @@ func TestCtl(t *testing.T) {
 	}
 }
 
+// waitFor polls cond every 10 ms until it holds, and fails t after a
+// minute: loading the recorder in a TCG guest of make vmtest can take
+// several seconds.
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	for i := 0; i < 500; i++ {
+	for i := 0; i < 6000; i++ {
 		if cond() {
 			return
 		}

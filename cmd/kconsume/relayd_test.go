@@ -78,7 +78,13 @@ func TestE2ERelayd(t *testing.T) {
 	if err := b.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
+	// Ctrl-C once b records: before its gate opens (loading takes
+	// seconds in a TCG guest) the signal would end it unhandled.
+	waitFor(t, func() bool {
+		st, _ := os.ReadFile(filepath.Join("/run/kconsume", "fleetb"+uniq, "state"))
+		return strings.TrimSpace(string(st)) == "running"
+	})
+	time.Sleep(time.Second)
 	if err := b.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
