@@ -72,7 +72,7 @@ vmlinux:
 # consumer/sysnr_amd64.go, the x86_64 numbers of the syscall events, from the
 # syscall table of a Debian linux-headers package (apt-get download: needs the
 # archive). Syscalls newer than that kernel keep their tracepoints.
-SYSNR_PKG ?= linux-headers-6.1.0-56-amd64
+SYSNR_PKG ?= linux-headers-6.12.117+deb12-amd64
 syscall-table:
 	set -e; d=$$(mktemp -d); trap 'rm -rf '$$d EXIT; \
 	(cd $$d && apt-get download -q $(SYSNR_PKG) && dpkg-deb -x $(SYSNR_PKG)_*.deb x); \

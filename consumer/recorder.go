@@ -531,9 +531,23 @@ func (r *recorder) inject(cpu int, key uint32, payload []byte) error {
 // detach detaches every program, the users' too, so that nothing more
 // enters the rings; it returns what failed.
 func (r *recorder) detach() []error {
+	// The links close in parallel: closing a perf-event tracepoint link
+	// waits for an RCU grace period (perf_trace_event_unreg ->
+	// tracepoint_synchronize_unregister, kernel/trace/trace_event_perf.c),
+	// tens of milliseconds each, which concurrent closes partly share.
+	failed := make([]error, len(r.links))
+	var wg sync.WaitGroup
+	for i, l := range r.links {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			failed[i] = l.Close()
+		}()
+	}
+	wg.Wait()
 	var errs []error
-	for _, l := range r.links {
-		if err := l.Close(); err != nil {
+	for _, err := range failed {
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}

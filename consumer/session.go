@@ -309,21 +309,28 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 	if err != nil {
 		return err
 	}
+	// One declaration for all: each one rewrites the whole metadata.
+	names, layouts := make([]string, len(formats)), make([]*layout, len(formats))
+	for i, f := range formats {
+		if layouts[i], err = newLayout(f); err != nil {
+			return err
+		}
+		names[i] = f.FullName()
+	}
+	ids, err := s.w.declareAll(names, layouts)
+	if err != nil {
+		return err
+	}
+	for i, id := range ids {
+		if id != uint32(i) {
+			return fmt.Errorf("event %s: class id %d, want %d", names[i], id, i)
+		}
+	}
 	for i, f := range append(slices.Clip(formats), hooks...) {
 		recorded := i < len(formats)
 		var ti gen.RingbufKcTpInfo
 		if recorded {
-			l, err := newLayout(f)
-			if err != nil {
-				return err
-			}
-			id, err := s.w.declare(f.FullName(), l.fields, l)
-			if err != nil {
-				return err
-			}
-			if id != uint32(i) {
-				return fmt.Errorf("event %s: class id %d, want %d", f.FullName(), id, i)
-			}
+			l := layouts[i]
 			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(l.fixed), Ndyn: uint16(len(l.dyn)), Flags: tpRecord}
 			copy(ti.Dyn[:], l.dyn)
 		}

@@ -31,6 +31,26 @@ func (w *writer) declare(name string, fields []relayfmt.Field, l *layout) (uint3
 	return cls.ID, nil
 }
 
+// declareAll adds one event class per layout, ls[i] named names[i], to
+// the channel in one metadata write and records their layouts; it returns
+// the class ids in order, or the channel's error (then none is added).
+func (w *writer) declareAll(names []string, ls []*layout) ([]uint32, error) {
+	fields := make([][]relayfmt.Field, len(ls))
+	for i, l := range ls {
+		fields[i] = l.fields
+	}
+	classes, err := w.ch.AddEventClasses(names, fields)
+	if err != nil {
+		return nil, fmt.Errorf("declaring %d events: %w", len(names), err)
+	}
+	ids := make([]uint32, len(classes))
+	for i, cls := range classes {
+		w.setLayout(cls.ID, ls[i])
+		ids[i] = cls.ID
+	}
+	return ids, nil
+}
+
 // setLayout records the layout of class id.
 func (w *writer) setLayout(id uint32, l *layout) {
 	for uint32(len(w.layouts)) <= id {

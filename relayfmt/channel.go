@@ -279,6 +279,53 @@ func (c *Channel) AddEventClass(name string, fields []Field) (*EventClass, error
 	return cls, nil
 }
 
+// AddEventClasses defines one event class per name, names[i] with
+// fields[i], with consecutive ids from the next free one, and rewrites the
+// metadata once for all of them: declaring a session's hundreds of classes
+// one by one would render and write the metadata hundreds of times. It
+// returns the classes in the order of names. It fails, defining none, if
+// the two slices differ in length, a name is taken or repeats, some fields
+// are invalid, or the metadata cannot be written.
+func (c *Channel) AddEventClasses(names []string, fields [][]Field) ([]*EventClass, error) {
+	if len(names) != len(fields) {
+		return nil, fmt.Errorf("event classes: %d names for %d field lists", len(names), len(fields))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	next := c.meta
+	next.Classes = append(make([]*EventClass, 0, len(c.meta.Classes)+len(names)), c.meta.Classes...)
+	seen := make(map[string]bool, len(next.Classes)+len(names))
+	for _, cls := range next.Classes {
+		if cls != nil {
+			seen[cls.Name] = true
+		}
+	}
+	for i, name := range names {
+		if seen[name] {
+			return nil, fmt.Errorf("event %q: %w", name, ErrNameExists)
+		}
+		seen[name] = true
+		cls, err := NewEventClass(uint32(len(next.Classes)), name, fields[i])
+		if err != nil {
+			return nil, err
+		}
+		next.Classes = append(next.Classes, cls)
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	if err := c.sink.WriteMetadata(next.TSDL()); err != nil {
+		return nil, fmt.Errorf("%d event classes: %w", len(names), err)
+	}
+	added := next.Classes[len(c.meta.Classes):]
+	c.meta = next
+	c.classes.Store(&next.Classes)
+	return added, nil
+}
+
 // Metadata returns a copy of the channel's current metadata.
 func (c *Channel) Metadata() Metadata {
 	c.mu.Lock()

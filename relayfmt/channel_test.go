@@ -694,3 +694,81 @@ func TestMarkUndo(t *testing.T) {
 	}
 	agree(t, g.dir)
 }
+
+// metaCountSink counts metadata writes.
+type metaCountSink struct {
+	Sink
+	n int
+}
+
+func (m *metaCountSink) WriteMetadata(text []byte) error {
+	m.n++
+	return m.Sink.WriteMetadata(text)
+}
+
+// TestAddEventClasses checks that a batch takes the next ids in order in
+// one metadata write, that a bad batch defines nothing, that classes added
+// one by one afterwards continue the ids, and that babeltrace2 and our
+// reader read events of all of them alike.
+func TestAddEventClasses(t *testing.T) {
+	var ms *metaCountSink
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 2}, func(s Sink) Sink {
+		ms = &metaCountSink{Sink: s}
+		return ms
+	})
+	g.defineClasses(1)
+	before := ms.n
+	var names []string
+	var fields [][]Field
+	for i := range 40 {
+		names = append(names, fmt.Sprintf("syscalls:sys_enter_%d", i))
+		fields = append(fields, shapes[i%len(shapes)])
+	}
+	for _, tc := range []struct {
+		name   string
+		names  []string
+		fields [][]Field
+		want   error
+	}{
+		{"fewer field lists", names, fields[:39], nil},
+		{"name taken", []string{"a:b", "sched:sched_switch"}, fields[:2], ErrNameExists},
+		{"name twice", []string{"a:b", "a:b"}, fields[:2], ErrNameExists},
+		{"bad field", []string{"a:b"}, [][]Field{{SequenceField("s", U8, "nolen")}}, nil},
+	} {
+		cls, err := g.c.AddEventClasses(tc.names, tc.fields)
+		if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) || cls != nil {
+			t.Errorf("%s: got %v, %v, want an error (%v)", tc.name, cls, err, tc.want)
+		}
+	}
+	if n := len(g.c.Metadata().Classes); n != 1 || ms.n != before {
+		t.Fatalf("failed batches left %d classes, %d metadata writes", n, ms.n-before)
+	}
+	cls, err := g.c.AddEventClasses(names, fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ms.n != before+1 {
+		t.Errorf("%d metadata writes for one batch, want 1", ms.n-before)
+	}
+	if len(cls) != len(names) {
+		t.Fatalf("%d classes for %d names", len(cls), len(names))
+	}
+	for i, c := range cls {
+		if c.ID != uint32(1+i) || c.Name != names[i] {
+			t.Errorf("class %d: id %d name %s, want %d %s", i, c.ID, c.Name, 1+i, names[i])
+		}
+	}
+	if cls, err := g.c.AddEventClasses(nil, nil); err != nil || cls != nil || ms.n != before+1 {
+		t.Errorf("empty batch: %v, %v, %d metadata writes", cls, err, ms.n-before-1)
+	}
+	last, err := g.c.AddEventClass("synth:late", shapes[1])
+	if err != nil || last.ID != uint32(1+len(names)) {
+		t.Fatalf("class after a batch: %v, %v", last, err)
+	}
+	g.classes = append(append(g.classes, cls...), last)
+	g.burst(3000, 0)
+	g.close()
+	if n := agree(t, g.dir); n != len(g.written) {
+		t.Errorf("read %d events, wrote %d", n, len(g.written))
+	}
+}

@@ -80,7 +80,8 @@ func BenchmarkPeakRSS(b *testing.B) {
 // what starting (resolving the events, writing the metadata, loading and
 // attaching) and stopping (detaching, flushing) cost. syscalls:* declares
 // some 700 event classes and, where the raw syscall path cannot take a
-// syscall (newer than its table), attaches its tracepoints one by one.
+// syscall (newer than its table), attaches its tracepoints one by one
+// (and detaches them, each waiting for an RCU grace period).
 func BenchmarkStartStop(b *testing.B) {
 	testenv.RequireRoot(b)
 	for _, c := range []struct{ name, events string }{{"syscalls", "syscalls:*"}, {"sched_switch", "sched:sched_switch"}} {

@@ -2,7 +2,8 @@
 // numbers of the syscall events, from a kernel build's
 // arch/x86/include/generated/asm/syscalls_64.h (Debian's linux-headers
 // package has it; make syscall-table fetches one). Each line there is
-// __SYSCALL(nr, entry) with entry the syscall's SYSCALL_DEFINE name behind
+// __SYSCALL(nr, entry), or since Linux 6.11 __SYSCALL_NORETURN(nr, entry)
+// for exit and exit_group, with entry the syscall's SYSCALL_DEFINE name behind
 // "sys_", which is also the name of its syscalls:sys_enter_/sys_exit_
 // events (kernel/trace/trace_syscalls.c matches them by that name); the
 // names of asm/unistd_64.h differ for some (stat is sys_newstat).
@@ -21,7 +22,7 @@ import (
 	"strconv"
 )
 
-var line = regexp.MustCompile(`^__SYSCALL\((\d+), sys_(\w+)\)$`)
+var line = regexp.MustCompile(`^__SYSCALL(?:_NORETURN)?\((\d+), sys_(\w+)\)$`)
 
 func main() {
 	if len(os.Args) != 3 {

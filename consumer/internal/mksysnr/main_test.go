@@ -16,13 +16,17 @@ func TestTable(t *testing.T) {
 		case 7:
 			name = "sys_ni_syscall"
 		}
-		fmt.Fprintf(&in, "__SYSCALL(%d, %s)\n", nr, name)
+		macro := "__SYSCALL"
+		if nr == 60 {
+			macro = "__SYSCALL_NORETURN" // Linux 6.11 on: exit, exit_group
+		}
+		fmt.Fprintf(&in, "%s(%d, %s)\n", macro, nr, name)
 	}
 	out, err := table("test", strings.NewReader(in.String()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"newstat": 4,`, `"call309": 309,`} {
+	for _, want := range []string{`"newstat": 4,`, `"call309": 309,`, `"call60":  60,`} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("no %s in\n%s", want, out)
 		}
