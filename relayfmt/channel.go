@@ -317,7 +317,7 @@ func (c *Channel) AddEventClasses(names []string, fields [][]Field) ([]*EventCla
 	if len(names) == 0 {
 		return nil, nil
 	}
-	if err := c.sink.WriteMetadata(next.TSDL()); err != nil {
+	if err := writeMetadata(c.sink, &next); err != nil {
 		return nil, fmt.Errorf("%d event classes: %w", len(names), err)
 	}
 	added := next.Classes[len(c.meta.Classes):]
