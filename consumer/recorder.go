@@ -63,11 +63,11 @@ type loadOpts struct {
 
 // smallSize returns the record size of f when the recorder can copy it
 // straight into the ring with a program copy of its own size
-// (kc_record_small in bpf/kconsume.bpf.c): a multiple of 4 from 8 to
+// (kc_record_small in bpf/kconsume.bpf.c): a multiple of 2 from 8 to
 // smallMax bytes, without dynamic fields. Otherwise it returns 0.
 func smallSize(f *tracefs.Format) uint32 {
 	n := f.FixedSize()
-	if n < 8 || n > smallMax || n%4 != 0 {
+	if n < 8 || n > smallMax || n%2 != 0 {
 		return 0
 	}
 	for _, fl := range f.All() {
