@@ -129,6 +129,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		r.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
 		set[gen.RingbufVarKcUseCookie] = boolU32(r.useCookie)
 		set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
+		set[gen.RingbufVarKcPidBits] = pidBits(cfg.PIDs)
 		set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
 		set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
 		set[gen.RingbufVarKcHooks] = boolU32(opts != nil && opts.hooks)
@@ -270,6 +271,17 @@ func boolU32(b bool) uint32 {
 func roundPage(n int) int {
 	p := os.Getpagesize()
 	return (n + p - 1) / p * p
+}
+
+// pidBits returns kc_pid_bits of bpf/filter.h for the ids pids: bit
+// id % (64 × len) set for each.
+func pidBits(pids []int) [1024]uint64 {
+	var bits [1024]uint64
+	for _, p := range pids {
+		i := uint32(p) % (64 * uint32(len(bits)))
+		bits[i/64] |= 1 << (i % 64)
+	}
+	return bits
 }
 
 // setFilters fills the kernel-side filter maps from the configuration.
