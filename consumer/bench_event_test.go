@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -227,13 +228,30 @@ func BenchmarkEventCost(b *testing.B) {
 				if tool == "kconsume-tp" && !strings.HasPrefix(s.event, "syscalls:") {
 					continue
 				}
-				stop := startEventTracer(b, tool, tools[tool], s)
-				for _, run := range s.runs {
-					add(run.name, tool, work(run))
-				}
-				lost[s.name+"-"+tool] += stop()
-				if tool == "trace-cmd" {
-					restore()
+				// A retry is a new recording, whose runs replace the
+				// failed one's.
+				for try := 1; ; try++ {
+					stop := startEventTracer(b, tool, tools[tool], s)
+					var v [][2]float64
+					for _, run := range s.runs {
+						v = append(v, work(run))
+					}
+					l, err := stop()
+					if tool == "trace-cmd" {
+						restore()
+					}
+					if err != nil {
+						if try < 3 && errors.Is(err, errRetry) {
+							b.Logf("%s, round %d: %v; again", tool, r+1, err)
+							continue
+						}
+						b.Fatal(err)
+					}
+					for i, run := range s.runs {
+						add(run.name, tool, v[i])
+					}
+					lost[s.name+"-"+tool] += l
+					break
 				}
 			}
 		}
@@ -270,11 +288,18 @@ func BenchmarkEventCost(b *testing.B) {
 	}
 }
 
+// errRetry marks a recording that failed for a reason outside the
+// measure, which may be run again.
+var errRetry = errors.New("retry")
+
 // startEventTracer starts tool recording s's event system-wide and
 // returns once it records; the function it returns stops it and returns
 // the events it reports lost: kconsume's discarded events in its trace,
-// trace-cmd's overruns, perf's lost chunks.
-func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() uint64 {
+// trace-cmd's overruns, perf's lost chunks. It fails wrapping errRetry
+// when trace-cmd could not write its file because /proc/kallsyms changed
+// size while it read it (BPF programs of the tracer before it are freed
+// after it exits).
+func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (uint64, error) {
 	b.Helper()
 	dir := b.TempDir()
 	session := fmt.Sprintf("kc-bench-%d", os.Getpid())
@@ -352,7 +377,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() uin
 		// nothing before it stops.
 		time.Sleep(500 * time.Millisecond)
 	}
-	return func() uint64 {
+	return func() (uint64, error) {
 		_ = cmd.Process.Signal(os.Interrupt)
 		<-logDone
 		err := cmd.Wait()
@@ -361,7 +386,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() uin
 		switch tool {
 		case "kconsume", "kconsume-tp":
 			if err != nil {
-				b.Fatalf("kconsume record: %v\n%s", err, text)
+				return 0, fmt.Errorf("kconsume record: %w\n%s", err, text)
 			}
 			lost = traceDiscarded(b, filepath.Join(dir, "t"))
 		case "trace-cmd":
@@ -369,7 +394,10 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() uin
 			// cannot open set_ftrace_filter (no function tracer): judge
 			// by its report.
 			if !strings.Contains(text, "data recorded") {
-				b.Fatalf("trace-cmd: %v\n%s", err, text)
+				if strings.Contains(text, "error in size of file '/proc/kallsyms'") {
+					return 0, fmt.Errorf("trace-cmd: %w: %v\n%s", errRetry, err, text)
+				}
+				return 0, fmt.Errorf("trace-cmd: no data recorded (%v)\n%s", err, text)
 			}
 			for _, m := range regexp.MustCompile(`(?m)^overrun: (\d+)`).FindAllStringSubmatch(text, -1) {
 				n, _ := strconv.ParseUint(m[1], 10, 64)
@@ -377,13 +405,13 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() uin
 			}
 		case "perf":
 			if !strings.Contains(text, "perf record: Captured") {
-				b.Fatalf("perf record: %v\n%s", err, text)
+				return 0, fmt.Errorf("perf record: nothing captured (%v)\n%s", err, text)
 			}
 			if m := regexp.MustCompile(`lost (\d+) chunks`).FindStringSubmatch(text); m != nil {
 				lost, _ = strconv.ParseUint(m[1], 10, 64)
 			}
 		}
-		return lost
+		return lost, nil
 	}
 }
 
