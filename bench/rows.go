@@ -153,16 +153,15 @@ func rows() []sectionRow {
 					fig: m("EventCost", k+"-"+tool+"-added-ns-chunk"), label: "ns added",
 					extra: []extra{{m("EventCost", k+"-"+tool+"-added-ns"), "ns added whole loop"},
 						{m("EventCost", w.session+"-"+tool+"-lost"), "lost (session)"}}}
-				if tool == "kconsume" {
+				switch {
+				case tool == "kconsume" && w.name == "untraced":
+					r.target = "≤ 10 ns"
+					r.ok = func(_ results, f, _ stat) bool { return f.med <= 10 }
+				case tool == "kconsume":
 					r.ratioOf, r.baseName = pm("EventCost", k+"-ratio-chunk"), "trace-cmd's added cost"
 					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio"), "× trace-cmd's whole loop"})
-					if w.name == "untraced" {
-						r.target = "≤ 10 ns"
-						r.ok = func(_ results, f, _ stat) bool { return f.med <= 10 }
-					} else {
-						r.target, r.needRatio = "≤ 0.85 × trace-cmd's", true
-						r.ok = func(_ results, _, rat stat) bool { return rat.med <= 0.85 }
-					}
+					r.target, r.needRatio = "≤ 0.85 × trace-cmd's", true
+					r.ok = func(_ results, _, rat stat) bool { return rat.med <= 0.85 }
 				}
 				add(ev, r)
 			}
