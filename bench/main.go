@@ -36,6 +36,7 @@ var families = []family{
 	{"./consumer", "^BenchmarkDrain(Perf)?$", "100x"},
 	{"./consumer", "^BenchmarkConcurrent$", "1000x"},
 	{"./consumer", "^BenchmarkTracepointCost$", "2000000x"},
+	{"./consumer", "^BenchmarkEventCost$", "200000x"},
 	{"./cmd/kconsume", "^BenchmarkPeakRSS$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkStartStop$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkIdle$", "1x"},

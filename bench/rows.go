@@ -128,6 +128,46 @@ func rows() []sectionRow {
 	add(tp, row{what: "added by `perf record -a -e syscalls:sys_enter_getpid` (Debian linux-perf)", cmd: tpc,
 		fig: m("TracepointCost", "perf-added-ns"), label: "ns/event", extra: []extra{{m("TracepointCost", "perf-lost"), "chunks lost"}}})
 
+	const ev = "Per-event cost: C loops of 200 k calls, pinned (taskset -c 0) and unpinned; ns/call added, median 1000-call chunk (whole loop in brackets)"
+	evc := "go test -run '^$' -bench EventCost -benchtime 200000x ./consumer"
+	for _, w := range []struct{ name, session, what string }{
+		{"getpid", "getpid", "(a) getpid, `-e syscalls:sys_enter_getpid`"},
+		{"rename", "rename", "(b) prctl(PR_SET_NAME), `-e task:task_rename` (two comm strings)"},
+		{"pidfilter", "pidfilter", "(c) getpid, sys_enter_getpid rejected by a pid filter (kconsume `--pid 1`; `common_pid == 1` for the others)"},
+		{"untraced", "getpid", "untraced syscall: getppid while sys_enter_getpid is recorded"},
+	} {
+		for _, pin := range []string{"pinned", "unpinned"} {
+			k := w.name + "-" + pin
+			add(ev, row{what: w.what + ", " + pin + ", untraced ns/call", cmd: evc,
+				fig: m("EventCost", k+"-untraced-ns-chunk"), label: "ns/call",
+				extra: []extra{{m("EventCost", k+"-untraced-ns"), "ns/call whole loop"}}})
+			for _, tool := range []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"} {
+				if tool == "kconsume-tp" && w.name == "rename" {
+					continue
+				}
+				name := tool
+				if tool == "kconsume-tp" {
+					name = "kconsume --syscalls tracepoint"
+				}
+				r := row{what: w.what + ", " + pin + ", " + name, cmd: evc,
+					fig: m("EventCost", k+"-"+tool+"-added-ns-chunk"), label: "ns added",
+					extra: []extra{{m("EventCost", k+"-"+tool+"-added-ns"), "ns added whole loop"},
+						{m("EventCost", w.session+"-"+tool+"-lost"), "lost (session)"}}}
+				switch {
+				case tool == "kconsume" && w.name == "untraced":
+					r.target = "≤ 10 ns"
+					r.ok = func(_ results, f, _ stat) bool { return f.med <= 10 }
+				case tool == "kconsume":
+					r.ratioOf, r.baseName = pm("EventCost", k+"-ratio-chunk"), "trace-cmd's added cost"
+					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio"), "× trace-cmd's whole loop"})
+					r.target, r.needRatio = "≤ 0.85 × trace-cmd's", true
+					r.ok = func(_ results, _, rat stat) bool { return rat.med <= 0.85 }
+				}
+				add(ev, r)
+			}
+		}
+	}
+
 	const off = "Offline: 400 k events, 2 streams"
 	for _, c := range []struct{ mode, what, target string }{
 		{"report", "`kconsume report` (text) vs `babeltrace2` (text)", "≥ 20 ×"},

@@ -179,14 +179,22 @@ static __always_inline __u32 kc_small_size(void)
 
 /*
  * kc_word copies the bytes of word k (k ≥ 1) that lie below size, a
- * multiple of 4 (the loader uses this path only for such sizes).
+ * multiple of 2 (the loader uses this path only for such sizes): a u64,
+ * or the u32 and u16 that the record's tail covers (task_rename ends with
+ * a short at 44).
  */
 #define kc_word(dst, ctx, size, k)                                                \
 	({                                                                        \
-		if ((size) >= 8 * (k) + 8)                                        \
+		if ((size) >= 8 * (k) + 8) {                                      \
 			kc_ld(dst, ctx, u64, 8 * (k));                            \
-		else if ((size) == 8 * (k) + 4)                                   \
-			kc_ld(dst, ctx, u32, 8 * (k));                            \
+		} else {                                                          \
+			if ((size) >= 8 * (k) + 4)                                \
+				kc_ld(dst, ctx, u32, 8 * (k));                    \
+			if ((size) == 8 * (k) + 6)                                \
+				kc_ld(dst, ctx, u16, 8 * (k) + 4);                \
+			else if ((size) == 8 * (k) + 2)                           \
+				kc_ld(dst, ctx, u16, 8 * (k));                    \
+		}                                                                 \
 	})
 
 #define KC_RESERVE(n)                                                             \
@@ -196,7 +204,7 @@ static __always_inline __u32 kc_small_size(void)
 
 /*
  * kc_record_small writes the trace record at ctx, size bytes without
- * dynamic fields (a multiple of 4, at most KC_SMALL_MAX), straight into this CPU's ring as
+ * dynamic fields (a multiple of 2, at most KC_SMALL_MAX), straight into this CPU's ring as
  * event key, and returns its timestamp, or 0 when this CPU's buffer is
  * stopped or the ring is full (then counted as lost). size is a constant
  * of the program copy (kc_small_size), so the verifier keeps only the
@@ -341,7 +349,7 @@ int kc_tracepoint(void *ctx)
 #ifndef KC_PERF
 		__u32 small = kc_small_size();
 
-		if (small >= 8 && small <= KC_SMALL_MAX && !(small & 3) && small == info->size)
+		if (small >= 8 && small <= KC_SMALL_MAX && !(small & 1) && small == info->size)
 			ts = kc_record_small(ctx, key, info, small);
 		else
 #endif

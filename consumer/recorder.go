@@ -63,11 +63,11 @@ type loadOpts struct {
 
 // smallSize returns the record size of f when the recorder can copy it
 // straight into the ring with a program copy of its own size
-// (kc_record_small in bpf/kconsume.bpf.c): a multiple of 4 from 8 to
+// (kc_record_small in bpf/kconsume.bpf.c): a multiple of 2 from 8 to
 // smallMax bytes, without dynamic fields. Otherwise it returns 0.
 func smallSize(f *tracefs.Format) uint32 {
 	n := f.FixedSize()
-	if n < 8 || n > smallMax || n%4 != 0 {
+	if n < 8 || n > smallMax || n%2 != 0 {
 		return 0
 	}
 	for _, fl := range f.All() {
@@ -129,6 +129,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		r.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
 		set[gen.RingbufVarKcUseCookie] = boolU32(r.useCookie)
 		set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
+		set[gen.RingbufVarKcPidBits] = pidBits(cfg.PIDs)
 		set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
 		set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
 		set[gen.RingbufVarKcHooks] = boolU32(opts != nil && opts.hooks)
@@ -270,6 +271,17 @@ func boolU32(b bool) uint32 {
 func roundPage(n int) int {
 	p := os.Getpagesize()
 	return (n + p - 1) / p * p
+}
+
+// pidBits returns kc_pid_bits of bpf/filter.h for the ids pids: bit
+// id % (64 × len) set for each.
+func pidBits(pids []int) [1024]uint64 {
+	var bits [1024]uint64
+	for _, p := range pids {
+		i := uint32(p) % (64 * uint32(len(bits)))
+		bits[i/64] |= 1 << (i % 64)
+	}
+	return bits
 }
 
 // setFilters fills the kernel-side filter maps from the configuration.

@@ -69,6 +69,13 @@ func child(mode string) int {
 		for i := 0; i < n; i++ {
 			_ = unix.Close(closeBase + i)
 		}
+	case "rename":
+		// task:task_rename, whose 46-byte record ends in a short.
+		for i := 0; i < n; i++ {
+			if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&renameComm(i)[0])), 0, 0, 0); err != nil {
+				return 8
+			}
+		}
 	case "sleep":
 		for i := 0; i < n; i++ {
 			time.Sleep(time.Millisecond)

@@ -83,6 +83,7 @@ const (
 	PerfVarKcFilterPid    = "kc_filter_pid"
 	PerfVarKcGlobal       = "kc_global"
 	PerfVarKcHooks        = "kc_hooks"
+	PerfVarKcPidBits      = "kc_pid_bits"
 	PerfVarKcRunning      = "kc_running"
 	PerfVarKcSelfTgid     = "kc_self_tgid"
 	PerfVarKcUseCookie    = "kc_use_cookie"
@@ -161,6 +162,7 @@ type PerfVariableSpecs struct {
 	KcFilterPid    *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcHooks        *ebpf.VariableSpec `ebpf:"kc_hooks"`
+	KcPidBits      *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcSelfTgid     *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
@@ -223,6 +225,7 @@ type PerfVariables struct {
 	KcFilterPid    *ebpf.Variable `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
 	KcHooks        *ebpf.Variable `ebpf:"kc_hooks"`
+	KcPidBits      *ebpf.Variable `ebpf:"kc_pid_bits"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
 	KcSelfTgid     *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`

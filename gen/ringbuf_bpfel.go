@@ -88,6 +88,7 @@ const (
 	RingbufVarKcFilterPid    = "kc_filter_pid"
 	RingbufVarKcGlobal       = "kc_global"
 	RingbufVarKcHooks        = "kc_hooks"
+	RingbufVarKcPidBits      = "kc_pid_bits"
 	RingbufVarKcRunning      = "kc_running"
 	RingbufVarKcSelfTgid     = "kc_self_tgid"
 	RingbufVarKcTaskBtf      = "kc_task_btf"
@@ -170,6 +171,7 @@ type RingbufVariableSpecs struct {
 	KcFilterPid    *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcHooks        *ebpf.VariableSpec `ebpf:"kc_hooks"`
+	KcPidBits      *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcSelfTgid     *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcTaskBtf      *ebpf.VariableSpec `ebpf:"kc_task_btf"`
@@ -235,6 +237,7 @@ type RingbufVariables struct {
 	KcFilterPid    *ebpf.Variable `ebpf:"kc_filter_pid"`
 	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
 	KcHooks        *ebpf.Variable `ebpf:"kc_hooks"`
+	KcPidBits      *ebpf.Variable `ebpf:"kc_pid_bits"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
 	KcSelfTgid     *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcTaskBtf      *ebpf.Variable `ebpf:"kc_task_btf"`

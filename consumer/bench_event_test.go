@@ -1,0 +1,437 @@
+package consumer
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kconsume/kconsume/internal/control"
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// eventLoadC is the workload of BenchmarkEventCost: n calls of one kind
+// in a tight loop, timed with CLOCK_MONOTONIC per chunk of 1000 calls,
+// printing the ns per call of the whole loop and of the median chunk
+// (which leaves out the chunks where another task took the CPU: the
+// machine is shared). C, static: a Go loop would add its scheduler's and
+// runtime's noise.
+// rename changes the thread's name (prctl PR_SET_NAME), which fires
+// task:task_rename, a tracepoint carrying two comm strings.
+const eventLoadC = `#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
+#define CHUNK 1000
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv)
+{
+	long i, j, n, k;
+	double t0, t, *ch;
+	int mode;
+	if (argc != 3 || (n = atol(argv[2])) < CHUNK) {
+		fprintf(stderr, "usage: %s getpid|getppid|rename N (N >= %d)\n", argv[0], CHUNK);
+		return 2;
+	}
+	if (!strcmp(argv[1], "getpid"))
+		mode = 0;
+	else if (!strcmp(argv[1], "getppid"))
+		mode = 1;
+	else if (!strcmp(argv[1], "rename"))
+		mode = 2;
+	else {
+		fprintf(stderr, "unknown workload %s\n", argv[1]);
+		return 2;
+	}
+	k = n / CHUNK;
+	ch = malloc(k * sizeof(*ch));
+	if (!ch)
+		return 1;
+	t0 = t = now();
+	for (j = 0; j < k; j++) {
+		double c;
+		for (i = 0; i < CHUNK; i++) {
+			if (mode == 0)
+				syscall(SYS_getpid);
+			else if (mode == 1)
+				syscall(SYS_getppid);
+			else
+				prctl(PR_SET_NAME, (i & 1) ? "kcload-a" : "kcload-b", 0, 0, 0);
+		}
+		c = now();
+		ch[j] = (c - t) / CHUNK;
+		t = c;
+	}
+	qsort(ch, k, sizeof(*ch), cmp);
+	printf("%.3f %.3f\n", (t - t0) / (k * CHUNK), ch[k / 2]);
+	return 0;
+}
+`
+
+// buildEventLoad compiles eventLoadC with gcc into a static binary.
+func buildEventLoad(b *testing.B) string {
+	b.Helper()
+	gcc, err := exec.LookPath("gcc")
+	if err != nil {
+		testenv.Missing(b, "gcc is required for the C workloads (apt-get install gcc libc6-dev): %v", err)
+	}
+	dir := b.TempDir()
+	src := filepath.Join(dir, "load.c")
+	if err := os.WriteFile(src, []byte(eventLoadC), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	bin := filepath.Join(dir, "load")
+	if out, err := exec.Command(gcc, "-O2", "-static", "-o", bin, src).CombinedOutput(); err != nil {
+		b.Fatalf("gcc: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// eventRun is one workload of a session: the loop kind and whether it is
+// pinned to CPU 0 with taskset.
+type eventRun struct {
+	name   string // metric prefix: getpid-pinned, ...
+	loop   string // eventLoadC's first argument
+	pinned bool
+}
+
+// eventSession is what one tracer invocation records while its runs go.
+type eventSession struct {
+	name  string // loss metric prefix
+	event string // the one event recorded
+	// pid filter: record only pid 1's events, which the workload never is.
+	filter bool
+	runs   []eventRun
+}
+
+var eventSessions = []eventSession{
+	{name: "getpid", event: "syscalls:sys_enter_getpid", runs: []eventRun{
+		{"getpid-pinned", "getpid", true}, {"getpid-unpinned", "getpid", false},
+		// getppid is not recorded: what every untraced syscall pays while
+		// a syscall event is (kconsume's raw sys_enter path, the syscall
+		// tracepoints' own dispatch for trace-cmd and perf).
+		{"untraced-pinned", "getppid", true}, {"untraced-unpinned", "getppid", false},
+	}},
+	{name: "rename", event: "task:task_rename", runs: []eventRun{
+		{"rename-pinned", "rename", true}, {"rename-unpinned", "rename", false},
+	}},
+	{name: "pidfilter", event: "syscalls:sys_enter_getpid", filter: true, runs: []eventRun{
+		{"pidfilter-pinned", "getpid", true}, {"pidfilter-unpinned", "getpid", false},
+	}},
+}
+
+// eventTools are the tracers measured, in the order of a round.
+// kconsume-tp is kconsume with --syscalls tracepoint: each syscall event
+// through its own tracepoint instead of the raw sys_enter path, which
+// untraced syscalls do not pay for (the same as kconsume for a
+// tracepoint that is not a syscall's).
+var eventTools = []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"}
+
+// BenchmarkEventCost measures what tracing adds per traced event, with C
+// workloads of b.N calls (run with -benchtime Nx; N ≥ 100000, smaller
+// runs measure nothing): getpid with syscalls:sys_enter_getpid recorded
+// (a), prctl(PR_SET_NAME) with task:task_rename recorded, an event with
+// two comm strings (b), getpid with sys_enter_getpid recorded but only
+// for pid 1, so every event is rejected by the pid filter (c: kconsume
+// --pid 1, trace-cmd and perf with the filter common_pid == 1), and
+// getppid while only sys_enter_getpid is recorded (the untraced-syscall
+// cost). Each workload runs pinned to CPU 0 (taskset -c 0) and unpinned,
+// untraced and under `kconsume record` (and, for syscall events, with
+// --syscalls tracepoint), `trace-cmd record -d --no-filter` and `perf
+// record -a`, the tools alternated in each round. Reported per workload,
+// for the whole loop and for its median 1000-call chunk: the untraced ns/call, each tool's added ns/call (median of
+// the rounds minus the untraced median), and kconsume's added cost as a
+// ratio of trace-cmd's (median of the rounds' ratios); per session each
+// tool's losses. The host's tracing state is restored after trace-cmd.
+func BenchmarkEventCost(b *testing.B) {
+	testenv.RequireRoot(b)
+	if b.N < 100000 {
+		return // Go's first run of every benchmark, with b.N 1
+	}
+	tools := map[string]string{"kconsume": testenv.KconsumeBin(b)}
+	tools["kconsume-tp"] = tools["kconsume"]
+	for _, t := range []string{"trace-cmd", "perf", "taskset"} {
+		p, err := exec.LookPath(t)
+		if err != nil {
+			testenv.Missing(b, "%s is required (apt-get install trace-cmd linux-perf util-linux): %v", t, err)
+		}
+		tools[t] = p
+	}
+	load := buildEventLoad(b)
+	restore := testenv.SaveTracing(b)
+	defer restore()
+	rounds := 5
+	if n, err := strconv.Atoi(os.Getenv("KCONSUME_BENCH_ROUNDS")); err == nil && n > 0 {
+		rounds = n
+	}
+	n := strconv.Itoa(b.N)
+	work := func(r eventRun) [2]float64 {
+		args := []string{load, r.loop, n}
+		if r.pinned {
+			args = append([]string{tools["taskset"], "-c", "0"}, args...)
+		}
+		out, err := exec.Command(args[0], args[1:]...).Output()
+		if err != nil {
+			b.Fatalf("%s: %v", strings.Join(args, " "), err)
+		}
+		var v [2]float64
+		if _, err := fmt.Sscan(string(out), &v[0], &v[1]); err != nil {
+			b.Fatalf("%s: %q: %v", strings.Join(args, " "), out, err)
+		}
+		return v
+	}
+	// ns[run][tool][0] per round, the whole loop's ns/call; [1] the median
+	// chunk's; tool "" is untraced.
+	ns := map[string]map[string][2][]float64{}
+	lost := map[string]uint64{}
+	add := func(run, tool string, v [2]float64) {
+		if ns[run] == nil {
+			ns[run] = map[string][2][]float64{}
+		}
+		t := ns[run][tool]
+		t[0], t[1] = append(t[0], v[0]), append(t[1], v[1])
+		ns[run][tool] = t
+	}
+	for r := 0; r < rounds; r++ {
+		for _, s := range eventSessions {
+			for _, run := range s.runs {
+				add(run.name, "", work(run))
+			}
+			for _, tool := range eventTools {
+				if tool == "kconsume-tp" && !strings.HasPrefix(s.event, "syscalls:") {
+					continue
+				}
+				// A retry is a new recording, whose runs replace the
+				// failed one's.
+				for try := 1; ; try++ {
+					stop := startEventTracer(b, tool, tools[tool], s)
+					var v [][2]float64
+					for _, run := range s.runs {
+						v = append(v, work(run))
+					}
+					l, err := stop()
+					if tool == "trace-cmd" {
+						restore()
+					}
+					if err != nil {
+						if try < 3 && errors.Is(err, errRetry) {
+							b.Logf("%s, round %d: %v; again", tool, r+1, err)
+							continue
+						}
+						b.Fatal(err)
+					}
+					for i, run := range s.runs {
+						add(run.name, tool, v[i])
+					}
+					lost[s.name+"-"+tool] += l
+					break
+				}
+			}
+		}
+	}
+	for _, s := range eventSessions {
+		for _, run := range s.runs {
+			for i, suffix := range []string{"", "-chunk"} {
+				un := ns[run.name][""][i]
+				base := median(un)
+				b.ReportMetric(base, run.name+"-untraced-ns"+suffix)
+				for _, tool := range eventTools {
+					if len(ns[run.name][tool][i]) == 0 {
+						continue
+					}
+					b.ReportMetric(median(ns[run.name][tool][i])-base, run.name+"-"+tool+"-added-ns"+suffix)
+				}
+				// Per round against that round's untraced run, so the
+				// ratios see the same noise.
+				var ratios []float64
+				for r := range un {
+					ratios = append(ratios, (ns[run.name]["kconsume"][i][r]-un[r])/(ns[run.name]["trace-cmd"][i][r]-un[r]))
+				}
+				b.ReportMetric(median(ratios), run.name+"-ratio"+suffix)
+				b.ReportMetric(slices.Min(ratios), run.name+"-ratio-min"+suffix)
+				b.ReportMetric(slices.Max(ratios), run.name+"-ratio-max"+suffix)
+			}
+		}
+		for _, tool := range eventTools {
+			if _, ok := lost[s.name+"-"+tool]; !ok {
+				continue
+			}
+			b.ReportMetric(float64(lost[s.name+"-"+tool]), s.name+"-"+tool+"-lost")
+		}
+	}
+}
+
+// errRetry marks a recording that failed for a reason outside the
+// measure, which may be run again.
+var errRetry = errors.New("retry")
+
+// startEventTracer starts tool recording s's event system-wide and
+// returns once it records; the function it returns stops it and returns
+// the events it reports lost: kconsume's discarded events in its trace,
+// trace-cmd's overruns, perf's lost chunks. It fails wrapping errRetry
+// when trace-cmd could not write its file because /proc/kallsyms changed
+// size while it read it (BPF programs of the tracer before it are freed
+// after it exits).
+func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (uint64, error) {
+	b.Helper()
+	dir := b.TempDir()
+	session := fmt.Sprintf("kc-bench-%d", os.Getpid())
+	var args []string
+	switch tool {
+	case "kconsume", "kconsume-tp":
+		args = []string{"record", "-q", "-e", s.event, "-o", filepath.Join(dir, "t"), "--session", session}
+		if s.filter {
+			args = append(args, "--pid", "1")
+		}
+		if tool == "kconsume-tp" {
+			args = append(args, "--syscalls", "tracepoint")
+		}
+	case "trace-cmd":
+		// trace-cmd -P would filter with set_event_pid, but it gives up on
+		// it here along with set_ftrace_filter; the event filter is its
+		// other way.
+		args = []string{"record", "-d", "--no-filter", "-e", s.event, "-o", filepath.Join(dir, "trace.dat")}
+		if s.filter {
+			args = append(args, "-f", "common_pid == 1")
+		}
+	case "perf":
+		args = []string{"record", "-a", "-e", s.event, "-o", filepath.Join(dir, "perf.data")}
+		if s.filter {
+			args = append(args, "--filter", "common_pid == 1")
+		}
+	}
+	cmd := exec.Command(bin, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	var log strings.Builder
+	logDone := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+		}
+	}()
+	ready := func() bool { return true }
+	switch tool {
+	case "kconsume", "kconsume-tp":
+		state := filepath.Join(control.DefaultRoot, session, "state")
+		ready = func() bool {
+			st, _ := os.ReadFile(state)
+			return strings.TrimSpace(string(st)) == "running"
+		}
+	case "trace-cmd":
+		// Its stdout is a pipe, so its "Hit Ctrl^C" line stays in its
+		// buffer: wait for the event to be enabled and tracing on.
+		sys, ev, _ := strings.Cut(s.event, ":")
+		enable := filepath.Join("/sys/kernel/tracing/events", sys, ev, "enable")
+		ready = func() bool {
+			e, _ := os.ReadFile(enable)
+			on, _ := os.ReadFile("/sys/kernel/tracing/tracing_on")
+			return strings.TrimSpace(string(e)) == "1" && strings.TrimSpace(string(on)) == "1"
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); !ready(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			<-logDone
+			_ = cmd.Wait()
+			b.Fatalf("%s did not start:\n%s", tool, log.String())
+		}
+	}
+	if !strings.HasPrefix(tool, "kconsume") {
+		// trace-cmd's per-CPU recorders start right after; perf says
+		// nothing before it stops.
+		time.Sleep(500 * time.Millisecond)
+	}
+	return func() (uint64, error) {
+		_ = cmd.Process.Signal(os.Interrupt)
+		<-logDone
+		err := cmd.Wait()
+		text := log.String()
+		var lost uint64
+		switch tool {
+		case "kconsume", "kconsume-tp":
+			if err != nil {
+				return 0, fmt.Errorf("kconsume record: %w\n%s", err, text)
+			}
+			lost = traceDiscarded(b, filepath.Join(dir, "t"))
+		case "trace-cmd":
+			// Debian's trace-cmd exits 1 here after recording, because it
+			// cannot open set_ftrace_filter (no function tracer): judge
+			// by its report.
+			if !strings.Contains(text, "data recorded") {
+				if strings.Contains(text, "error in size of file '/proc/kallsyms'") {
+					return 0, fmt.Errorf("trace-cmd: %w: %v\n%s", errRetry, err, text)
+				}
+				return 0, fmt.Errorf("trace-cmd: no data recorded (%v)\n%s", err, text)
+			}
+			for _, m := range regexp.MustCompile(`(?m)^overrun: (\d+)`).FindAllStringSubmatch(text, -1) {
+				n, _ := strconv.ParseUint(m[1], 10, 64)
+				lost += n
+			}
+		case "perf":
+			if !strings.Contains(text, "perf record: Captured") {
+				return 0, fmt.Errorf("perf record: nothing captured (%v)\n%s", err, text)
+			}
+			if m := regexp.MustCompile(`lost (\d+) chunks`).FindStringSubmatch(text); m != nil {
+				lost, _ = strconv.ParseUint(m[1], 10, 64)
+			}
+		}
+		return lost, nil
+	}
+}
+
+// traceDiscarded returns the events the trace in dir says were discarded.
+func traceDiscarded(b *testing.B, dir string) uint64 {
+	b.Helper()
+	tr, err := relayfmt.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := tr.Merge()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	var lost uint64
+	for m.Next() {
+		if it := m.Item(); it.Kind == relayfmt.DiscardedEvents {
+			lost += it.Count
+		}
+	}
+	return lost
+}
