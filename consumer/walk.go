@@ -88,8 +88,10 @@ const (
 // counted and placed as discarded, as emit does.
 //
 // A record of a class whose payload is the record as it is goes through a
-// relayfmt.Run, inline; any other, or one the Run refuses, through write,
-// with the Run synced around it. A global channel's Run takes nothing (its
+// relayfmt.Run, inline; one whose layout is copies alone (a tracepoint
+// without dynamic fields) has its runs copied into the room the Run
+// reserves (classCache.putCopied); any other, or one the Run refuses,
+// goes through write, with the Run synced around it. A global channel's Run takes nothing (its
 // events carry their CPU), so walkWrite walks a global ring: a test for
 // it in this loop cost the per-CPU drain a tenth of its speed.
 func (w *writer) walkOnce(st *stream, r *ringbuf, prod uint64) (why int, late uint64) {
