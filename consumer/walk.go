@@ -88,8 +88,10 @@ const (
 // counted and placed as discarded, as emit does.
 //
 // A record of a class whose payload is the record as it is goes through a
-// relayfmt.Run, inline; any other, or one the Run refuses, through write,
-// with the Run synced around it. A global channel's Run takes nothing (its
+// relayfmt.Run, inline; one whose layout is copies alone (a tracepoint
+// without dynamic fields) has its runs copied into the room the Run
+// reserves (classCache.putCopied); any other, or one the Run refuses,
+// goes through write, with the Run synced around it. A global channel's Run takes nothing (its
 // events carry their CPU), so walkWrite walks a global ring: a test for
 // it in this loop cost the per-CPU drain a tenth of its speed.
 func (w *writer) walkOnce(st *stream, r *ringbuf, prod uint64) (why int, late uint64) {
@@ -124,7 +126,7 @@ func (w *writer) walkOnce(st *stream, r *ringbuf, prod uint64) (why int, late ui
 			run.Sync()
 			cps.push(checkpoint{mark: w.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
-		if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(ts, key, payload)) && !w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, &run) {
+		if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(ts, key, payload)) && !cc.putCopied(&run, ts, key, rec) && !w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, &run) {
 			r.cons = pos
 			return onceOther, 0
 		}
@@ -242,7 +244,7 @@ func (w *writer) catchUp(st *stream) bool {
 		}
 		if fast {
 			rec := kcRec(st.record(*e))
-			if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(e.ts, key, payload)) && !w.write(st, *e, false, &run) {
+			if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(e.ts, key, payload)) && !cc.putCopied(&run, e.ts, key, rec) && !w.write(st, *e, false, &run) {
 				return false
 			}
 		} else if !w.write(st, *e, false, nil) {

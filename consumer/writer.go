@@ -18,6 +18,16 @@ type writer struct {
 	global  bool      // one buffer for every CPU: events carry their CPU
 	layouts []*layout // by class id
 	direct  []int32   // by class id: a direct layout's payload size, else -1
+	copied  []copied  // by class id: a layout of copies alone, else zero
+}
+
+// copied is a layout whose payload is the record's inline runs alone
+// (ops all opCopy; a tracepoint without dynamic fields, whose common
+// fields BPF cannot see are left out): out bytes of payload, from a raw
+// record of at least need bytes.
+type copied struct {
+	ops       []op
+	out, need int
 }
 
 // declare adds the event class name with fields to the channel and
@@ -56,12 +66,27 @@ func (w *writer) setLayout(id uint32, l *layout) {
 	for uint32(len(w.layouts)) <= id {
 		w.layouts = append(w.layouts, nil)
 		w.direct = append(w.direct, -1)
+		w.copied = append(w.copied, copied{})
 	}
 	w.layouts[id] = l
 	w.direct[id] = -1
-	if l != nil && l.direct {
-		w.direct[id] = int32(l.fixed)
+	w.copied[id] = copied{}
+	if l == nil || l.asIs {
+		return
 	}
+	if l.direct {
+		w.direct[id] = int32(l.fixed)
+		return
+	}
+	c := copied{ops: l.ops, need: l.fixed}
+	for _, o := range l.ops {
+		if o.kind != opCopy {
+			return
+		}
+		c.out += o.n
+		c.need = max(c.need, o.off+o.n)
+	}
+	w.copied[id] = c
 }
 
 // directPayload returns the class id of rec, a record of at least
@@ -84,19 +109,46 @@ func (w *writer) directPayload(rec kcRec, c *classCache) (uint32, []byte) {
 	return key, rec[recHdrLen : recHdrLen+c.size]
 }
 
-// classCache is the last class a drain loop met and its payload size
-// when its layout is direct (else -1): a run of records of one class
-// reads no table.
+// classCache is the last class a drain loop met, its payload size when
+// its layout is direct (else -1) and its copies when its layout is
+// copied: a run of records of one class reads no table.
 type classCache struct {
 	key  uint32
 	size int
+	copied
 }
 
 func (c *classCache) lookup(w *writer, key uint32) {
-	c.key, c.size = key, -1
+	c.key, c.size, c.copied = key, -1, copied{}
 	if uint64(key) < uint64(len(w.direct)) {
 		c.size = int(w.direct[key])
+		c.copied = w.copied[key]
 	}
+}
+
+// putCopied writes rec, a record of class key with timestamp ts, through
+// run when the class's layout is copied: its runs are copied straight into
+// the open sub-buffer, the payload written once, as transcode would have
+// built it. It reports false, having written nothing, for any other
+// layout, a record too short for its layout, or an event run refuses;
+// write then takes the record, and counts what it cannot decode.
+func (c *classCache) putCopied(run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool {
+	if c.ops == nil {
+		return false
+	}
+	n := rec.size()
+	if n < c.need || recHdrLen+n > len(rec) {
+		return false
+	}
+	dst := run.Reserve(ts, key, c.out)
+	if dst == nil {
+		return false
+	}
+	raw := rec[recHdrLen : recHdrLen+n]
+	for _, o := range c.ops {
+		dst = dst[copy(dst, raw[o.off:o.off+o.n]):]
+	}
+	return true
 }
 
 // emit writes one waiting entry into the channel. Records the channel

@@ -76,6 +76,24 @@ func (r *Run) Put(ts uint64, id uint32, payload []byte) bool {
 	return true
 }
 
+// Reserve writes the header of one event of class id with timestamp ts
+// and a payload of n bytes into the Run, as Put does, and returns the n
+// bytes of the open sub-buffer its payload takes, for the caller to fill
+// before its next call on the Run: a payload built in place is written
+// once. It returns nil, writing nothing, when Put would refuse such an
+// event.
+func (r *Run) Reserve(ts uint64, id uint32, n int) []byte {
+	if uint64(id) >= uint64(len(r.sizes)) || int(r.sizes[id]) != n || ts < r.lastTS || ts > r.maxTS || n+CompactHeaderSize > len(r.free) {
+		return nil
+	}
+	binary.LittleEndian.PutUint32(r.free, id|uint32(ts&compactTSMask)<<5)
+	p := r.free[CompactHeaderSize : CompactHeaderSize+n]
+	r.free = r.free[CompactHeaderSize+n:]
+	r.lastTS = ts
+	r.events++
+	return p
+}
+
 // Append is Channel.Append through the Run, for an event Put refused: it
 // Syncs the Run, appends the event to the Run's buffer (on a global
 // channel, with the cpu the Run was started for as its context), and

@@ -2,6 +2,7 @@ package relayfmt
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -354,5 +355,92 @@ func TestRunGlobal(t *testing.T) {
 	r := c.Run(1)
 	if r.LastTS() != 100 || r.Put(101, cl.ID, make([]byte, 8)) || !r.Sync() {
 		t.Fatal("a global channel's run took an event")
+	}
+}
+
+// TestRunReserveWritesWhatPutWrites writes one sequence of events to two
+// channels with one UUID and clock: to the first with Put, to the second
+// by filling the room Reserve returns, with refused events (a payload of
+// the wrong size, a timestamp gone back, a full sub-buffer) going to
+// Write on both. The two traces must be the same bytes, read back by our
+// reader and babeltrace2.
+func TestRunReserveWritesWhatPutWrites(t *testing.T) {
+	cfg := Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 1, UUID: NewUUID()}
+	open := func() (*Channel, string, uint32) {
+		dir := t.TempDir()
+		ds, err := NewDirSink(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := NewChannel(cfg, ds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err := c.AddEventClass("t:fixed", []Field{ScalarField("seq", U64), ArrayField("pad", U8, 20)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, dir, cl.ID
+	}
+	put, putDir, id := open()
+	res, resDir, _ := open()
+	rp, rr := put.Run(0), res.Run(0)
+	payload := make([]byte, 28)
+	reserved, refused := 0, 0
+	ts := uint64(1000)
+	for i := range 3000 {
+		ts += uint64(1 + i%50)
+		binary.LittleEndian.PutUint64(payload, uint64(i))
+		for j := 8; j < len(payload); j++ {
+			payload[j] = byte(i + j)
+		}
+		if i%500 == 250 && rr.Reserve(ts, id, len(payload)-1) != nil {
+			t.Fatalf("event %d: Reserve took a payload of the wrong size", i)
+		}
+		if i > 0 && rr.Reserve(ts-1000, id, len(payload)) != nil {
+			t.Fatalf("event %d: Reserve took a timestamp gone back", i)
+		}
+		okPut := rp.Put(ts, id, payload)
+		dst := rr.Reserve(ts, id, len(payload))
+		if okPut != (dst != nil) {
+			t.Fatalf("event %d: Put %v, Reserve %v", i, okPut, dst != nil)
+		}
+		if dst != nil {
+			if len(dst) != len(payload) {
+				t.Fatalf("event %d: %d bytes reserved, want %d", i, len(dst), len(payload))
+			}
+			copy(dst, payload)
+			reserved++
+			continue
+		}
+		refused++
+		for _, w := range []struct {
+			c *Channel
+			r *Run
+		}{{put, &rp}, {res, &rr}} {
+			if !w.r.Sync() {
+				t.Fatalf("event %d: sync failed", i)
+			}
+			if err := w.c.Write(0, ts, id, payload); err != nil {
+				t.Fatal(err)
+			}
+			*w.r = w.c.Run(0)
+		}
+	}
+	if !rp.Sync() || !rr.Sync() {
+		t.Fatal("sync failed")
+	}
+	if reserved == 0 || refused == 0 {
+		t.Fatalf("%d events reserved, %d refused", reserved, refused)
+	}
+	if err := put.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sameFiles(t, putDir, resDir)
+	if n := agree(t, resDir); n != 3000 {
+		t.Errorf("babeltrace2 agreed on %d events, 3000 were written", n)
 	}
 }
