@@ -112,17 +112,21 @@ func (w *writer) directPayload(rec kcRec, c *classCache) (uint32, []byte) {
 // classCache is the last class a drain loop met, its payload size when
 // its layout is direct (else -1) and its copies when its layout is
 // copied: a run of records of one class reads no table.
+//
+// The copies are looked up apart (ckey), by putCopied: in lookup they
+// would raise directPayload's inline cost over the budget, and the
+// direct path would pay a call per record.
 type classCache struct {
 	key  uint32
 	size int
+	ckey uint32 // 1 + the class whose copies are cached; 0: none
 	copied
 }
 
 func (c *classCache) lookup(w *writer, key uint32) {
-	c.key, c.size, c.copied = key, -1, copied{}
+	c.key, c.size = key, -1
 	if uint64(key) < uint64(len(w.direct)) {
 		c.size = int(w.direct[key])
-		c.copied = w.copied[key]
 	}
 }
 
@@ -132,7 +136,13 @@ func (c *classCache) lookup(w *writer, key uint32) {
 // built it. It reports false, having written nothing, for any other
 // layout, a record too short for its layout, or an event run refuses;
 // write then takes the record, and counts what it cannot decode.
-func (c *classCache) putCopied(run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool {
+func (c *classCache) putCopied(w *writer, run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool {
+	if c.ckey != key+1 {
+		c.ckey, c.copied = key+1, copied{}
+		if uint64(key) < uint64(len(w.copied)) {
+			c.copied = w.copied[key]
+		}
+	}
 	if c.ops == nil {
 		return false
 	}
