@@ -264,7 +264,7 @@ func TestE2ERelaydLive(t *testing.T) {
 	bt2 := testenv.BT2(t)
 	r := testenv.StartRelayd(t)
 	rec := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostlive", "--session", "live"+uniq, "--live-timer", "200ms",
-		"-e", "syscalls:sys_enter_getpid", "--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "6s")
+		"-e", "syscalls:sys_enter_getpid", "--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K")
 	var recOut lockedBuffer
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
@@ -318,6 +318,11 @@ func TestE2ERelaydLive(t *testing.T) {
 	}
 	if n2 := count(); n2 <= n1 {
 		t.Fatalf("live view: %d events, a second later %d: not live\n%s", n1, n2, viewErr.String())
+	}
+	// The session runs until the viewer has been seen live (starting
+	// babeltrace2 in a TCG guest takes seconds), then ends with Ctrl-C.
+	if err := rec.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
 	}
 	if err := <-recDone; err != nil {
 		t.Fatalf("record: %v\n%s", err, recOut.String())
