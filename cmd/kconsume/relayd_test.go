@@ -272,6 +272,8 @@ func TestE2ERelaydLive(t *testing.T) {
 	}
 	recDone := make(chan error, 1)
 	go func() { recDone <- rec.Wait() }()
+	// It has no --duration: a test that fails early must not leave it.
+	defer func() { _ = rec.Process.Kill() }()
 	stop := make(chan struct{})
 	genDone := make(chan struct{})
 	go func() {
