@@ -310,7 +310,11 @@ func TestE2ERelaydLive(t *testing.T) {
 	go func() { viewDone <- view.Wait() }()
 	defer func() { _ = view.Process.Kill() }()
 	count := func() int { return strings.Count(viewOut.String(), "syscalls:sys_enter_getpid") }
-	waitFor(t, func() bool { return count() > 0 })
+	for end := time.Now().Add(time.Minute); count() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("live view printed no event in a minute\nbabeltrace2: %s\nrecord: %s\nrelayd log:\n%s", viewErr.String(), recOut.String(), r.LogTail(30))
+		}
+	}
 	n1 := count()
 	time.Sleep(time.Second)
 	select {
