@@ -16,7 +16,13 @@ import (
 // shell runs a command line in sh and returns its output and exit code.
 func shell(t *testing.T, line string) (string, int) {
 	t.Helper()
-	cmd := exec.Command("sh", "-c", line)
+	return runShell(t, exec.Command("sh", "-c", line))
+}
+
+// runShell runs cmd and returns its output and exit code, failing t when
+// it cannot run at all.
+func runShell(t *testing.T, cmd *exec.Cmd) (string, int) {
+	t.Helper()
 	out, err := cmd.CombinedOutput()
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {

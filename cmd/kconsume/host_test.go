@@ -60,14 +60,7 @@ func inPrivateMounts(t *testing.T, line string) (string, int) {
 	t.Helper()
 	cmd := exec.Command("sh", "-c", line)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-	out, err := cmd.CombinedOutput()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return string(out), code
+	return runShell(t, cmd)
 }
 
 // TestCommandsMountTracefs runs list and record where tracefs is not
