@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -328,23 +327,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		}
 	}
 	cmd := exec.Command(bin, args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	var log strings.Builder
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			log.WriteString(sc.Text() + "\n")
-		}
-	}()
+	output := startLogged(b, cmd)
 	ready := func() bool { return true }
 	switch tool {
 	case "kconsume", "kconsume-tp":
@@ -367,9 +350,9 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 	for deadline := time.Now().Add(30 * time.Second); !ready(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
-			<-logDone
+			text := output()
 			_ = cmd.Wait()
-			b.Fatalf("%s did not start:\n%s", tool, log.String())
+			b.Fatalf("%s did not start:\n%s", tool, text)
 		}
 	}
 	if !strings.HasPrefix(tool, "kconsume") {
@@ -379,9 +362,8 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 	}
 	return func() (uint64, error) {
 		_ = cmd.Process.Signal(os.Interrupt)
-		<-logDone
+		text := output()
 		err := cmd.Wait()
-		text := log.String()
 		var lost uint64
 		switch tool {
 		case "kconsume", "kconsume-tp":

@@ -506,12 +506,11 @@ func withKconsume(b *testing.B, bin string, fn func() float64, lost *uint64) flo
 	return v
 }
 
-// withTracer runs fn while the tracer command args (trace-cmd or perf
-// record) records sys_enter_getpid, and sets *lost to what it reports
-// lost (trace-cmd's per-CPU overruns, perf's lost samples).
-func withTracer(b *testing.B, tool string, args []string, fn func() float64, lost *uint64) float64 {
+// startLogged starts cmd with its stdout and stderr gathered, and
+// returns a function that waits until that output has ended (cmd exited
+// or was killed) and returns it.
+func startLogged(b *testing.B, cmd *exec.Cmd) (output func() string) {
 	b.Helper()
-	cmd := exec.Command(args[0], args[1:]...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -521,14 +520,27 @@ func withTracer(b *testing.B, tool string, args []string, fn func() float64, los
 		b.Fatal(err)
 	}
 	var log strings.Builder
-	logDone := make(chan struct{})
+	done := make(chan struct{})
 	go func() {
-		defer close(logDone)
+		defer close(done)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			log.WriteString(sc.Text() + "\n")
 		}
 	}()
+	return func() string {
+		<-done
+		return log.String()
+	}
+}
+
+// withTracer runs fn while the tracer command args (trace-cmd or perf
+// record) records sys_enter_getpid, and sets *lost to what it reports
+// lost (trace-cmd's per-CPU overruns, perf's lost samples).
+func withTracer(b *testing.B, tool string, args []string, fn func() float64, lost *uint64) float64 {
+	b.Helper()
+	cmd := exec.Command(args[0], args[1:]...)
+	output := startLogged(b, cmd)
 	if tool == "trace-cmd" {
 		// trace-cmd's stdout is a pipe, so its "Hit Ctrl^C" line stays in
 		// its buffer: wait for the event to be enabled and tracing on.
@@ -542,7 +554,9 @@ func withTracer(b *testing.B, tool string, args []string, fn func() float64, los
 			}
 			if time.Now().After(deadline) {
 				_ = cmd.Process.Kill()
-				b.Fatalf("trace-cmd did not start:\n%s", log.String())
+				text := output()
+				_ = cmd.Wait()
+				b.Fatalf("trace-cmd did not start:\n%s", text)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -552,9 +566,8 @@ func withTracer(b *testing.B, tool string, args []string, fn func() float64, los
 	time.Sleep(500 * time.Millisecond)
 	v := fn()
 	_ = cmd.Process.Signal(os.Interrupt)
-	<-logDone
-	err = cmd.Wait()
-	text := log.String()
+	text := output()
+	err := cmd.Wait()
 	*lost = 0
 	switch tool {
 	case "trace-cmd":
