@@ -144,3 +144,46 @@ func TestMain(m *testing.M) {
 	testenv.RemoveBin()
 	os.Exit(code)
 }
+
+// TestE2ECommand records a command, which kconsume starts held before
+// its exec and lets go once the gate is open: the command gets its
+// arguments, environment and standard input as given, its exit status is
+// kconsume's, and its exec is in the trace. A command that does not exist
+// is refused before anything is recorded.
+func TestE2ECommand(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	dir := t.TempDir()
+	script := filepath.Join(dir, "cmd.sh")
+	body := "#!/bin/sh\nprintf '%s|' \"$@\"\nread -r x\necho \"in=$x env=$KC_E2E_VAR\"\nexit 3\n"
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "t")
+	rec := exec.Command(bin, "record", "-q", "-o", out, "-e", "sched:sched_process_exec", script, "a b", "$HOME", "")
+	rec.Env = append(os.Environ(), "KC_E2E_VAR=v 1")
+	rec.Stdin = strings.NewReader("hello\n")
+	var stdout, stderr bytes.Buffer
+	rec.Stdout, rec.Stderr = &stdout, &stderr
+	err := rec.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
+		t.Fatalf("record: %v, want the command's exit status 3\n%s", err, stderr.String())
+	}
+	// The summary follows on standard output.
+	if want := "a b|$HOME||in=hello env=v 1\n"; !strings.HasPrefix(stdout.String(), want) {
+		t.Fatalf("command wrote %q, want %q first", stdout.String(), want)
+	}
+	rep, err := exec.Command(bin, "report", out).Output()
+	if err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	if n := strings.Count(string(rep), `filename="`+script+`"`); n != 1 {
+		t.Fatalf("%d execs of %s in the trace, want 1:\n%s", n, script, rep)
+	}
+
+	missing := exec.Command(bin, "record", "-q", "-o", filepath.Join(dir, "t2"), "-e", "sched:sched_switch", filepath.Join(dir, "no-such-command"))
+	msg, err := missing.CombinedOutput()
+	if err == nil || !strings.Contains(string(msg), "no-such-command") {
+		t.Fatalf("missing command: %v\n%s", err, msg)
+	}
+}

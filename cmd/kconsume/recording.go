@@ -16,6 +16,7 @@ import (
 
 	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/internal/control"
+	"github.com/kconsume/kconsume/internal/timerfd"
 )
 
 func isTerminal(f *os.File) bool {
@@ -27,6 +28,7 @@ func isTerminal(f *os.File) bool {
 type recorder struct {
 	s              *consumer.Session
 	srv            *control.Server
+	h              *handler
 	stdout, stderr io.Writer
 	start          time.Time
 	live           bool
@@ -42,32 +44,67 @@ type recorder struct {
 func (r *recorder) run(command []string, duration time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The duration and the refresh below wait on timerfds, not Go
+	// timers: a Go timer wakes the runtime's sysmon thread when due,
+	// which then polls every 20 µs until the timer has run, tens of the
+	// recorder's own context switches in its trace.
+	var ends <-chan struct{}
 	if duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, duration)
-		defer cancel()
+		t, err := timerfd.New()
+		if err == nil {
+			err = t.Reset(duration)
+		}
+		if err != nil {
+			r.s.Close()
+			return err
+		}
+		defer t.Close()
+		ends = t.C()
 	}
+	later, err := timerfd.New()
+	if err != nil {
+		r.s.Close()
+		return err
+	}
+	defer later.Close()
 	// Setting up allocated the channel's buffers and the BPF objects'
 	// specs: collect that garbage and hand its pages back now, or the
 	// collector's workers and the runtime's scavenger would run after the
 	// gate opens and put the recorder's own context switches and
 	// madvise calls into the trace.
 	debug.FreeOSMemory()
+	// The control directory is written before the gate opens, all but
+	// its state, which must not say running before the programs record;
+	// after it, only the state file changes, written by this thread
+	// alone.
+	_ = r.srv.Refresh()
+	var cmd *exec.Cmd
+	var release func() error
+	if len(command) > 0 {
+		var err error
+		if cmd, release, err = startHeld(command); err != nil {
+			r.s.Close()
+			return err
+		}
+	}
 	if err := r.s.Start(); err != nil {
+		if cmd != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
 		r.s.Close()
 		return err
 	}
-	_ = r.srv.Refresh()
-	var cmd *exec.Cmd
+	r.h.withoutStats(func() { _ = r.srv.Refresh() })
 	cmdDone := make(chan error, 1)
-	if len(command) > 0 {
-		cmd = exec.Command(command[0], command[1:]...)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		if err := cmd.Start(); err != nil {
+	if cmd != nil {
+		if err := release(); err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
 			r.s.Close()
 			return fmt.Errorf("starting %s: %w", command[0], err)
 		}
-		go func() { cmdDone <- cmd.Wait() }()
+		go func() { cmdDone <- waitExit(cmd) }()
 	}
 	// The live status line, and a stream to relayd (whose loss and
 	// reconnection it reports), tick every second; without them, the
@@ -81,13 +118,14 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	}
 	r.lastTick = r.start
 	lastRefresh := time.Now()
-	var later *time.Timer
-	var refreshLater <-chan time.Time
+	refreshing := false
 	var cmdErr, failure error
 loop:
 	for {
 		select {
 		case <-ctx.Done():
+			break loop
+		case <-ends:
 			break loop
 		case cmdErr = <-cmdDone:
 			cmd = nil
@@ -103,31 +141,29 @@ loop:
 				r.status()
 			}
 		case <-r.s.Activity():
-			if refreshLater != nil || tick != nil {
+			if refreshing || tick != nil {
 				continue
 			}
 			if wait := time.Second - time.Since(lastRefresh); wait > 0 {
-				later = time.NewTimer(wait)
-				refreshLater = later.C
+				if later.Reset(wait) == nil {
+					refreshing = true
+				}
 				continue
 			}
 			_ = r.srv.Refresh()
 			lastRefresh = time.Now()
-		case <-refreshLater:
-			refreshLater = nil
+		case <-later.C():
+			refreshing = false
 			_ = r.srv.Refresh()
 			lastRefresh = time.Now()
 		}
-	}
-	if later != nil {
-		later.Stop()
 	}
 	if r.live {
 		fmt.Fprint(r.stderr, "\r\033[K")
 	}
 	if cmd != nil {
 		// Stopped by a signal or the duration: the command goes on.
-		fmt.Fprintf(r.stderr, "kconsume record: stopped; %s (pid %d) keeps running\n", cmd.Path, cmd.Process.Pid)
+		fmt.Fprintf(r.stderr, "kconsume record: stopped; %s (pid %d) keeps running\n", command[0], cmd.Process.Pid)
 	}
 	closeErr := r.s.Close()
 	stats, _ := r.s.Stats()
@@ -152,3 +188,72 @@ loop:
 type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }
+
+// startHeld starts the command held before its exec, and returns it and
+// the function that lets it exec. Go's fork and exec takes milliseconds
+// of system calls that hold a P, and the runtime's sysmon polls all that
+// while: done after the gate opened, tens of the recorder's own context
+// switches would open its trace. Held, the command is a shell waiting on
+// a pipe, which execs the command (whose exec the trace then shows) when
+// release writes to it. Without /bin/sh it is started at release. It
+// fails, starting nothing, when the command is not found.
+func startHeld(command []string) (*exec.Cmd, func() error, error) {
+	if _, err := exec.LookPath(command[0]); err != nil {
+		return nil, nil, fmt.Errorf("starting %s: %w", command[0], err)
+	}
+	direct := exec.Command(command[0], command[1:]...)
+	direct.Stdin, direct.Stdout, direct.Stderr = os.Stdin, os.Stdout, os.Stderr
+	sh, err := exec.LookPath("/bin/sh")
+	if err != nil {
+		return direct, direct.Start, nil
+	}
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting %s: %w", command[0], err)
+	}
+	// The shell reads its go-ahead from descriptor 3, closes it, and
+	// becomes the command: same pid, arguments, environment and exit
+	// status. Should the recorder die first, the pipe's end makes the
+	// shell exit without running the command.
+	held := exec.Command(sh, append([]string{"-c", `read -r _ <&3 || exit 126; exec 3<&-; exec "$@"`, "sh"}, command...)...)
+	held.Stdin, held.Stdout, held.Stderr = os.Stdin, os.Stdout, os.Stderr
+	held.ExtraFiles = []*os.File{rd}
+	err = held.Start()
+	rd.Close()
+	if err != nil {
+		wr.Close()
+		return nil, nil, fmt.Errorf("starting %s: %w", command[0], err)
+	}
+	release := func() error {
+		_, err := wr.Write([]byte("\n"))
+		wr.Close()
+		return err
+	}
+	return held, release, nil
+}
+
+// waitExit waits for cmd to exit and returns cmd.Wait's result. The wait
+// itself is on a pidfd in the runtime's netpoller: cmd.Wait blocks in
+// waitid, a system call that holds a P, and the runtime's sysmon then
+// polls for milliseconds after the recording starts and after the
+// command ends, the recorder's own context switches in its trace. Where
+// pidfds are missing (before Linux 5.3) it is cmd.Wait alone.
+func waitExit(cmd *exec.Cmd) error {
+	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
+		if unix.SetNonblock(fd, true) == nil {
+			f := os.NewFile(uintptr(fd), "pidfd")
+			if rc, err := f.SyscallConn(); err == nil {
+				_ = rc.Read(func(fd uintptr) bool {
+					var info unix.Siginfo
+					err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+					// WNOHANG leaves info zero while the child runs.
+					return err != nil || info.Signo != 0
+				})
+			}
+			_ = f.Close()
+		} else {
+			_ = unix.Close(fd)
+		}
+	}
+	return cmd.Wait()
+}

@@ -53,8 +53,7 @@ type Server struct {
 	h    Handler
 	lock *os.File
 	ln   net.Listener
-	ino  int
-	stop int // eventfd that ends watch
+	ino  *os.File // inotify on dir, read in the netpoller; closing it ends watch
 	wg   sync.WaitGroup
 	mu   sync.Mutex // serializes commands
 	once sync.Once
@@ -72,6 +71,10 @@ const (
 	fileSubSize = "sub_size"
 	fileLock    = ".lock"
 	fileSocket  = "ctl.sock"
+	// Refresh writes its new files here and renames them into place: a
+	// rename is no IN_CLOSE_WRITE in the directory watched, so the
+	// server's own writes do not wake it.
+	dirTmp = ".tmp"
 )
 
 // CheckName accepts names usable as one path element.
@@ -117,7 +120,11 @@ func Serve(root, name string, h Handler) (*Server, error) {
 	}
 	_ = lock.Truncate(0)
 	_, _ = lock.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	s := &Server{dir: dir, h: h, lock: lock, ino: -1, stop: -1, last: map[string]string{}}
+	if err := os.Mkdir(filepath.Join(dir, dirTmp), 0o700); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("control directory: %w", err)
+	}
+	s := &Server{dir: dir, h: h, lock: lock, last: map[string]string{}}
 	fail := func(err error) (*Server, error) {
 		s.Close()
 		return nil, err
@@ -134,13 +141,15 @@ func Serve(root, name string, h Handler) (*Server, error) {
 	if err := os.Chmod(filepath.Join(dir, fileSocket), 0o600); err != nil {
 		return fail(err)
 	}
-	if s.ino, err = unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK); err != nil {
+	ino, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
 		return fail(fmt.Errorf("inotify: %w", err))
 	}
-	if s.stop, err = unix.Eventfd(0, unix.EFD_CLOEXEC); err != nil {
-		return fail(fmt.Errorf("eventfd: %w", err))
-	}
-	if _, err := unix.InotifyAddWatch(s.ino, dir, unix.IN_CLOSE_WRITE); err != nil {
+	// Waited for in the netpoller: a goroutine blocked in poll(2) holds
+	// a P, and the runtime's sysmon then polls for milliseconds after
+	// each wakeup, context switches in the trace being recorded.
+	s.ino = os.NewFile(uintptr(ino), "inotify")
+	if _, err := unix.InotifyAddWatch(ino, dir, unix.IN_CLOSE_WRITE); err != nil {
 		return fail(fmt.Errorf("inotify: %w", err))
 	}
 	s.wg.Add(2)
@@ -171,7 +180,7 @@ func (s *Server) Refresh() error {
 		if s.last[name] == v {
 			continue
 		}
-		tmp := filepath.Join(s.dir, "."+name+".tmp")
+		tmp := filepath.Join(s.dir, dirTmp, name)
 		if err := os.WriteFile(tmp, []byte(v), 0o600); err != nil {
 			return fmt.Errorf("control file %s: %w", name, err)
 		}
@@ -195,19 +204,11 @@ func (s *Server) do(cmd string, cpu int, arg string) (string, error) {
 func (s *Server) watch() {
 	defer s.wg.Done()
 	buf := make([]byte, 4096)
-	fds := []unix.PollFd{{Fd: int32(s.ino), Events: unix.POLLIN}, {Fd: int32(s.stop), Events: unix.POLLIN}}
 	for {
-		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
-			return
-		}
-		if fds[1].Revents != 0 {
-			return
-		}
-		n, err := unix.Read(s.ino, buf)
+		// Close ends the read with os.ErrClosed; the file retries
+		// EAGAIN and EINTR itself.
+		n, err := s.ino.Read(buf)
 		if err != nil {
-			if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
-				continue
-			}
 			return
 		}
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
@@ -302,10 +303,8 @@ func (s *Server) Close() error {
 		if s.ln != nil {
 			_ = s.ln.Close()
 		}
-		if s.stop >= 0 {
-			var one [8]byte
-			one[0] = 1
-			_, _ = unix.Write(s.stop, one[:])
+		if s.ino != nil {
+			_ = s.ino.Close()
 		}
 		entries, _ := os.ReadDir(s.dir)
 		for _, e := range entries {
@@ -316,11 +315,6 @@ func (s *Server) Close() error {
 		_ = os.Remove(filepath.Join(s.dir, fileLock))
 		err = os.Remove(s.dir)
 		s.wg.Wait()
-		for _, fd := range []int{s.ino, s.stop} {
-			if fd >= 0 {
-				_ = unix.Close(fd)
-			}
-		}
 		_ = s.lock.Close()
 	})
 	return err

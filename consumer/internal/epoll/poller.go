@@ -1,18 +1,19 @@
-// Package epoll is a small poller over epoll(7) and an eventfd: the
-// drainer sleeps in Wait until a ring's producer wakes it, a timeout
-// passes, or another goroutine calls Wake.
+// Package epoll is a small poller over epoll(7), an eventfd and a
+// timerfd: the drainer sleeps in Wait until a ring's producer wakes it, a
+// timeout passes, or another goroutine calls Wake.
 //
 // The epoll set itself waits in the Go runtime's network poller, not in
 // a blocking epoll_wait: a goroutine blocked in a system call keeps its
 // P, and the runtime's monitor thread (sysmon) then polls every 20 µs to
 // 10 ms until it takes the P back, some sixty wakeups of its own per
 // sleep, each a context switch in the trace being recorded. Parked in
-// the netpoller, the drainer leaves every P idle and sysmon asleep.
+// the netpoller, the drainer leaves every P idle and sysmon asleep. The
+// timeout is a timerfd in the set, not a read deadline: a Go timer wakes
+// sysmon when it is due (see internal/timerfd).
 package epoll
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -21,21 +22,29 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/timerfd"
 )
 
 // WakeID is the id Wait reports for a Wake.
 const WakeID = -1
 
+// timerID is the timerfd's id in the set; Wait reports its expiry as a
+// timeout, with no ids.
+const timerID = -2
+
 // Poller waits for readiness of the file descriptors added to it. Wait
 // and Add are for one goroutine (the drainer); Wake may be called from
 // any goroutine, also concurrently with Wait. Close is idempotent.
 type Poller struct {
-	mu   sync.RWMutex // guards the descriptors against Close during Wake
-	epfd int
-	evfd int
-	file *os.File // epfd, in the runtime's netpoller
-	rc   syscall.RawConn
-	buf  [8]byte
+	mu    sync.RWMutex // guards the descriptors against Close during Wake
+	epfd  int
+	evfd  int
+	tfd   int      // the timeout
+	armed bool     // tfd is set
+	file  *os.File // epfd, in the runtime's netpoller
+	rc    syscall.RawConn
+	buf   [8]byte
 }
 
 // New returns a poller with its eventfd already added, or the kernel's
@@ -54,14 +63,24 @@ func New() (*Poller, error) {
 		_ = unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
+	tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC|unix.TFD_NONBLOCK)
+	if err != nil {
+		_ = unix.Close(epfd)
+		_ = unix.Close(evfd)
+		return nil, fmt.Errorf("timerfd: %w", err)
+	}
 	// os.NewFile registers a non-blocking descriptor with the netpoller;
 	// an epoll set is readable while it holds ready descriptors.
-	p := &Poller{epfd: epfd, evfd: evfd, file: os.NewFile(uintptr(epfd), "epoll")}
+	p := &Poller{epfd: epfd, evfd: evfd, tfd: tfd, file: os.NewFile(uintptr(epfd), "epoll")}
 	if p.rc, err = p.file.SyscallConn(); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	if err := p.add(evfd, WakeID, unix.EPOLLIN); err != nil {
+		p.Close()
+		return nil, err
+	}
+	if err := p.add(tfd, timerID, unix.EPOLLIN); err != nil {
 		p.Close()
 		return nil, err
 	}
@@ -95,29 +114,40 @@ func (p *Poller) add(fd int, id int32, events uint32) error {
 func (p *Poller) Wait(events []unix.EpollEvent, ids []int32, timeout time.Duration) ([]int32, error) {
 	n, err := p.poll(events)
 	if err == nil && n == 0 && timeout != 0 {
-		deadline := time.Time{}
 		if timeout > 0 {
-			deadline = time.Now().Add(timeout)
+			if err = timerfd.Set(p.tfd, timeout); err == nil {
+				p.armed = true
+			}
 		}
-		if err = p.file.SetReadDeadline(deadline); err == nil {
+		if err == nil {
 			err = p.rc.Read(func(uintptr) bool {
 				n, err = p.poll(events)
 				return n > 0 || err != nil
 			})
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			n, err = 0, nil
 		}
 	}
 	ids = ids[:0]
 	if err != nil {
 		return ids, fmt.Errorf("epoll_wait: %w", err)
 	}
+	expired := false
 	for _, ev := range events[:n] {
-		if ev.Fd == WakeID {
+		switch ev.Fd {
+		case timerID:
+			expired = true
+			continue
+		case WakeID:
 			_, _ = unix.Read(p.evfd, p.buf[:])
 		}
 		ids = append(ids, ev.Fd)
+	}
+	if p.armed || expired {
+		// Disarmed, which also clears an expiry not read: a timeout
+		// left set would end a later Wait early.
+		if err := timerfd.Set(p.tfd, 0); err != nil {
+			return ids, err
+		}
+		p.armed = false
 	}
 	return ids, nil
 }
@@ -169,5 +199,9 @@ func (p *Poller) Close() {
 	if p.evfd >= 0 {
 		_ = unix.Close(p.evfd)
 		p.evfd = -1
+	}
+	if p.tfd >= 0 {
+		_ = unix.Close(p.tfd)
+		p.tfd = -1
 	}
 }

@@ -83,3 +83,33 @@ func TestWakeFromAnotherGoroutine(t *testing.T) {
 		t.Fatalf("Wait = %v, %v", got, err)
 	}
 }
+
+// TestEarlyWakeDisarms ends a Wait before its timeout; the timeout must
+// not end a later Wait.
+func TestEarlyWakeDisarms(t *testing.T) {
+	p, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	events := make([]unix.EpollEvent, 2)
+	go func() {
+		time.Sleep(5 * time.Millisecond)
+		p.Wake()
+	}()
+	if got, err := p.Wait(events, nil, 40*time.Millisecond); err != nil || !slices.Equal(got, []int32{WakeID}) {
+		t.Fatalf("first Wait = %v, %v", got, err)
+	}
+	t0 := time.Now()
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		p.Wake()
+	}()
+	got, err := p.Wait(events, nil, -1)
+	if err != nil || !slices.Equal(got, []int32{WakeID}) {
+		t.Fatalf("second Wait = %v, %v: the first Wait's timeout ended it", got, err)
+	}
+	if d := time.Since(t0); d < 100*time.Millisecond {
+		t.Fatalf("second Wait returned after %v, before the Wake", d)
+	}
+}

@@ -1,0 +1,80 @@
+package timerfd
+
+import (
+	"testing"
+	"time"
+)
+
+func TestFiresOnce(t *testing.T) {
+	tm, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tm.Close()
+	start := time.Now()
+	if err := tm.Reset(20 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tm.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("no expiry within 5 s of a 20 ms timer")
+	}
+	if d := time.Since(start); d < 20*time.Millisecond {
+		t.Fatalf("fired after %v, before its 20 ms", d)
+	}
+	select {
+	case <-tm.C():
+		t.Fatal("a one-shot timer fired twice")
+	case <-time.After(60 * time.Millisecond):
+	}
+}
+
+func TestStopAndReset(t *testing.T) {
+	tm, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tm.Close()
+	if err := tm.Reset(30 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := tm.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tm.C():
+		t.Fatal("a stopped timer fired")
+	case <-time.After(80 * time.Millisecond):
+	}
+	// A later Reset replaces an earlier one: the timer fires at the
+	// later setting, once.
+	if err := tm.Reset(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := tm.Reset(10 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-tm.C():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a reset timer did not fire")
+	}
+}
+
+func TestCloseEndsWait(t *testing.T) {
+	tm, err := New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tm.Reset(time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { tm.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end the timer's wait")
+	}
+}
