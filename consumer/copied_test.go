@@ -20,10 +20,24 @@ import (
 // the same bytes (but for the trace's UUID), every event's payload the
 // transcode of its record, read back by our reader and babeltrace2 alike.
 func TestCopiedWritesWhatTranscodeWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ops  []op
+	}{
+		{"runs", []op{{kind: opCopy, off: 40, n: 24}, {kind: opCopy, off: 3, n: 37}, {kind: opCopy, off: 0, n: 3}}},
+		// common_type, then the rest: putCopied's two-move path.
+		{"type-and-rest", []op{{kind: opCopy, off: 0, n: 2}, {kind: opCopy, off: 2, n: 62}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testCopiedLayout(t, &layout{name: "bench", fixed: 64, ops: tc.ops})
+		})
+	}
+}
+
+func testCopiedLayout(t *testing.T, l *layout) {
 	const n = 6000
 	// Out of order, so that each path writes from the walk, the window
 	// and catchUp.
-	l := &layout{name: "bench", fixed: 64, ops: []op{{kind: opCopy, off: 40, n: 24}, {kind: opCopy, off: 3, n: 37}, {kind: opCopy, off: 0, n: 3}}}
 	order := make([]int, n)
 	for i := range order {
 		order[i] = i

@@ -28,6 +28,9 @@ type writer struct {
 type copied struct {
 	ops       []op
 	out, need int
+	// typeAndRest: ops are the record's first 2 bytes (common_type),
+	// then one run (common_pid and the fields after it).
+	typeAndRest bool
 }
 
 // declare adds the event class name with fields to the channel and
@@ -86,6 +89,7 @@ func (w *writer) setLayout(id uint32, l *layout) {
 		c.out += o.n
 		c.need = max(c.need, o.off+o.n)
 	}
+	c.typeAndRest = len(c.ops) == 2 && c.ops[0].off == 0 && c.ops[0].n == 2
 	w.copied[id] = c
 }
 
@@ -155,6 +159,14 @@ func (c *classCache) putCopied(w *writer, run *relayfmt.Run, ts uint64, key uint
 		return false
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
+	if c.typeAndRest {
+		// A tracepoint's usual shape: common_type, then everything from
+		// common_pid on. Two byte moves cost less than a memmove call.
+		dst[0], dst[1] = raw[0], raw[1]
+		o := c.ops[1]
+		copy(dst[2:], raw[o.off:o.off+o.n])
+		return true
+	}
 	for _, o := range c.ops {
 		dst = dst[copy(dst, raw[o.off:o.off+o.n]):]
 	}
