@@ -148,7 +148,7 @@ func TestE2ERelaydKilled(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	local := filepath.Join(t.TempDir(), "t")
 	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash"+uniq,
-		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "7s", "--metrics", "127.0.0.1:0")
+		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "120s", "--metrics", "127.0.0.1:0")
 	var out lockedBuffer
 	rec.Stdout, rec.Stderr = &out, &out
 	if err := rec.Start(); err != nil {
@@ -205,7 +205,18 @@ func TestE2ERelaydKilled(t *testing.T) {
 		t.Errorf("metrics after relayd died:\n%s", body)
 	}
 	r.Restart(t)
+	// The reconnector retries at growing intervals: the recording is
+	// stopped once it is back, not at a duration a slow guest may pass.
 	waitFor(t, func() bool { return strings.Contains(out.String(), "relayd is back") })
+	for range 50 {
+		if f, err := os.Open("/dev/null"); err == nil {
+			f.Close()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := rec.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-exited; err != nil {
 		t.Fatalf("record after relayd died: %v\n%s", err, out.String())
 	}
