@@ -1,6 +1,7 @@
 package synth
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -492,5 +493,69 @@ func TestEmitValues(t *testing.T) {
 	}
 	if _, err := ParseValue(e.Fields[2], strings.Repeat("1,", MaxStack)+"1"); !errors.Is(err, ErrValue) {
 		t.Errorf("%d addresses: %v", MaxStack+1, err)
+	}
+}
+
+// TestSeedGeneration is the kernel's synth_event_gen_test done with our
+// API: values in field order (synth_event_trace, _array), by next value
+// and by name, and the seed's errors.
+func TestSeedGeneration(t *testing.T) {
+	e, err := CreateFields("gen_synth_test", []FieldDesc{{"pid_t", "next_pid_field"}, {"char[16]", "next_comm_field"},
+		{"u64", "ts_ns"}, {"u64", "ts_ms"}, {"unsigned int", "cpu"}, {"char[64]", "my_string_field"}, {"int", "my_int_field"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals := []any{777, "hula hoops, a very long comm", 1000000, 1000, 1, "thneed", 598}
+	p1, err := e.Trace(vals...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := e.TraceArray(vals)
+	if err != nil || !bytes.Equal(p1, p2) {
+		t.Fatalf("TraceArray: %v, or a different payload", err)
+	}
+	// char[16] keeps 16 bytes of the longer value.
+	if got := string(p1[4 : 4+16]); got != "hula hoops, a ve" {
+		t.Fatalf("char[16] holds %q", got)
+	}
+	next := e.Start()
+	for _, v := range vals {
+		if err := next.Next(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p3, err := next.End(nil)
+	if err != nil || !bytes.Equal(p1, p3) {
+		t.Fatalf("by next value: %v, or a different payload", err)
+	}
+	byName := e.Start()
+	for i := len(vals) - 1; i >= 0; i-- {
+		if err := byName.Set(e.Fields[i].Name, vals[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p4, err := byName.End(nil); err != nil || !bytes.Equal(p1, p4) {
+		t.Fatalf("by name: %v, or a different payload", err)
+	}
+	for name, err := range map[string]error{
+		"too few":  func() error { _, err := e.Trace(vals[:6]...); return err }(),
+		"too many": func() error { _, err := e.TraceArray(append(vals[:7:7], 1)); return err }(),
+		"mixed": func() error {
+			b := e.Start()
+			b.Set("cpu", 1)
+			return b.Next(777)
+		}(),
+		"unknown": func() error { return e.Start().Set("nosuch", 1) }(),
+		"past the last": func() error {
+			b := e.Start()
+			for _, v := range vals {
+				b.Next(v)
+			}
+			return b.Next(1)
+		}(),
+	} {
+		if !errors.Is(err, ErrValue) {
+			t.Errorf("%s: %v, want ErrValue", name, err)
+		}
 	}
 }
