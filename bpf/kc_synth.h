@@ -255,7 +255,9 @@ static __always_inline void kc_synth_str_user(struct kc_synth *e, const void *sr
  * stack bpf_get_stack gives for ctx, the kernel's (flags 0) or the user's
  * (BPF_F_USER_STACK), at most KC_SYNTH_STACK_MAX addresses, recorded as
  * a u32 count and the 8-byte addresses. A stack that cannot be read is
- * recorded empty. ctx must be the program's context.
+ * recorded empty: a syscalls tracepoint on Linux 6.1 has only the user's
+ * registers, so no kernel stack; a raw_tp or kprobe has it.
+ * ctx must be the program's context.
  */
 static __always_inline void kc_synth_stack(void *ctx, struct kc_synth *e, __u64 flags)
 {

@@ -17,7 +17,8 @@ import (
 )
 
 // TestRecordBPFStack builds bpf/example/stack.bpf.c, whose event has the
-// kernel's stack field type filled by bpf_get_stack, records it, and
+// kernel's stack field type filled by bpf_get_stack in a raw tracepoint
+// at getpid, records it, and
 // holds babeltrace2's reading: bool and char as the kernel prints them
 // (numbers), the stack a sequence of kernel addresses that
 // /proc/kallsyms places on the syscall path.
