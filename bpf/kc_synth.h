@@ -29,8 +29,10 @@
  * class of synthetic:NAME and attaches every program by its section.
  *
  * Payloads are the relayfmt encoding of the definition (relayfmt/FORMAT.md):
- * fields byte-aligned in order, integers little-endian, char[N] and [N]
- * arrays inline, char[] a NUL-terminated string. The consumer checks every
+ * fields byte-aligned in order, integers little-endian (bool and char one
+ * byte, long and unsigned long eight), char[N] and [N] arrays inline,
+ * char[] a NUL-terminated string, a stack (unsigned long[]) a u32 count
+ * then the addresses: kc_synth_stack. The consumer checks every
  * record against its class: one that does not match is counted as invalid
  * and reported in the stream as discarded, never written half.
  */
@@ -243,6 +245,38 @@ static __always_inline void kc_synth_str(struct kc_synth *e, const void *src)
 static __always_inline void kc_synth_str_user(struct kc_synth *e, const void *src)
 {
 	__kc_synth_str(e, src, 1);
+}
+
+/* Most addresses of a stack field (synth.MaxStack). */
+#define KC_SYNTH_STACK_MAX 64
+
+/*
+ * kc_synth_stack appends a stack field ("unsigned long[] NAME"): the
+ * stack bpf_get_stack gives for ctx, the kernel's (flags 0) or the user's
+ * (BPF_F_USER_STACK), at most KC_SYNTH_STACK_MAX addresses, recorded as
+ * a u32 count and the 8-byte addresses. A stack that cannot be read is
+ * recorded empty: a syscalls tracepoint on Linux 6.1 has only the user's
+ * registers, so no kernel stack; a raw_tp or kprobe has it.
+ * ctx must be the program's context.
+ */
+static __always_inline void kc_synth_stack(void *ctx, struct kc_synth *e, __u64 flags)
+{
+	__u32 off = e->off;
+	long n;
+
+	if (!__kc_synth_room(e, 4 + KC_SYNTH_STACK_MAX * 8))
+		return;
+	off &= KC_PAYLOAD_MASK;
+	if (off > KC_MAX_PAYLOAD - 1 - 4 - KC_SYNTH_STACK_MAX * 8)
+		return;
+	n = bpf_get_stack(ctx, e->s->data + off + 4, KC_SYNTH_STACK_MAX * 8, flags);
+	if (n < 0)
+		n = 0;
+	n /= 8;
+	if (n > KC_SYNTH_STACK_MAX)
+		n = KC_SYNTH_STACK_MAX;
+	*(__u32 *)(e->s->data + off) = n;
+	e->off = off + 4 + n * 8;
 }
 
 /*

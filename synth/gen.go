@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+
+	"github.com/kconsume/kconsume/relayfmt"
 )
 
 // ErrValue is wrapped by every error about the values of an event being
@@ -15,12 +17,16 @@ import (
 var ErrValue = errors.New("bad synthetic event value")
 
 // Encode appends to dst the payload of one event with values in field
-// order (the kernel's synth_event_trace) and returns it. Integers take
-// any Go integer; char[N] and char[] take a string (copied; char[N]
-// truncates to N-1 bytes plus NUL, char[] to MaxString); arrays take a
-// slice of integers of exactly N elements. It fails on a wrong number of
-// values, a wrong type, or a value out of range; dst is then returned
-// unchanged.
+// order and returns it: the kernel's synth_event_trace, and with a slice,
+// Encode(dst, vals...), its synth_event_trace_array. Integer fields take
+// any Go integer (bool fields also true or false; char fields also a
+// one-byte string); char[N] and char[] take a string, copied up to its
+// first NUL: char[N] keeps N bytes, as a reader of the kernel's record
+// sees through its format (size N), char[] MaxString; a stack takes a
+// slice of at most MaxStack addresses (any integer type, kept as their
+// 64 bits); an array a slice of exactly N integers. It fails on a wrong
+// number of values, a wrong type, or a value out of range; dst is then
+// returned unchanged.
 func (e *Event) Encode(dst []byte, values ...any) ([]byte, error) {
 	if !e.final {
 		return dst, fmt.Errorf("%w: %s is not finalized", ErrValue, e.Name)
@@ -38,67 +44,112 @@ func (e *Event) Encode(dst []byte, values ...any) ([]byte, error) {
 	return out, nil
 }
 
+// Trace returns the payload of one event with values in field order, as
+// Encode(nil, values...).
+func (e *Event) Trace(values ...any) ([]byte, error) { return e.Encode(nil, values...) }
+
+// TraceArray is Trace with the values in a slice (synth_event_trace_array).
+func (e *Event) TraceArray(values []any) ([]byte, error) { return e.Encode(nil, values...) }
+
 // appendValue appends the encoding of v for field f to dst, or returns
 // dst and an error when v does not fit f.
 func appendValue(dst []byte, f Field, v any) ([]byte, error) {
-	if f.Type.Name == "char" {
+	switch f.Kind {
+	case Text, String:
 		s, ok := v.(string)
 		if !ok {
-			return dst, fmt.Errorf("want a string, got %T", v)
+			return dst, fmt.Errorf("want a string for %s, got %T", f.Type, v)
 		}
-		if f.IsString() {
+		if i := strings.IndexByte(s, 0); i >= 0 {
+			s = s[:i]
+		}
+		if f.Kind == String {
 			if len(s) > MaxString {
 				s = s[:MaxString]
 			}
-			if i := strings.IndexByte(s, 0); i >= 0 {
-				s = s[:i]
-			}
 			return append(append(dst, s...), 0), nil
 		}
-		b := make([]byte, f.Len)
-		copy(b[:f.Len-1], s)
-		return append(dst, b...), nil
-	}
-	if f.Len > 0 {
+		if len(s) > f.Len {
+			s = s[:f.Len]
+		}
+		dst = append(dst, s...)
+		return append(dst, make([]byte, f.Len-len(s))...), nil
+	case Array, Stack:
 		rv := reflect.ValueOf(v)
 		if rv.Kind() != reflect.Slice && rv.Kind() != reflect.Array {
-			return dst, fmt.Errorf("want %d integers, got %T", f.Len, v)
+			return dst, fmt.Errorf("want a slice of integers for %s, got %T", f.Type, v)
 		}
-		if rv.Len() != f.Len {
-			return dst, fmt.Errorf("want %d integers, got %d", f.Len, rv.Len())
+		n := rv.Len()
+		if f.Kind == Array && n != f.Len {
+			return dst, fmt.Errorf("want %d integers, got %d", f.Len, n)
 		}
 		out := dst
-		for i := 0; i < f.Len; i++ {
+		if f.Kind == Stack {
+			if n > MaxStack {
+				return dst, fmt.Errorf("%d addresses, at most %d", n, MaxStack)
+			}
+			out = binary.LittleEndian.AppendUint32(out, uint32(n))
+		}
+		for i := 0; i < n; i++ {
 			var err error
-			if out, err = appendInt(out, f.Type, rv.Index(i).Interface()); err != nil {
+			if f.Kind == Stack {
+				out, err = appendAddr(out, rv.Index(i).Interface())
+			} else {
+				out, err = appendInt(out, f, rv.Index(i).Interface())
+			}
+			if err != nil {
 				return dst, fmt.Errorf("element %d: %w", i, err)
 			}
 		}
 		return out, nil
 	}
-	return appendInt(dst, f.Type, v)
+	return appendInt(dst, f, v)
 }
 
-func appendInt(dst []byte, t Type, v any) ([]byte, error) {
+// appendAddr appends the 64 bits of the integer v.
+func appendAddr(dst []byte, v any) ([]byte, error) {
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return binary.LittleEndian.AppendUint64(dst, uint64(rv.Int())), nil
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return binary.LittleEndian.AppendUint64(dst, rv.Uint()), nil
+	}
+	return dst, fmt.Errorf("want an address (an integer), got %T", v)
+}
+
+// appendInt appends integer v as an element of f.
+func appendInt(dst []byte, f Field, v any) ([]byte, error) {
+	t := f.Elem
 	rv := reflect.ValueOf(v)
 	var u uint64
 	switch rv.Kind() {
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		i := rv.Int()
 		if !fitsSigned(i, t) {
-			return dst, fmt.Errorf("%d does not fit %s", i, t.Name)
+			return dst, fmt.Errorf("%d does not fit %s", i, f.Type)
 		}
 		u = uint64(i)
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
 		x := rv.Uint()
 		if !fitsUnsigned(x, t) {
-			return dst, fmt.Errorf("%d does not fit %s", x, t.Name)
+			return dst, fmt.Errorf("%d does not fit %s", x, f.Type)
 		}
 		u = x
+	case reflect.Bool:
+		if rv.Bool() {
+			u = 1
+		}
+	case reflect.String:
+		if s := rv.String(); t.Size() == 1 && len(s) == 1 {
+			u = uint64(s[0])
+			break
+		}
+		fallthrough
 	default:
-		return dst, fmt.Errorf("want an integer for %s, got %T", t.Name, v)
+		return dst, fmt.Errorf("want an integer for %s, got %T", f.Type, v)
 	}
-	switch t.Size {
+	switch t.Size() {
 	case 1:
 		return append(dst, byte(u)), nil
 	case 2:
@@ -109,46 +160,71 @@ func appendInt(dst []byte, t Type, v any) ([]byte, error) {
 	return binary.LittleEndian.AppendUint64(dst, u), nil
 }
 
-func fitsSigned(i int64, t Type) bool {
-	bits := uint(t.Size * 8)
-	if t.Signed {
+func fitsSigned(i int64, t relayfmt.IntType) bool {
+	bits := uint(t.Size() * 8)
+	if t.Signed() {
 		return bits == 64 || i >= -(1<<(bits-1)) && i < 1<<(bits-1)
 	}
 	return i >= 0 && (bits == 64 || i < 1<<bits)
 }
 
-func fitsUnsigned(x uint64, t Type) bool {
-	bits := uint(t.Size * 8)
-	if t.Signed {
+func fitsUnsigned(x uint64, t relayfmt.IntType) bool {
+	bits := uint(t.Size() * 8)
+	if t.Signed() {
 		return x <= uint64(math.MaxInt64)>>(64-bits)
 	}
 	return bits == 64 || x < 1<<bits
 }
 
 // ParseValue converts the text of a value, as given on a command line,
-// for field f: an integer in any Go base prefix, a string for char
-// fields, or comma-separated integers for an array.
+// for field f: an integer in any Go base prefix (a bool field also takes
+// true or false, a char field one character), a string for char[N] and
+// char[], comma-separated addresses for a stack (none for ""), and
+// comma-separated integers for an array. It fails naming the field.
 func ParseValue(f Field, s string) (any, error) {
-	if f.Type.Name == "char" {
-		return s, nil
-	}
 	parse := func(s string) (any, error) {
 		s = strings.TrimSpace(s)
-		if f.Type.Signed {
-			i, err := strconv.ParseInt(s, 0, f.Type.Size*8)
+		if f.Elem.Signed() {
+			i, err := strconv.ParseInt(s, 0, f.Elem.Size()*8)
 			if err != nil {
-				return nil, fmt.Errorf("%w: %s: %q is not a %s", ErrValue, f.Name, s, f.Type.Name)
+				return nil, fmt.Errorf("%w: %s: %q is not a %s", ErrValue, f.Name, s, f.Type)
 			}
 			return i, nil
 		}
-		u, err := strconv.ParseUint(s, 0, f.Type.Size*8)
+		u, err := strconv.ParseUint(s, 0, f.Elem.Size()*8)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %q is not a %s", ErrValue, f.Name, s, f.Type.Name)
+			return nil, fmt.Errorf("%w: %s: %q is not a %s", ErrValue, f.Name, s, f.Type)
 		}
 		return u, nil
 	}
-	if f.Len == 0 {
+	switch f.Kind {
+	case Text, String:
+		return s, nil
+	case Int:
+		switch {
+		case f.Type == "bool" && (s == "true" || s == "false"):
+			return s == "true", nil
+		case (f.Type == "char" || f.Type == "unsigned char") && len(s) == 1 && (s[0] < '0' || s[0] > '9'):
+			return s, nil
+		}
 		return parse(s)
+	case Stack:
+		if strings.TrimSpace(s) == "" {
+			return []uint64{}, nil
+		}
+		parts := strings.Split(s, ",")
+		if len(parts) > MaxStack {
+			return nil, fmt.Errorf("%w: %s: %d addresses, at most %d", ErrValue, f.Name, len(parts), MaxStack)
+		}
+		out := make([]uint64, len(parts))
+		for i, p := range parts {
+			u, err := strconv.ParseUint(strings.TrimSpace(p), 0, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: %q is not an address", ErrValue, f.Name, strings.TrimSpace(p))
+			}
+			out[i] = u
+		}
+		return out, nil
 	}
 	parts := strings.Split(s, ",")
 	if len(parts) != f.Len {
@@ -166,9 +242,10 @@ func ParseValue(f Field, s string) (any, error) {
 }
 
 // Builder generates one event piecewise, as the kernel's
-// synth_event_trace_start, synth_event_add_next_val or synth_event_add_val,
-// and synth_event_trace_end: set the fields in order with Next, or by
-// name with Set, never both in one event. End is always required, also
+// synth_event_trace_start (Start), synth_event_add_next_val (Next) or
+// synth_event_add_val (Set), and synth_event_trace_end (End): set the
+// fields in order with Next, or by name with Set, never both in one
+// event. End is always required, also
 // after a failed set, and yields the payload only if every field was set
 // and no set failed.
 type Builder struct {

@@ -72,7 +72,7 @@ func (s Store) Add(e *Event) error {
 
 // Get returns the stored definition called name, or ErrNotFound.
 func (s Store) Get(name string) (*Event, error) {
-	if !isIdent(name) {
+	if checkEventName(name) != nil {
 		return nil, fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	b, err := os.ReadFile(s.path(name))
@@ -91,7 +91,7 @@ func (s Store) Get(name string) (*Event, error) {
 
 // Delete removes the definition called name, or fails with ErrNotFound.
 func (s Store) Delete(name string) error {
-	if !isIdent(name) {
+	if checkEventName(name) != nil {
 		return fmt.Errorf("%w: %q", ErrNotFound, name)
 	}
 	if err := os.Remove(s.path(name)); errors.Is(err, fs.ErrNotExist) {

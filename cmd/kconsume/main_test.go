@@ -453,10 +453,14 @@ func TestSynthCLI(t *testing.T) {
 	for _, c := range []struct{ def, want string }{
 		{"phase u8 x", "already defined"},
 		{"e float x", "unknown type"},
-		{"e char comm", "needs a size"},
+		{"e short x", "unknown type"},
+		{"e char[300] s", "over the kernel's 256"},
 		{"e u32 a[x]", "array size"},
+		{"e u32 a b", `type "b" has no field name`},
+		{"e unsigned long[] st; u32 _st_length", "count in the trace"},
+		{"e" + strings.Repeat("x", 250) + " u32 a", "at most 245"},
 		{"e u32 a; u32 a", "duplicate field"},
-		{"e " + strings.Join(many, "; "), "limit is 64"},
+		{"e " + strings.Join(many, "; "), "field f64: too many fields (the kernel's limit is 64)"},
 	} {
 		if code, _, stderr := runCmd("synth", "add", c.def); code != 2 || !strings.Contains(stderr, c.want) {
 			t.Errorf("synth add %.30q: exit %d, %q; want 2 and %q", c.def, code, stderr, c.want)
@@ -465,8 +469,13 @@ func TestSynthCLI(t *testing.T) {
 	if code, _, stderr := runCmd("synth", "add", "klog u8 x"); code != 2 || !strings.Contains(stderr, "built into kconsume") {
 		t.Errorf("synth add klog: exit %d, %q", code, stderr)
 	}
-	if _, out, _ := runCmd("synth", "list"); !strings.HasPrefix(out, "synthetic:phase\tphase u32 n; char what[]\nsynthetic:klog\tklog char msg[]\t(built in)\n") {
-		t.Fatalf("synth list: %q", out)
+	// Refused definitions left the store as it was.
+	if _, out, stderr := runCmd("synth", "list"); !strings.HasPrefix(out, "synthetic:phase\tphase u32 n; char[] what\nsynthetic:klog\tklog char[] msg\t(built in)\n") {
+		t.Fatalf("synth list: %q %s", out, stderr)
+	}
+	// The seed's definition, and every kind the kernel adds to ours.
+	if code, out, stderr := runCmd("synth", "add", "kinds char[16] next_comm_field; bool ok; char c; unsigned long[] stack; char tag[4]; gfp_t gfp"); code != 0 || out != "synthetic:kinds\n" {
+		t.Fatalf("synth add kinds: exit %d %q %s", code, out, stderr)
 	}
 	if _, out, _ := runCmd("list", "synthetic:*"); !strings.Contains(out, "synthetic:phase") {
 		t.Fatalf("list synthetic:*: %q", out)
@@ -495,10 +504,17 @@ func TestSynthCLI(t *testing.T) {
 	if code, _, stderr := runCmd("synth", "emit", "--session", "syn", "klog", "msg=test phase 2 starts"); code != 0 {
 		t.Fatalf("synth emit klog: exit %d: %s", code, stderr)
 	}
+	if code, _, stderr := runCmd("synth", "emit", "--session", "syn", "kinds", "next_comm_field=kworker/u8:0-events_unbound",
+		"ok=true", "c=A", "stack=0xffffffff81000010,0xffffffff81000020", "tag=toolong", "gfp=0xcc0"); code != 0 {
+		t.Fatalf("synth emit kinds: exit %d: %s", code, stderr)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"kinds", "next_comm_field=a", "ok=1", "c=1", "stack=0xffffffff81000010,oops", "tag=a", "gfp=0"}, `stack: "oops" is not an address`},
+		{[]string{"kinds", "next_comm_field=a", "ok=1", "c=300", "stack=", "tag=a", "gfp=0"}, `c: "300" is not a char`},
+		{[]string{"kinds", "next_comm_field=a", "ok=1", "c=1", "stack=", "tag=a", "gfp=-1"}, `gfp: "-1" is not a gfp_t`},
 		{[]string{"phase", "n=1"}, "field what unset"},
 		{[]string{"phase", "n=x", "what=a"}, "not a u32"},
 		{[]string{"phase", "n=1", "n=2", "what=a"}, "set twice"},
@@ -524,7 +540,9 @@ func TestSynthCLI(t *testing.T) {
 	text := string(b)
 	if strings.Count(text, "synthetic:phase:") != 1 || !strings.Contains(text, `n = 7, what = "hello world"`) ||
 		strings.Count(text, "synthetic:note:") != 1 || !strings.Contains(text, `msg = "second"`) ||
-		strings.Count(text, "synthetic:klog:") != 1 || !strings.Contains(text, `msg = "test phase 2 starts"`) {
+		strings.Count(text, "synthetic:klog:") != 1 || !strings.Contains(text, `msg = "test phase 2 starts"`) ||
+		strings.Count(text, "synthetic:kinds:") != 1 ||
+		!strings.Contains(text, `next_comm_field = "kworker/u8:0-eve", ok = 1, c = 65, _stack_length = 2, stack = [ [0] = 18446744071578845200, [1] = 18446744071578845216 ], tag = "tool", gfp = 3264`) {
 		t.Fatalf("babeltrace2 output:\n%s", text)
 	}
 	if code, _, _ := runCmd("synth", "delete", "phase"); code != 0 {

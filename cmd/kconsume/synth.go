@@ -16,20 +16,24 @@ import (
 // synthStore is where definitions persist; tests point it elsewhere.
 var synthStore = synth.Store{Dir: synth.DefaultStoreDir()}
 
-const synthSynopsis = `synth add 'NAME TYPE FIELD; TYPE FIELD[N]; ...'
+const synthSynopsis = `synth add 'NAME TYPE FIELD; TYPE FIELD; ...'
        synth list
        synth delete NAME
        synth emit [--session NAME] [--cpu N] EVENT FIELD=VALUE ...
 
-Defines synthetic events in the kernel's synthetic_events syntax (types
-pid_t, u8..u64, s8..s64, int, unsigned int, char[N], char[] for a string,
-and integer arrays [N]); they persist until deleted and are recorded with
-'record -e synthetic:NAME'. emit writes one event into a running session,
-through the kernel on CPU N (default 0), so it sorts among kernel events;
-every field must be given. Array values are comma-separated.`
+Defines synthetic events in the kernel's synthetic_events language: types
+u8..u64, s8..s64, char, unsigned char, int, unsigned int, long, unsigned
+long, bool, pid_t, gfp_t; char[N] text and char[] strings ('char[16] f' or
+'char f[16]'); 'unsigned long[] f', a stack of addresses; and, beyond the
+kernel, integer arrays 'u16 f[4]'. They persist until deleted and are
+recorded with 'record -e synthetic:NAME'. emit writes one event into a
+running session, through the kernel on CPU N (default 0), so it sorts
+among kernel events; every field must be given. Stack and array values
+are comma-separated (a stack may be empty); bool takes true or false,
+char a number or one character. A bad value fails and writes nothing.`
 
 func synthCmd(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("synth", synthSynopsis, "kconsume synth add 'phase u32 n; char what[]'", stderr)
+	fs := newFlags("synth", synthSynopsis, "kconsume synth add 'phase u32 n; char[] what; unsigned long[] stack'", stderr)
 	var name *string
 	var cpu *int
 	// emit's flags follow the subcommand: synth emit --session web ...

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+)
+
+// TestRecordBPFStack builds bpf/example/stack.bpf.c, whose event has the
+// kernel's stack field type filled by bpf_get_stack in a raw tracepoint
+// at getpid, records it, and
+// holds babeltrace2's reading: bool and char as the kernel prints them
+// (numbers), the stack a sequence of kernel addresses that
+// /proc/kallsyms places on the syscall path.
+func TestRecordBPFStack(t *testing.T) {
+	testenv.RequireRoot(t)
+	bt2 := testenv.BT2(t)
+	clang, err := exec.LookPath("clang")
+	if err != nil {
+		testenv.Missing(t, "needs clang to build a BPF program")
+	}
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
+	obj := filepath.Join(t.TempDir(), "stack.o")
+	cc := exec.Command(clang, "-O2", "-g", "-target", "bpf", "-I", "bpf", "-I", "bpf/include", "-c", "bpf/example/stack.bpf.c", "-o", obj)
+	cc.Dir = "../.."
+	if b, err := cc.CombinedOutput(); err != nil {
+		t.Fatalf("clang: %v\n%s", err, b)
+	}
+	out := filepath.Join(t.TempDir(), "t")
+	done := make(chan int, 1)
+	go func() {
+		code, _, stderr := runCmd("record", "-q", "-o", out, "--session", "stack", "--bpf", obj, "--duration", "2s")
+		if code != 0 {
+			t.Log(stderr)
+		}
+		done <- code
+	}()
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(controlRoot, "stack", "state"))
+		return strings.TrimSpace(string(b)) == "running"
+	})
+	for i := 0; i < 50; i++ {
+		unix.Getpid()
+	}
+	if c := <-done; c != 0 {
+		t.Fatalf("record exit %d", c)
+	}
+	b, err := exec.Command(bt2, out).CombinedOutput()
+	if err != nil {
+		t.Fatalf("babeltrace2: %v\n%s", err, b)
+	}
+	line := regexp.MustCompile(`synthetic:getpid_stack: .*\{ pid = -?\d+, traced = 0, c = 75, _stack_length = (\d+), stack = \[ (.*) \] \}`)
+	elem := regexp.MustCompile(`\[\d+\] = (\d+)`)
+	syms := kallsyms(t)
+	var events, onPath int
+	for _, l := range strings.Split(string(b), "\n") {
+		m := line.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		events++
+		addrs := elem.FindAllStringSubmatch(m[2], -1)
+		if n, _ := strconv.Atoi(m[1]); n != len(addrs) || n == 0 {
+			t.Fatalf("stack of %s addresses shows %d: %s", m[1], len(addrs), l)
+		}
+		var names []string
+		for _, a := range addrs {
+			u, _ := strconv.ParseUint(a[1], 10, 64)
+			if u < 0xffff800000000000 {
+				t.Fatalf("%#x is not a kernel address: %s", u, l)
+			}
+			names = append(names, syms.name(u))
+		}
+		if strings.Contains(strings.Join(names, " "), "do_syscall_64") {
+			if onPath++; onPath == 1 {
+				t.Logf("a stack: %s", strings.Join(names, " <- "))
+			}
+		}
+	}
+	if events < 50 || onPath < events {
+		t.Fatalf("%d getpid_stack events of ours, %d with do_syscall_64 on the stack; babeltrace2 said:\n%.3000s", events, onPath, b)
+	}
+}
+
+// symbols are the kernel's text symbols, by address.
+type symbols struct {
+	addr  []uint64
+	names []string
+}
+
+// kallsyms reads /proc/kallsyms (root sees the addresses).
+func kallsyms(t *testing.T) symbols {
+	t.Helper()
+	f, err := os.Open("/proc/kallsyms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	type sym struct {
+		a uint64
+		n string
+	}
+	var all []sym
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		parts := strings.Fields(sc.Text())
+		if len(parts) < 3 || (parts[1] != "t" && parts[1] != "T") {
+			continue
+		}
+		a, err := strconv.ParseUint(parts[0], 16, 64)
+		if err == nil && a != 0 {
+			all = append(all, sym{a, parts[2]})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].a < all[j].a })
+	var s symbols
+	for _, x := range all {
+		s.addr, s.names = append(s.addr, x.a), append(s.names, x.n)
+	}
+	if len(s.addr) == 0 {
+		t.Fatal("/proc/kallsyms shows no addresses")
+	}
+	return s
+}
+
+// name returns the text symbol at or before a.
+func (s symbols) name(a uint64) string {
+	i := sort.Search(len(s.addr), func(i int) bool { return s.addr[i] > a })
+	if i == 0 {
+		return "?"
+	}
+	return s.names[i-1]
+}
