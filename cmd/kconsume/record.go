@@ -49,6 +49,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 		objects         listFlag
 		subbuf          = sizeFlag(consumer.DefaultSubbufSize)
 		ring            = sizeFlag(consumer.DefaultRingSize)
+		memory          sizeFlag
 		mode, transport string
 		clock, syscalls string
 		cgroup          string
@@ -77,6 +78,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
 	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
 	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
+	fs.Var(&memory, "memory", "buffer memory per CPU, ring and sub-buffers together, split by kconsume (a ring of the largest power of two up to 3/4, the rest in 8 sub-buffers); replaces --ring-size, --subbuf-size and --n-subbufs")
 	o.relay = relaydFlags(fs)
 	fs.Var(&o.prof, "profile", "`name` of the event and field naming: ftrace (tracefs names) or lttng (lttng-modules names and a statedump, for LTTng's analyses and Trace Compass)")
 	if err := fs.Parse(args); err != nil {
@@ -86,6 +88,9 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 		return nil, usageError{err}
 	}
 	o.command = fs.Args()
+	if err := applyMemory(fs, int(memory), (*int)(&ring), (*int)(&subbuf), &nsub); err != nil {
+		return nil, usageError{err}
+	}
 	cfg := consumer.Config{
 		Events:     events,
 		Cgroup:     cgroup,
