@@ -33,6 +33,7 @@ type recorder struct {
 	relay          *relaydOut
 	lastRecords    uint64
 	lastTick       time.Time
+	cmdNice        int // the command's nice value: kconsume's before it raised its own
 }
 
 // run records until a signal, the duration, the command's exit or a
@@ -63,7 +64,7 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	if len(command) > 0 {
 		cmd = exec.Command(command[0], command[1:]...)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-		if err := cmd.Start(); err != nil {
+		if err := startAtNice(cmd, r.cmdNice); err != nil {
 			r.s.Close()
 			return fmt.Errorf("starting %s: %w", command[0], err)
 		}
