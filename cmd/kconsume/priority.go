@@ -15,12 +15,14 @@ import (
 // a load that keeps every CPU busy with many tasks (hackbench: 160), a
 // consumer at nice 0 gets its fair share, a 160th of the machine, and
 // runs hundreds of milliseconds after the producers woke it: the rings
-// fill and drop what does not fit. At -10 the scheduler weighs its
-// threads 9× a task at 0 (sched_prio_to_weight in kernel/sched/core.c),
-// so it runs within its wakeup's slice and drains before the rings
-// fill; it still sleeps whenever nothing waits, so an idle machine sees
-// no more of it.
-const defaultNice = -10
+// fill and drop what does not fit. -20 weighs its threads 87× a task at
+// 0 (sched_prio_to_weight in kernel/sched/core.c), so it runs soon after
+// its wakeup and drains before the rings fill; -10 (9×) still lost a
+// tenth of hackbench's events on the shared 2-CPU VM where -20 lost 2 %
+// (BENCHMARKS.md). It takes no more CPU for it: what it drains is what
+// the producers wrote, and it sleeps whenever nothing waits, so an idle
+// machine sees no more of it.
+const defaultNice = -20
 
 // currentNice returns the calling thread's nice value.
 func currentNice() (int, error) {
