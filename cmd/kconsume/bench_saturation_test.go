@@ -46,9 +46,14 @@ var saturationBudgets = []saturationBudget{
 
 // saturationRun is what one hackbench run under a tracer gave.
 type saturationRun struct {
-	secs     float64 // hackbench's own "Total time"
-	recorded uint64  // events in the trace
-	lost     uint64  // events the tracer says it lost
+	secs float64 // hackbench's own "Total time"
+	// CPU time (user and system) of the command and the children it
+	// reaped: the tracer's own threads and processes and hackbench's
+	// tasks, which run the kernel's tracing (and kconsume's BPF) code.
+	// Other load on the machine moves it less than the wall time.
+	cpu      float64
+	recorded uint64 // events in the trace
+	lost     uint64 // events the tracer says it lost
 	// kconsume's losses by layer: in the kernel (ring full) and in the
 	// channel (every sub-buffer full); the drainer's longest overrun
 	// (0 when its summary did not print one).
@@ -71,14 +76,17 @@ func (r saturationRun) lostShare() float64 {
 // turns, so no tool always runs after the same one. Each tracer runs
 // hackbench as its command: hackbench's own "Total time" leaves the
 // tracers' start and stop out. Reported per budget, medians of the
-// rounds: hackbench's untraced seconds; each tracer's slowdown against
-// the untraced run of the same round (%), its share of lost events
-// (lost / (recorded + lost), %) and its recorded events; for kconsume
-// its losses by layer (ring full: the drainer came too late; sub-buffers
-// full: the sink was behind) and the drainer's longest overrun. trace-cmd's
-// counts are the kernel's per-CPU "overrun" and "read events" it stores
-// in its file (trace-cmd report --stat). The host's tracing state is
-// restored after each trace-cmd run. KCONSUME_BENCH_BASE_BIN names
+// rounds: hackbench's untraced seconds and CPU seconds; for each tracer
+// its slowdown against the untraced run of the same round (%), the CPU
+// time it added to that run's (%: its own, start and stop included, and
+// what tracing cost hackbench's tasks; other load on the machine moves
+// it less than the wall time), its share of lost events (lost /
+// (recorded + lost), %) and its recorded events; for kconsume its losses
+// by layer (ring full: the drainer came too late; sub-buffers full: the
+// sink was behind) and the drainer's longest overrun. trace-cmd's counts
+// are the kernel's per-CPU "overrun", "read events" and "entries" it
+// stores in its file (trace-cmd report --stat). The host's tracing state
+// is restored after each trace-cmd run. KCONSUME_BENCH_BASE_BIN names
 // another kconsume binary, a previous commit's, run in the same rounds
 // and reported as kconsume-base: a change measured against it.
 func BenchmarkSaturation(b *testing.B) {
@@ -132,23 +140,30 @@ func BenchmarkSaturation(b *testing.B) {
 						}
 						break
 					}
-					b.Logf("round %d, %s: hackbench %.3f s, %d events recorded, %d lost (ring %d, sub-buffers %d), drainer %.1f ms late",
-						r+1, cmp.Or(tool, "untraced"), run.secs, run.recorded, run.lost, run.ringLost, run.dropped, run.lateMs)
+					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d), drainer %.1f ms late",
+						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.lateMs)
 					runs[tool] = append(runs[tool], run)
 				}
 			}
 			un := runs[""]
 			b.ReportMetric(median(secsOf(un)), "untraced-s")
+			var unCPU []float64
+			for _, run := range un {
+				unCPU = append(unCPU, run.cpu)
+			}
+			b.ReportMetric(median(unCPU), "untraced-cpu-s")
 			for _, tool := range order[1:] {
-				var slow, share, rec []float64
+				var slow, cpu, share, rec []float64
 				for r, run := range runs[tool] {
 					slow = append(slow, 100*(run.secs/un[r].secs-1))
+					cpu = append(cpu, 100*(run.cpu/un[r].cpu-1))
 					share = append(share, run.lostShare())
 					rec = append(rec, float64(run.recorded))
 				}
 				b.ReportMetric(median(slow), tool+"-slowdown-%")
 				b.ReportMetric(slices.Min(slow), tool+"-slowdown-min-%")
 				b.ReportMetric(slices.Max(slow), tool+"-slowdown-max-%")
+				b.ReportMetric(median(cpu), tool+"-cpu-%")
 				b.ReportMetric(median(share), tool+"-lost-%")
 				b.ReportMetric(slices.Min(share), tool+"-lost-min-%")
 				b.ReportMetric(slices.Max(share), tool+"-lost-max-%")
@@ -217,9 +232,13 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 		}
 		args = append(append(args, tools["perf"]), hackbench...)
 	}
-	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	cmd := exec.Command(args[0], args[1:]...)
+	out, err := cmd.CombinedOutput()
 	text := string(out)
 	var run saturationRun
+	if cmd.ProcessState != nil {
+		run.cpu = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+	}
 	m := totalTime.FindStringSubmatch(text)
 	if m == nil {
 		if tool == "trace-cmd" && strings.Contains(text, "error in size of file '/proc/kallsyms'") {
