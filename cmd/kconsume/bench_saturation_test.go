@@ -239,13 +239,14 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 	if cmd.ProcessState != nil {
 		run.cpu = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
 	}
+	if tool == "trace-cmd" && strings.Contains(text, "error in size of file '/proc/kallsyms'") {
+		// /proc/kallsyms changed size while trace-cmd read it to write
+		// its file: the BPF programs of the kconsume run before it are
+		// freed late.
+		return run, fmt.Errorf("trace-cmd: %w: %v\n%s", errRetry, err, text)
+	}
 	m := totalTime.FindStringSubmatch(text)
 	if m == nil {
-		if tool == "trace-cmd" && strings.Contains(text, "error in size of file '/proc/kallsyms'") {
-			// /proc/kallsyms changed size while trace-cmd read it: the
-			// BPF programs of the kconsume run before it are freed late.
-			return run, fmt.Errorf("trace-cmd: %w: %v\n%s", errRetry, err, text)
-		}
 		return run, fmt.Errorf("%s: no hackbench time (%v)\n%s", strings.Join(args, " "), err, text)
 	}
 	run.secs, _ = strconv.ParseFloat(m[1], 64)
