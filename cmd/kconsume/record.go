@@ -179,8 +179,9 @@ func record(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stderr, "kconsume record: runs at nice %d: %v: under a saturating load the consumer may run late and the rings fill\n", cmdNice, err)
 	} else {
-		// For callers in the same process (tests): kconsume exits next.
-		defer setNice(cmdNice) //nolint:errcheck // best effort: kconsume exits next
+		// For callers in the same process (tests); best effort, as
+		// kconsume exits next.
+		defer func() { _ = setNice(cmdNice) }()
 	}
 	cfg := o.cfg
 	host, err := prepareHost(&cfg, stderr)
