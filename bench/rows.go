@@ -238,7 +238,7 @@ func rows() []sectionRow {
 			extra: []extra{{m(k, "untraced-cpu-s"), "CPU s"}}})
 		add(sat, row{what: "`kconsume record`, " + budget.what, cmd: sc, fig: kcSlow, label: "% slower",
 			extra: []extra{{kcLost, "% of events lost"}, {m(k, "kconsume-cpu-%"), "% more CPU time"}, {m(k, "kconsume-ring-lost-%"), "% lost ring full"},
-				{m(k, "kconsume-subbuf-lost-%"), "% lost sub-buffers full"}, {m(k, "kconsume-late-ms"), "ms drainer late"},
+				{m(k, "kconsume-subbuf-lost-%"), "% lost sub-buffers full"}, {m(k, "kconsume-missed-%"), "% missed (another BPF program ran)"}, {m(k, "kconsume-late-ms"), "ms drainer late"},
 				{m(k, "kconsume-events"), "events recorded"}},
 			target: "slowdown and lost share ≤ trace-cmd's",
 			ok: func(res results, f, _ stat) bool {

@@ -54,11 +54,13 @@ type saturationRun struct {
 	cpu      float64
 	recorded uint64 // events in the trace
 	lost     uint64 // events the tracer says it lost
-	// kconsume's losses by layer: in the kernel (ring full) and in the
-	// channel (every sub-buffer full); the drainer's longest overrun
-	// (0 when its summary did not print one).
-	ringLost, dropped uint64
-	lateMs            float64
+	// kconsume's losses by layer: in the kernel (ring full), in the
+	// channel (every sub-buffer full), and the recorder runs the kernel
+	// skipped because another BPF program ran on the CPU (missed: an
+	// upper bound with filters); the drainer's longest overrun (0 when
+	// its summary did not print one).
+	ringLost, dropped, missed uint64
+	lateMs                    float64
 }
 
 func (r saturationRun) lostShare() float64 {
@@ -140,8 +142,8 @@ func BenchmarkSaturation(b *testing.B) {
 						}
 						break
 					}
-					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d), drainer %.1f ms late",
-						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.lateMs)
+					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d, missed %d), drainer %.1f ms late",
+						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.missed, run.lateMs)
 					runs[tool] = append(runs[tool], run)
 				}
 			}
@@ -173,15 +175,17 @@ func BenchmarkSaturation(b *testing.B) {
 				if !strings.HasPrefix(tool, "kconsume") {
 					continue
 				}
-				var ring, sub, late []float64
+				var ring, sub, miss, late []float64
 				for _, run := range runs[tool] {
 					all := float64(run.recorded + run.lost)
 					ring = append(ring, 100*float64(run.ringLost)/all)
 					sub = append(sub, 100*float64(run.dropped)/all)
+					miss = append(miss, 100*float64(run.missed)/all)
 					late = append(late, run.lateMs)
 				}
 				b.ReportMetric(median(ring), tool+"-ring-lost-%")
 				b.ReportMetric(median(sub), tool+"-subbuf-lost-%")
+				b.ReportMetric(median(miss), tool+"-missed-%")
 				b.ReportMetric(median(late), tool+"-late-ms")
 			}
 		})
@@ -263,8 +267,10 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 		run.lost, _ = strconv.ParseUint(m[2], 10, 64)
 		for _, c := range kcCPU.FindAllStringSubmatch(text, -1) {
 			ring, _ := strconv.ParseUint(c[2], 10, 64)
+			missed, _ := strconv.ParseUint(c[3], 10, 64)
 			dropped, _ := strconv.ParseUint(c[4], 10, 64)
 			run.ringLost += ring
+			run.missed += missed
 			run.dropped += dropped
 		}
 		if m := kcLate.FindStringSubmatch(text); m != nil {
