@@ -40,6 +40,7 @@ var families = []family{
 	{"./cmd/kconsume", "^BenchmarkPeakRSS$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkStartStop$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkIdle$", "1x"},
+	{"./cmd/kconsume", "^BenchmarkSaturation$", "1x"},
 	{"./relayd", "^BenchmarkStream$", "4000000x"},
 	{"./statedump", "^BenchmarkStatedump1000$", "3x"},
 }

@@ -225,6 +225,29 @@ func rows() []sectionRow {
 		fig: m("Idle", "trace-cmd-own/s"), label: "per s",
 		extra: []extra{{m("Idle", "trace-cmd-cs/s"), "own switches/s (rusage)"}, {m("Idle", "trace-cmd-events/s"), "events/s"}}})
 
+	const sat = "Saturation: hackbench (`perf bench sched messaging -g 4 -l 300`) recording `sched:*`, sys_enter_write and sys_enter_read, the same buffer memory per CPU for both tracers; slowdown against the untraced run of the round"
+	for _, budget := range []struct{ name, what string }{
+		{"6M", "6 MiB per CPU (kconsume's defaults; trace-cmd `-b 6144`)"},
+		{"1408K", "1408 KiB per CPU (`--memory 1408K`; trace-cmd's default)"},
+	} {
+		k := "Saturation/" + budget.name
+		sc := fmt.Sprintf("go test -run '^$' -bench 'Saturation/%s' -benchtime 1x ./cmd/kconsume", budget.name)
+		kcSlow, kcLost := m(k, "kconsume-slowdown-%"), m(k, "kconsume-lost-%")
+		tcSlow, tcLost := m(k, "trace-cmd-slowdown-%"), m(k, "trace-cmd-lost-%")
+		add(sat, row{what: "hackbench untraced, " + budget.what, cmd: sc, fig: m(k, "untraced-s"), label: "s",
+			extra: []extra{{m(k, "untraced-cpu-s"), "CPU s"}}})
+		add(sat, row{what: "`kconsume record`, " + budget.what, cmd: sc, fig: kcSlow, label: "% slower",
+			extra: []extra{{kcLost, "% of events lost"}, {m(k, "kconsume-cpu-%"), "% more CPU time"}, {m(k, "kconsume-ring-lost-%"), "% lost ring full"},
+				{m(k, "kconsume-subbuf-lost-%"), "% lost sub-buffers full"}, {m(k, "kconsume-missed-%"), "% missed (another BPF program ran)"}, {m(k, "kconsume-late-ms"), "ms drainer late"},
+				{m(k, "kconsume-events"), "events recorded"}},
+			target: "slowdown and lost share ≤ trace-cmd's",
+			ok: func(res results, f, _ stat) bool {
+				return f.med <= summarize(res.get(tcSlow)).med && summarize(res.get(kcLost)).med <= summarize(res.get(tcLost)).med
+			}})
+		add(sat, row{what: "`trace-cmd record -d --no-filter -b KB`, " + budget.what, cmd: sc, fig: tcSlow, label: "% slower",
+			extra: []extra{{tcLost, "% of events lost (overrun)"}, {m(k, "trace-cmd-cpu-%"), "% more CPU time"}, {m(k, "trace-cmd-events"), "events recorded"}}})
+	}
+
 	const mem = "Memory: `kconsume record` peak RSS, 3 s of getpid flood on every CPU, overwrite mode"
 	for _, c := range []string{"256Kx8", "1Mx16", "4Mx16"} {
 		k := "PeakRSS/" + c

@@ -35,6 +35,8 @@ type recordOpts struct {
 	command   []string
 	relay     *relaydOut
 	prof      profileFlag
+	nice      int
+	niceSet   bool // --nice given
 }
 
 // parseRecord parses record's arguments into options and a session
@@ -49,6 +51,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 		objects         listFlag
 		subbuf          = sizeFlag(consumer.DefaultSubbufSize)
 		ring            = sizeFlag(consumer.DefaultRingSize)
+		memory          sizeFlag
 		mode, transport string
 		clock, syscalls string
 		cgroup          string
@@ -77,6 +80,8 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
 	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
 	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
+	fs.IntVar(&o.nice, "nice", defaultNice, "nice `value` of kconsume's threads, -20..19: well below the workload's, the consumer gets the CPU before the rings fill under a saturating load (needs CAP_SYS_NICE; the COMMAND keeps kconsume's own value)")
+	fs.Var(&memory, "memory", "buffer memory per CPU, ring and sub-buffers together, split by kconsume (a ring of the largest power of two up to 3/4, the rest in 8 sub-buffers); replaces --ring-size, --subbuf-size and --n-subbufs")
 	o.relay = relaydFlags(fs)
 	fs.Var(&o.prof, "profile", "`name` of the event and field naming: ftrace (tracefs names) or lttng (lttng-modules names and a statedump, for LTTng's analyses and Trace Compass)")
 	if err := fs.Parse(args); err != nil {
@@ -86,6 +91,13 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 		return nil, usageError{err}
 	}
 	o.command = fs.Args()
+	fs.Visit(func(f *flag.Flag) { o.niceSet = o.niceSet || f.Name == "nice" })
+	if o.nice < -20 || o.nice > 19 {
+		return nil, usageError{fmt.Errorf("--nice %d: want -20..19", o.nice)}
+	}
+	if err := applyMemory(fs, int(memory), (*int)(&ring), (*int)(&subbuf), &nsub); err != nil {
+		return nil, usageError{err}
+	}
 	cfg := consumer.Config{
 		Events:     events,
 		Cgroup:     cgroup,
@@ -159,6 +171,18 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if err := checkPrivileges(); err != nil {
 		return err
 	}
+	// Before the session starts its threads, which take it from theirs.
+	cmdNice, err := raisePriority(o.nice, o.niceSet)
+	if err != nil {
+		if o.niceSet {
+			return err
+		}
+		fmt.Fprintf(stderr, "kconsume record: runs at nice %d: %v: under a saturating load the consumer may run late and the rings fill\n", cmdNice, err)
+	} else {
+		// For callers in the same process (tests); best effort, as
+		// kconsume exits next.
+		defer func() { _ = setNice(cmdNice) }()
+	}
 	cfg := o.cfg
 	host, err := prepareHost(&cfg, stderr)
 	if err != nil {
@@ -215,7 +239,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		s.Close()
 		return err
 	}
-	r := &recorder{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay}
+	r := &recorder{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay, cmdNice: cmdNice}
 	return r.run(o.command, o.duration)
 }
 

@@ -35,6 +35,7 @@ type recorder struct {
 	relay          *relaydOut
 	lastRecords    uint64
 	lastTick       time.Time
+	cmdNice        int // the command's nice value: kconsume's before it raised its own
 }
 
 // run records until a signal, the duration, the command's exit or a
@@ -82,7 +83,7 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	var release func() error
 	if len(command) > 0 {
 		var err error
-		if cmd, release, err = startHeld(command); err != nil {
+		if cmd, release, err = startHeld(command, r.cmdNice); err != nil {
 			r.s.Close()
 			return err
 		}
@@ -99,8 +100,10 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	cmdDone := make(chan error, 1)
 	if cmd != nil {
 		if err := release(); err != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
+			if cmd.Process != nil { // the held shell; a direct start failed
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+			}
 			r.s.Close()
 			return fmt.Errorf("starting %s: %w", command[0], err)
 		}
@@ -195,9 +198,10 @@ func (e exitError) Error() string { return fmt.Sprintf("command exited with stat
 // while: done after the gate opened, tens of the recorder's own context
 // switches would open its trace. Held, the command is a shell waiting on
 // a pipe, which execs the command (whose exec the trace then shows) when
-// release writes to it. Without /bin/sh it is started at release. It
-// fails, starting nothing, when the command is not found.
-func startHeld(command []string) (*exec.Cmd, func() error, error) {
+// release writes to it. Without /bin/sh it is started at release. Either
+// way it runs at the nice value nice (startAtNice). It fails, starting
+// nothing, when the command is not found.
+func startHeld(command []string, nice int) (*exec.Cmd, func() error, error) {
 	if _, err := exec.LookPath(command[0]); err != nil {
 		return nil, nil, fmt.Errorf("starting %s: %w", command[0], err)
 	}
@@ -205,7 +209,7 @@ func startHeld(command []string) (*exec.Cmd, func() error, error) {
 	direct.Stdin, direct.Stdout, direct.Stderr = os.Stdin, os.Stdout, os.Stderr
 	sh, err := exec.LookPath("/bin/sh")
 	if err != nil {
-		return direct, direct.Start, nil
+		return direct, func() error { return startAtNice(direct, nice) }, nil
 	}
 	rd, wr, err := os.Pipe()
 	if err != nil {
@@ -218,7 +222,7 @@ func startHeld(command []string) (*exec.Cmd, func() error, error) {
 	held := exec.Command(sh, append([]string{"-c", `read -r _ <&3 || exit 126; exec 3<&-; exec "$@"`, "sh"}, command...)...)
 	held.Stdin, held.Stdout, held.Stderr = os.Stdin, os.Stdout, os.Stderr
 	held.ExtraFiles = []*os.File{rd}
-	err = held.Start()
+	err = startAtNice(held, nice)
 	rd.Close()
 	if err != nil {
 		wr.Close()
