@@ -286,19 +286,7 @@ func TestPayloadDecodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	sink, err := relayfmt.NewDirSink(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1}, sink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cls, err := ch.AddEventClass("synthetic:"+e.Name, e.RelayFields())
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, ch, cls := eventChannel(t, e)
 	p1, err := e.Encode(nil, 42, "kworker/0:1-a-very-long-name", -5, uint64(123456789), 0, "woken", []uint16{1, 2, 3})
 	if err != nil {
 		t.Fatal(err)
@@ -427,19 +415,7 @@ func TestKernelTypesDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	sink, err := relayfmt.NewDirSink(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1}, sink)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cls, err := ch.AddEventClass("synthetic:"+e.Name, e.RelayFields())
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, ch, cls := eventChannel(t, e)
 	for i, pl := range [][]byte{p, p2} {
 		if len(pl) > e.MaxPayload() {
 			t.Fatalf("payload %d bytes over MaxPayload %d", len(pl), e.MaxPayload())
@@ -558,4 +534,24 @@ func TestSeedGeneration(t *testing.T) {
 			t.Errorf("%s: %v, want ErrValue", name, err)
 		}
 	}
+}
+
+// eventChannel returns a one-CPU channel writing into a new directory,
+// with e declared as synthetic:NAME.
+func eventChannel(t *testing.T, e *Event) (string, *relayfmt.Channel, *relayfmt.EventClass) {
+	t.Helper()
+	dir := t.TempDir()
+	sink, err := relayfmt.NewDirSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := ch.AddEventClass("synthetic:"+e.Name, e.RelayFields())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, ch, cls
 }

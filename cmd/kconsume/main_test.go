@@ -556,18 +556,17 @@ func TestSynthCLI(t *testing.T) {
 	}
 }
 
-// TestRecordBPF builds the example program of bpf/example the way its
-// comment says and records it: its synthetic events and klog lines reach
-// the trace.
-func TestRecordBPF(t *testing.T) {
-	testenv.RequireRoot(t)
-	testenv.RequireKernel(t, 5, 13, "bpf_snprintf for klog")
+// recordExample builds bpf/example/NAME.bpf.c with clang, starts a 2 s
+// recording of it as session, and returns once the gate is open: the
+// trace's directory, and a channel that receives record's exit code.
+func recordExample(t *testing.T, name, session string) (string, <-chan int) {
+	t.Helper()
 	clang, err := exec.LookPath("clang")
 	if err != nil {
 		testenv.Missing(t, "needs clang to build a BPF program")
 	}
-	obj := filepath.Join(t.TempDir(), "getpid.o")
-	cc := exec.Command(clang, "-O2", "-g", "-target", "bpf", "-I", "bpf", "-I", "bpf/include", "-c", "bpf/example/getpid.bpf.c", "-o", obj)
+	obj := filepath.Join(t.TempDir(), name+".o")
+	cc := exec.Command(clang, "-O2", "-g", "-target", "bpf", "-I", "bpf", "-I", "bpf/include", "-c", "bpf/example/"+name+".bpf.c", "-o", obj)
 	cc.Dir = "../.."
 	if b, err := cc.CombinedOutput(); err != nil {
 		t.Fatalf("clang: %v\n%s", err, b)
@@ -575,16 +574,26 @@ func TestRecordBPF(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "t")
 	done := make(chan int, 1)
 	go func() {
-		code, _, stderr := runCmd("record", "-q", "-o", out, "--session", "bpf", "--bpf", obj, "--duration", "2s")
+		code, _, stderr := runCmd("record", "-q", "-o", out, "--session", session, "--bpf", obj, "--duration", "2s")
 		if code != 0 {
 			t.Log(stderr)
 		}
 		done <- code
 	}()
 	waitFor(t, func() bool {
-		b, _ := os.ReadFile(filepath.Join(controlRoot, "bpf", "state"))
+		b, _ := os.ReadFile(filepath.Join(controlRoot, session, "state"))
 		return strings.TrimSpace(string(b)) == "running"
 	})
+	return out, done
+}
+
+// TestRecordBPF builds the example program of bpf/example the way its
+// comment says and records it: its synthetic events and klog lines reach
+// the trace.
+func TestRecordBPF(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireKernel(t, 5, 13, "bpf_snprintf for klog")
+	out, done := recordExample(t, "getpid", "bpf")
 	for i := 0; i < 100; i++ {
 		_ = os.Getpid()
 		unix.Getpid()

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -25,32 +24,10 @@ import (
 func TestRecordBPFStack(t *testing.T) {
 	testenv.RequireRoot(t)
 	bt2 := testenv.BT2(t)
-	clang, err := exec.LookPath("clang")
-	if err != nil {
-		testenv.Missing(t, "needs clang to build a BPF program")
-	}
 	old := controlRoot
 	controlRoot = t.TempDir()
 	t.Cleanup(func() { controlRoot = old })
-	obj := filepath.Join(t.TempDir(), "stack.o")
-	cc := exec.Command(clang, "-O2", "-g", "-target", "bpf", "-I", "bpf", "-I", "bpf/include", "-c", "bpf/example/stack.bpf.c", "-o", obj)
-	cc.Dir = "../.."
-	if b, err := cc.CombinedOutput(); err != nil {
-		t.Fatalf("clang: %v\n%s", err, b)
-	}
-	out := filepath.Join(t.TempDir(), "t")
-	done := make(chan int, 1)
-	go func() {
-		code, _, stderr := runCmd("record", "-q", "-o", out, "--session", "stack", "--bpf", obj, "--duration", "2s")
-		if code != 0 {
-			t.Log(stderr)
-		}
-		done <- code
-	}()
-	waitFor(t, func() bool {
-		b, _ := os.ReadFile(filepath.Join(controlRoot, "stack", "state"))
-		return strings.TrimSpace(string(b)) == "running"
-	})
+	out, done := recordExample(t, "stack", "stack")
 	for i := 0; i < 50; i++ {
 		unix.Getpid()
 	}
