@@ -13,8 +13,6 @@ package statedump
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -72,6 +70,10 @@ var definitions = map[string][]string{
 }
 
 var nsFields = []string{"pid_t tid", "unsigned int ns_inum"}
+
+// nsKinds are the namespaces a statedump writes, pid first, then in the
+// order of the events (lttng-statedump-impl.c's).
+var nsKinds = [...]string{"pid", "cgroup", "ipc", "mnt", "net", "uts", "time"}
 
 // Events returns the statedump's synthetic event definitions, finalized,
 // in a fixed order. Start must be recorded for any other to be emitted.
@@ -133,6 +135,9 @@ type Dumper struct {
 	emit Emitter
 	buf  []byte
 	defs map[string]*synth.Event
+	r    *procReader
+	// rootPidNs is the inode of the pid namespace of /proc's init.
+	rootPidNs uint32
 }
 
 // Run emits one statedump through e: start, the processes and their
@@ -171,6 +176,8 @@ func (d *Dumper) Run(e Emitter) (Counts, error) {
 	if err != nil {
 		return c, fmt.Errorf("statedump: %w", err)
 	}
+	d.r = newProcReader()
+	d.rootPidNs = d.procPidNs(fs)
 	if err := d.put(&c, Start, d.Seq); err != nil {
 		return c, err
 	}
@@ -193,6 +200,25 @@ func (d *Dumper) Run(e Emitter) (Counts, error) {
 		return c, err
 	}
 	return c, d.put(&c, End, d.Seq)
+}
+
+// procPidNs returns the inode of the pid namespace /proc shows ids of
+// (where NSpid has one entry), or 0 when it cannot tell: /proc/1 may be
+// closed to us, so it is this process's own namespace when this process
+// is at /proc's level.
+func (d *Dumper) procPidNs(fs procfs.FS) uint32 {
+	if ino, ok := d.r.nsInode(d.Proc + "/1/ns/pid"); ok {
+		return ino
+	}
+	self, err := fs.Self()
+	if err != nil {
+		return 0
+	}
+	if st, err := self.NewStatus(); err != nil || len(st.NSpids) != 1 {
+		return 0
+	}
+	ino, _ := d.r.nsInode(d.Proc + "/self/ns/pid")
+	return ino
 }
 
 // put encodes and emits one event.
@@ -252,9 +278,23 @@ func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
 		c.Gone++
 		return nil
 	}
-	ns, _ := p.Namespaces() // a kernel thread's may be unreadable: inode 0
-	self := unix.Gettid()   // Run holds its OS thread
-	status0, _ := p.NewStatus()
+	// Threads share their process's namespaces. A namespace that cannot
+	// be read (a kernel thread's may not) is not written; the pid
+	// namespace's inode is then 0.
+	dir := d.Proc + "/" + strconv.Itoa(p.PID)
+	var inodes [len(nsKinds)]uint32
+	var have [len(nsKinds)]bool
+	for i, k := range nsKinds {
+		inodes[i], have[i] = d.r.nsInode(dir + "/ns/" + k)
+	}
+	// NSpid (/proc/PID/status, which the kernel takes long to write)
+	// matters only for a task outside the pid namespace of /proc's
+	// init, where it has more than one entry.
+	var status0 procfs.ProcStatus
+	if !have[0] || inodes[0] != d.rootPidNs {
+		status0, _ = p.NewStatus()
+	}
+	self := unix.Gettid() // Run holds its OS thread
 	c.Processes++
 	for _, t := range threads {
 		st, err := t.Stat()
@@ -293,16 +333,12 @@ func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
 		if level > 0 {
 			vppid = 0 // the parent may live in another namespace
 		}
-		inum := uint32(0)
-		if n, ok := ns["pid"]; ok {
-			inum = n.Inode
-		}
-		if err := d.put(c, ProcessPidNs, int32(t.PID), int32(vtid), int32(vpid), int32(vppid), int32(level), inum); err != nil {
+		if err := d.put(c, ProcessPidNs, int32(t.PID), int32(vtid), int32(vpid), int32(vppid), int32(level), inodes[0]); err != nil {
 			return err
 		}
-		for _, k := range []string{"cgroup", "ipc", "mnt", "net", "uts", "time"} {
-			if n, ok := ns[k]; ok {
-				if err := d.put(c, nsEvents[k], int32(t.PID), n.Inode); err != nil {
+		for i, k := range nsKinds[1:] {
+			if have[i+1] {
+				if err := d.put(c, nsEvents[k], int32(t.PID), inodes[i+1]); err != nil {
 					return err
 				}
 			}
@@ -319,17 +355,14 @@ func (d *Dumper) fds(c *Counts, p procfs.Proc) error {
 	if err != nil {
 		return nil // exited, or a kernel thread
 	}
-	dir := filepath.Join(d.Proc, strconv.Itoa(p.PID), "fd")
+	dir := d.Proc + "/" + strconv.Itoa(p.PID)
 	for _, fd := range fds {
 		n := strconv.Itoa(int(fd))
-		target, err := os.Readlink(filepath.Join(dir, n))
-		if err != nil {
+		target, ok := d.r.readlink(dir + "/fd/" + n)
+		if !ok {
 			continue // closed meanwhile
 		}
-		var flags uint64
-		if info, err := p.FDInfo(n); err == nil {
-			flags, _ = strconv.ParseUint(info.Flags, 8, 32)
-		}
+		flags, _ := d.r.fdFlags(dir + "/fdinfo/" + n)
 		fmode := uint32(1)
 		switch flags & 3 {
 		case 1:
