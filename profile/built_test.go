@@ -121,3 +121,19 @@ func TestReplace(t *testing.T) {
 		t.Error("a malformed pattern passed")
 	}
 }
+
+// TestREADMEListsBuilt: the README says which events the profile builds
+// and from what.
+func TestREADMEListsBuilt(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range LTTng.BuiltEvents() {
+		for _, s := range []string{"`" + e.Ftrace + "`", "`" + e.LTTng + "`", "`" + e.Synth + "`", "bpf/lttng/sched.bpf.c"} {
+			if !bytes.Contains(b, []byte(s)) {
+				t.Errorf("README does not name %s (built event %s)", s, e.LTTng)
+			}
+		}
+	}
+}
