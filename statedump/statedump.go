@@ -11,8 +11,10 @@
 package statedump
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -33,6 +35,7 @@ const (
 	ProcessPidNs   = "lttng_statedump_process_pid_ns"
 	FileDescriptor = "lttng_statedump_file_descriptor"
 	BlockDevice    = "lttng_statedump_block_device"
+	NetInterface   = "lttng_statedump_network_interface"
 	Interrupt      = "lttng_statedump_interrupt"
 	CPUTopology    = "lttng_statedump_cpu_topology"
 )
@@ -59,6 +62,7 @@ var definitions = map[string][]string{
 	ProcessPidNs:                        {"pid_t tid", "pid_t vtid", "pid_t vpid", "pid_t vppid", "int ns_level", "unsigned int ns_inum"},
 	FileDescriptor:                      {"u64 file_table_address", "pid_t pid", "int fd", "unsigned int flags", "unsigned int fmode", "char filename[]"},
 	BlockDevice:                         {"u32 dev", "char diskname[]"},
+	NetInterface:                        {"char name[]", "u32 address_ipv4"},
 	Interrupt:                           {"unsigned int irq", "char name[]", "char action[]", "pid_t tid"},
 	"lttng_statedump_process_cgroup_ns": nsFields,
 	"lttng_statedump_process_ipc_ns":    nsFields,
@@ -78,7 +82,7 @@ var nsKinds = [...]string{"pid", "cgroup", "ipc", "mnt", "net", "uts", "time"}
 // Events returns the statedump's synthetic event definitions, finalized,
 // in a fixed order. Start must be recorded for any other to be emitted.
 func Events() []*synth.Event {
-	names := []string{Start, End, ProcessState, ProcessPidNs, FileDescriptor, BlockDevice, Interrupt, CPUTopology}
+	names := []string{Start, End, ProcessState, ProcessPidNs, FileDescriptor, BlockDevice, Interrupt, CPUTopology, NetInterface}
 	for _, k := range []string{"cgroup", "ipc", "mnt", "net", "uts", "time"} {
 		names = append(names, nsEvents[k])
 	}
@@ -108,7 +112,7 @@ var ErrStopped = errors.New("statedump: recording stopped")
 
 // Counts says what a statedump emitted.
 type Counts struct {
-	Threads, Processes, FDs, BlockDevices, Interrupts, CPUs int
+	Threads, Processes, FDs, BlockDevices, NetInterfaces, Interrupts, CPUs int
 	// Lost counts events the emitter could not write (ring full, an
 	// event too large); they are counted in the trace like any loss.
 	Lost int
@@ -191,6 +195,9 @@ func (d *Dumper) Run(e Emitter) (Counts, error) {
 		}
 	}
 	if err := d.blockDevices(&c); err != nil {
+		return c, err
+	}
+	if err := d.netInterfaces(&c); err != nil {
 		return c, err
 	}
 	if err := d.interrupts(&c, fs); err != nil {
@@ -396,6 +403,47 @@ func (d *Dumper) blockDevices(c *Counts) error {
 			return err
 		}
 		c.BlockDevices++
+	}
+	return nil
+}
+
+// netInterfaces emits network_interface as lttng-statedump-impl.c's
+// lttng_enumerate_device does, for this process's network namespace
+// (lttng-modules reads the initial one): one event per IPv4 address of
+// an interface that is up, one with address 0 for an interface that is
+// down. address_ipv4 is the address as a number (127.0.0.1 is
+// 0x7f000001), the value lttng-modules' network-order field decodes to.
+func (d *Dumper) netInterfaces(c *Counts) error {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil // no netlink: nothing to say
+	}
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 {
+			if err := d.put(c, NetInterface, ifc.Name, uint32(0)); err != nil {
+				return err
+			}
+			c.NetInterfaces++
+			continue
+		}
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, a := range addrs {
+			ipn, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			ip4 := ipn.IP.To4()
+			if ip4 == nil {
+				continue
+			}
+			if err := d.put(c, NetInterface, ifc.Name, binary.BigEndian.Uint32(ip4)); err != nil {
+				return err
+			}
+			c.NetInterfaces++
+		}
 	}
 	return nil
 }

@@ -81,7 +81,7 @@ func TestDumpSelf(t *testing.T) {
 	}
 	pid := os.Getpid()
 	threads, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	var mine, fd, kthread, running int
+	var mine, fd, kthread, running, lo int
 	for _, e := range c.got {
 		switch e.name {
 		case ProcessState:
@@ -96,6 +96,10 @@ func TestDumpSelf(t *testing.T) {
 			}
 			if e.values["tid"].Int(0) == 2 && e.values["type"].Int(0) == kernelThread && e.values["ppid"].Int(0) == 0 {
 				kthread++
+			}
+		case NetInterface:
+			if string(e.values["name"].Text()) == "lo" && e.values["address_ipv4"].Uint(0) == 0x7f000001 {
+				lo++
 			}
 		case FileDescriptor:
 			if e.values["pid"].Int(0) == int64(pid) && e.values["fd"].Int(0) == int64(f.Fd()) {
@@ -114,6 +118,9 @@ func TestDumpSelf(t *testing.T) {
 	}
 	if fd != 1 {
 		t.Errorf("the file held open appears %d times", fd)
+	}
+	if lo != 1 {
+		t.Errorf("lo with 127.0.0.1 (0x7f000001) appears %d times (interfaces: %d)", lo, counts.NetInterfaces)
 	}
 	if kthread != 1 {
 		t.Errorf("kthreadd (tid 2) as a kernel thread: %d", kthread)
