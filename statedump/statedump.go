@@ -137,9 +137,15 @@ type Dumper struct {
 	Stopped func(error) bool
 
 	emit Emitter
-	buf  []byte
 	defs map[string]*synth.Event
 	r    *procReader
+	// self is the emitting thread, which runs while it dumps.
+	self int
+	// out carries batches to the emitting thread, which closes stop
+	// when it ends early; free returns used batches.
+	out, free chan *batch
+	stop      chan struct{}
+	cur       *batch
 	// rootPidNs is the inode of the pid namespace of /proc's init.
 	rootPidNs uint32
 }
@@ -182,31 +188,67 @@ func (d *Dumper) Run(e Emitter) (Counts, error) {
 	}
 	d.r = newProcReader()
 	d.rootPidNs = d.procPidNs(fs)
-	if err := d.put(&c, Start, d.Seq); err != nil {
-		return c, err
+	d.self = unix.Gettid()
+	// /proc is read and the events encoded on another thread while this
+	// one, pinned, injects them: the two halves of the work overlap on
+	// two CPUs. Batches keep the order; a full channel holds the reader.
+	d.out, d.stop, d.free = make(chan *batch, 4), make(chan struct{}), make(chan *batch, 6)
+	d.cur = nil
+	var rc Counts
+	var rerr error
+	go func() {
+		defer close(d.out)
+		rerr = d.read(&rc, fs)
+		if rerr == nil {
+			rerr = d.send()
+		}
+	}()
+	var err2 error
+	for b := range d.out {
+		if err2 == nil {
+			if err2 = d.emitBatch(&c, b); err2 != nil {
+				close(d.stop)
+			}
+		}
+		select {
+		case d.free <- b:
+		default:
+		}
+	}
+	rc.Emitted, rc.Lost = c.Emitted, c.Lost
+	if err2 != nil {
+		return rc, err2
+	}
+	return rc, rerr
+}
+
+// read reads the system and queues the statedump's events in order.
+func (d *Dumper) read(c *Counts, fs procfs.FS) error {
+	if err := d.put(c, Start, d.Seq); err != nil {
+		return err
 	}
 	procs, err := fs.AllProcs()
 	if err != nil {
-		return c, fmt.Errorf("statedump: processes: %w", err)
+		return fmt.Errorf("statedump: processes: %w", err)
 	}
 	for _, p := range procs {
-		if err := d.process(&c, fs, p); err != nil {
-			return c, err
+		if err := d.process(c, fs, p); err != nil {
+			return err
 		}
 	}
-	if err := d.blockDevices(&c); err != nil {
-		return c, err
+	if err := d.blockDevices(c); err != nil {
+		return err
 	}
-	if err := d.netInterfaces(&c); err != nil {
-		return c, err
+	if err := d.netInterfaces(c); err != nil {
+		return err
 	}
-	if err := d.interrupts(&c, fs); err != nil {
-		return c, err
+	if err := d.interrupts(c, fs); err != nil {
+		return err
 	}
-	if err := d.cpus(&c, fs); err != nil {
-		return c, err
+	if err := d.cpus(c, fs); err != nil {
+		return err
 	}
-	return c, d.put(&c, End, d.Seq)
+	return d.put(c, End, d.Seq)
 }
 
 // procPidNs returns the inode of the pid namespace /proc shows ids of
@@ -228,21 +270,75 @@ func (d *Dumper) procPidNs(fs procfs.FS) uint32 {
 	return ino
 }
 
-// put encodes and emits one event.
-func (d *Dumper) put(c *Counts, name string, values ...any) error {
-	var err error
-	d.buf, err = d.defs[name].Encode(d.buf[:0], values...)
-	if err != nil {
-		return fmt.Errorf("statedump: %w", err) // a value of a wrong type: a bug here
-	}
-	if err := d.emit.EmitSynth(d.CPU, name, d.buf); err != nil {
-		if d.Stopped != nil && d.Stopped(err) {
-			return fmt.Errorf("%w: %w", ErrStopped, err)
+// batch is events encoded by the reading thread for the emitting one.
+type batch struct {
+	names []string
+	ends  []int // where each event's payload ends in data
+	data  []byte
+}
+
+// batchEvents events make a batch: few enough that the emitting thread
+// starts early, enough that the channel is not touched per event.
+const batchEvents = 128
+
+// errCanceled ends the reading thread when the emitting one stopped.
+var errCanceled = errors.New("statedump: canceled")
+
+// put encodes one event and queues it. It fails only on a value of a
+// wrong type (a bug here) or when the emitting thread has stopped.
+func (d *Dumper) put(_ *Counts, name string, values ...any) error {
+	if d.cur == nil {
+		select {
+		case d.cur = <-d.free:
+			d.cur.names, d.cur.ends, d.cur.data = d.cur.names[:0], d.cur.ends[:0], d.cur.data[:0]
+		default:
+			d.cur = &batch{}
 		}
-		c.Lost++
+	}
+	b := d.cur
+	var err error
+	b.data, err = d.defs[name].Encode(b.data, values...)
+	if err != nil {
+		return fmt.Errorf("statedump: %w", err)
+	}
+	b.names = append(b.names, name)
+	b.ends = append(b.ends, len(b.data))
+	if len(b.names) >= batchEvents {
+		return d.send()
+	}
+	return nil
+}
+
+// send hands the current batch to the emitting thread.
+func (d *Dumper) send() error {
+	if d.cur == nil || len(d.cur.names) == 0 {
 		return nil
 	}
-	c.Emitted++
+	select {
+	case d.out <- d.cur:
+		d.cur = nil
+		return nil
+	case <-d.stop:
+		return errCanceled
+	}
+}
+
+// emitBatch emits the events of b in order; an event the emitter refused
+// is counted lost, unless recording stopped, which ends the dump.
+func (d *Dumper) emitBatch(c *Counts, b *batch) error {
+	start := 0
+	for i, name := range b.names {
+		payload := b.data[start:b.ends[i]]
+		start = b.ends[i]
+		if err := d.emit.EmitSynth(d.CPU, name, payload); err != nil {
+			if d.Stopped != nil && d.Stopped(err) {
+				return fmt.Errorf("%w: %w", ErrStopped, err)
+			}
+			c.Lost++
+			continue
+		}
+		c.Emitted++
+	}
 	return nil
 }
 
@@ -301,7 +397,7 @@ func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
 	if !have[0] || inodes[0] != d.rootPidNs {
 		status0, _ = p.NewStatus()
 	}
-	self := unix.Gettid() // Run holds its OS thread
+	self := d.self
 	c.Processes++
 	for _, t := range threads {
 		st, err := t.Stat()

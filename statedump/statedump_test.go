@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -269,4 +270,42 @@ func TestDumpPidNamespace(t *testing.T) {
 		}
 	}
 	t.Fatalf("no pid_ns event for %d", child)
+}
+
+// stopAfter accepts n events, then refuses every one as stopped.
+type stopAfter struct {
+	n int
+	c *collector
+}
+
+var errTestStopped = errors.New("test: stopped")
+
+func (s *stopAfter) EmitSynth(cpu int, name string, payload []byte) error {
+	if s.n == 0 {
+		return errTestStopped
+	}
+	s.n--
+	return s.c.EmitSynth(cpu, name, payload)
+}
+
+// TestDumpStopsMidway: recording that stops in the middle of a dump (past
+// the first batches) ends it with ErrStopped after exactly the events
+// accepted, in order from start, and the reading thread ends too.
+func TestDumpStopsMidway(t *testing.T) {
+	before := runtime.NumGoroutine()
+	e := &stopAfter{n: 300, c: newCollector()}
+	d := &Dumper{Stopped: func(err error) bool { return errors.Is(err, errTestStopped) }}
+	c, err := d.Run(e)
+	if !errors.Is(err, ErrStopped) {
+		t.Fatalf("Run: %v, want ErrStopped", err)
+	}
+	if c.Emitted != 300 || len(e.c.got) != 300 || e.c.got[0].name != Start {
+		t.Fatalf("counts %+v, %d events collected, first %v", c, len(e.c.got), e.c.got[0].name)
+	}
+	for i := 0; runtime.NumGoroutine() > before; i++ {
+		if i == 100 {
+			t.Fatalf("%d goroutines, %d before the dump: the reader did not end", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
