@@ -273,9 +273,9 @@ func rows() []sectionRow {
 
 	const sd = "Statedump (--profile lttng): the system plus 1,000 sleeping processes"
 	add(sd, row{what: "statedump through a session's injector", cmd: "go test -bench 'Statedump1000/session' -benchtime 3x ./statedump",
-		fig: m("Statedump1000/session", "s/dump"), label: "s", extra: []extra{{m("Statedump1000/session", "events"), "events"}, {m("Statedump1000/session", "lost"), "lost"}},
+		fig: m("Statedump1000/session", "s/dump"), label: "s", extra: []extra{{m("Statedump1000/session", "cpu-s/dump"), "CPU s"}, {m("Statedump1000/session", "events"), "events"}, {m("Statedump1000/session", "lost"), "lost"}},
 		target: "< 1 s", ok: func(_ results, f, _ stat) bool { return f.med < 1 }})
 	add(sd, row{what: "the same, into a collector that decodes (reading /proc alone)", cmd: "go test -bench 'Statedump1000/read' -benchtime 3x ./statedump",
-		fig: m("Statedump1000/read", "s/dump"), label: "s"})
+		fig: m("Statedump1000/read", "s/dump"), label: "s", extra: []extra{{m("Statedump1000/read", "cpu-s/dump"), "CPU s"}}})
 	return out
 }

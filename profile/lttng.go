@@ -47,9 +47,9 @@ var tid = map[string]string{"pid": "tid"}
 // has, and those it renames (LTTNG_TRACEPOINT_EVENT_MAP, _INSTANCE_MAP).
 // An event is here only when the fields LTTng's readers key on exist with
 // the type lttng-modules gives them; the rest keep their ftrace names
-// (block_rq_*: lttng-modules' rwbs is an integer and it adds tid;
-// sched_process_fork: it carries both the tids and the pids of parent and
-// child, ftrace only the tids).
+// (block_rq_*: lttng-modules' rwbs is an integer and it adds tid).
+// Events whose values differ are built by the profile's own program
+// (Built).
 var lttngTable = []Mapping{
 	{"sched:sched_switch", "sched_switch", map[string]string{"prev_pid": "prev_tid", "next_pid": "next_tid"}},
 	{"sched:sched_wakeup", "sched_wakeup", tid},
@@ -165,6 +165,9 @@ func lttngName(name string) (string, map[string]string, bool) {
 	if m := byFtrace[name]; m != nil {
 		return m.LTTng, m.Fields, true
 	}
+	if b := builtBySynth[name]; b != nil {
+		return b.LTTng, nil, true
+	}
 	if rest, ok := strings.CutPrefix(name, ftraceEnter); ok && rest != "" {
 		return lttngEnter + rest, nil, true
 	}
@@ -180,6 +183,9 @@ func lttngName(name string) (string, map[string]string, bool) {
 func lttngOriginal(name string) (string, bool) {
 	if m := byLTTng[name]; m != nil {
 		return m.Ftrace, true
+	}
+	if b := builtByLTTng[name]; b != nil {
+		return b.Ftrace, true
 	}
 	if rest, ok := strings.CutPrefix(name, lttngEnter); ok && rest != "" {
 		return ftraceEnter + rest, true

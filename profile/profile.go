@@ -4,8 +4,11 @@
 // (sched_switch with prev_tid, syscall_entry_read, a kernel-domain env),
 // so LTTng's analyses and Trace Compass's kernel views read the trace.
 //
-// A profile only renames: names live in the metadata, the payload bytes
-// are the same under every profile, so a profile costs nothing per event.
+// A profile renames: names live in the metadata, the payload bytes of a
+// renamed event are the same under every profile, so renaming costs
+// nothing per event. The few events whose values lttng-modules builds
+// otherwise than ftrace (Built) the lttng profile records with its own
+// BPF program in place of ftrace's tracepoint, at that program's cost.
 package profile
 
 import (
@@ -134,6 +137,7 @@ func (p *Profile) renameClass(c *relayfmt.EventClass) (*relayfmt.EventClass, err
 		return nil, nil
 	}
 	fs := slices.Clone(c.Fields)
+	sequence(c.Name, fs)
 	for j := range fs {
 		if to, ok := fields[fs[j].Name]; ok && !slices.ContainsFunc(fs, func(f relayfmt.Field) bool { return f.Name == to }) {
 			from := fs[j].Name

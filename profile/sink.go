@@ -1,8 +1,11 @@
 package profile
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -124,4 +127,26 @@ func Unrename(m *relayfmt.Metadata) *relayfmt.Metadata {
 		out.Classes[i] = c
 	}
 	return &out
+}
+
+// Relabel rewrites the metadata of the trace in dir, which the session
+// whose sink is s wrote past its sink (kconsume ctl rewind), in the
+// profile of s with its env; packets are left as they are. It does
+// nothing when s is not a profile's sink, and fails when the metadata
+// cannot be read, parsed or written.
+func Relabel(s relayfmt.Sink, dir string) error {
+	ps, ok := s.(*sink)
+	if !ok {
+		return nil
+	}
+	text, err := os.ReadFile(filepath.Join(dir, relayfmt.MetadataFile))
+	if err != nil {
+		return fmt.Errorf("profile %s: %w", ps.p.Name, err)
+	}
+	ds, err := relayfmt.NewDirSink(dir)
+	if err != nil {
+		return err
+	}
+	err = ps.p.Sink(ds, ps.env).WriteMetadata(text)
+	return errors.Join(err, ds.Close())
 }

@@ -11,10 +11,10 @@
 package statedump
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
+	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -35,6 +35,7 @@ const (
 	ProcessPidNs   = "lttng_statedump_process_pid_ns"
 	FileDescriptor = "lttng_statedump_file_descriptor"
 	BlockDevice    = "lttng_statedump_block_device"
+	NetInterface   = "lttng_statedump_network_interface"
 	Interrupt      = "lttng_statedump_interrupt"
 	CPUTopology    = "lttng_statedump_cpu_topology"
 )
@@ -61,6 +62,7 @@ var definitions = map[string][]string{
 	ProcessPidNs:                        {"pid_t tid", "pid_t vtid", "pid_t vpid", "pid_t vppid", "int ns_level", "unsigned int ns_inum"},
 	FileDescriptor:                      {"u64 file_table_address", "pid_t pid", "int fd", "unsigned int flags", "unsigned int fmode", "char filename[]"},
 	BlockDevice:                         {"u32 dev", "char diskname[]"},
+	NetInterface:                        {"char name[]", "u32 address_ipv4"},
 	Interrupt:                           {"unsigned int irq", "char name[]", "char action[]", "pid_t tid"},
 	"lttng_statedump_process_cgroup_ns": nsFields,
 	"lttng_statedump_process_ipc_ns":    nsFields,
@@ -73,10 +75,14 @@ var definitions = map[string][]string{
 
 var nsFields = []string{"pid_t tid", "unsigned int ns_inum"}
 
+// nsKinds are the namespaces a statedump writes, pid first, then in the
+// order of the events (lttng-statedump-impl.c's).
+var nsKinds = [...]string{"pid", "cgroup", "ipc", "mnt", "net", "uts", "time"}
+
 // Events returns the statedump's synthetic event definitions, finalized,
 // in a fixed order. Start must be recorded for any other to be emitted.
 func Events() []*synth.Event {
-	names := []string{Start, End, ProcessState, ProcessPidNs, FileDescriptor, BlockDevice, Interrupt, CPUTopology}
+	names := []string{Start, End, ProcessState, ProcessPidNs, FileDescriptor, BlockDevice, Interrupt, CPUTopology, NetInterface}
 	for _, k := range []string{"cgroup", "ipc", "mnt", "net", "uts", "time"} {
 		names = append(names, nsEvents[k])
 	}
@@ -106,7 +112,7 @@ var ErrStopped = errors.New("statedump: recording stopped")
 
 // Counts says what a statedump emitted.
 type Counts struct {
-	Threads, Processes, FDs, BlockDevices, Interrupts, CPUs int
+	Threads, Processes, FDs, BlockDevices, NetInterfaces, Interrupts, CPUs int
 	// Lost counts events the emitter could not write (ring full, an
 	// event too large); they are counted in the trace like any loss.
 	Lost int
@@ -131,8 +137,17 @@ type Dumper struct {
 	Stopped func(error) bool
 
 	emit Emitter
-	buf  []byte
 	defs map[string]*synth.Event
+	r    *procReader
+	// self is the emitting thread, which runs while it dumps.
+	self int
+	// out carries batches to the emitting thread, which closes stop
+	// when it ends early; free returns used batches.
+	out, free chan *batch
+	stop      chan struct{}
+	cur       *batch
+	// rootPidNs is the inode of the pid namespace of /proc's init.
+	rootPidNs uint32
 }
 
 // Run emits one statedump through e: start, the processes and their
@@ -171,45 +186,159 @@ func (d *Dumper) Run(e Emitter) (Counts, error) {
 	if err != nil {
 		return c, fmt.Errorf("statedump: %w", err)
 	}
-	if err := d.put(&c, Start, d.Seq); err != nil {
-		return c, err
+	d.r = newProcReader()
+	d.rootPidNs = d.procPidNs(fs)
+	d.self = unix.Gettid()
+	// /proc is read and the events encoded on another thread while this
+	// one, pinned, injects them: the two halves of the work overlap on
+	// two CPUs. Batches keep the order; a full channel holds the reader.
+	d.out, d.stop, d.free = make(chan *batch, 4), make(chan struct{}), make(chan *batch, 6)
+	d.cur = nil
+	var rc Counts
+	var rerr error
+	go func() {
+		defer close(d.out)
+		rerr = d.read(&rc, fs)
+		if rerr == nil {
+			rerr = d.send()
+		}
+	}()
+	var err2 error
+	for b := range d.out {
+		if err2 == nil {
+			if err2 = d.emitBatch(&c, b); err2 != nil {
+				close(d.stop)
+			}
+		}
+		select {
+		case d.free <- b:
+		default:
+		}
+	}
+	rc.Emitted, rc.Lost = c.Emitted, c.Lost
+	if err2 != nil {
+		return rc, err2
+	}
+	return rc, rerr
+}
+
+// read reads the system and queues the statedump's events in order.
+func (d *Dumper) read(c *Counts, fs procfs.FS) error {
+	if err := d.put(c, Start, d.Seq); err != nil {
+		return err
 	}
 	procs, err := fs.AllProcs()
 	if err != nil {
-		return c, fmt.Errorf("statedump: processes: %w", err)
+		return fmt.Errorf("statedump: processes: %w", err)
 	}
 	for _, p := range procs {
-		if err := d.process(&c, fs, p); err != nil {
-			return c, err
+		if err := d.process(c, fs, p); err != nil {
+			return err
 		}
 	}
-	if err := d.blockDevices(&c); err != nil {
-		return c, err
+	if err := d.blockDevices(c); err != nil {
+		return err
 	}
-	if err := d.interrupts(&c, fs); err != nil {
-		return c, err
+	if err := d.netInterfaces(c); err != nil {
+		return err
 	}
-	if err := d.cpus(&c, fs); err != nil {
-		return c, err
+	if err := d.interrupts(c, fs); err != nil {
+		return err
 	}
-	return c, d.put(&c, End, d.Seq)
+	if err := d.cpus(c, fs); err != nil {
+		return err
+	}
+	return d.put(c, End, d.Seq)
 }
 
-// put encodes and emits one event.
-func (d *Dumper) put(c *Counts, name string, values ...any) error {
-	var err error
-	d.buf, err = d.defs[name].Encode(d.buf[:0], values...)
-	if err != nil {
-		return fmt.Errorf("statedump: %w", err) // a value of a wrong type: a bug here
+// procPidNs returns the inode of the pid namespace /proc shows ids of
+// (where NSpid has one entry), or 0 when it cannot tell: /proc/1 may be
+// closed to us, so it is this process's own namespace when this process
+// is at /proc's level.
+func (d *Dumper) procPidNs(fs procfs.FS) uint32 {
+	if ino, ok := d.r.nsInode(d.Proc + "/1/ns/pid"); ok {
+		return ino
 	}
-	if err := d.emit.EmitSynth(d.CPU, name, d.buf); err != nil {
-		if d.Stopped != nil && d.Stopped(err) {
-			return fmt.Errorf("%w: %w", ErrStopped, err)
+	self, err := fs.Self()
+	if err != nil {
+		return 0
+	}
+	if st, err := self.NewStatus(); err != nil || len(st.NSpids) != 1 {
+		return 0
+	}
+	ino, _ := d.r.nsInode(d.Proc + "/self/ns/pid")
+	return ino
+}
+
+// batch is events encoded by the reading thread for the emitting one.
+type batch struct {
+	names []string
+	ends  []int // where each event's payload ends in data
+	data  []byte
+}
+
+// batchEvents events make a batch: few enough that the emitting thread
+// starts early, enough that the channel is not touched per event.
+const batchEvents = 128
+
+// errCanceled ends the reading thread when the emitting one stopped.
+var errCanceled = errors.New("statedump: canceled")
+
+// put encodes one event and queues it. It fails only on a value of a
+// wrong type (a bug here) or when the emitting thread has stopped.
+func (d *Dumper) put(_ *Counts, name string, values ...any) error {
+	if d.cur == nil {
+		select {
+		case d.cur = <-d.free:
+			d.cur.names, d.cur.ends, d.cur.data = d.cur.names[:0], d.cur.ends[:0], d.cur.data[:0]
+		default:
+			d.cur = &batch{}
 		}
-		c.Lost++
+	}
+	b := d.cur
+	var err error
+	b.data, err = d.defs[name].Encode(b.data, values...)
+	if err != nil {
+		return fmt.Errorf("statedump: %w", err)
+	}
+	b.names = append(b.names, name)
+	b.ends = append(b.ends, len(b.data))
+	if len(b.names) >= batchEvents {
+		return d.send()
+	}
+	return nil
+}
+
+// send hands the current batch to the emitting thread.
+func (d *Dumper) send() error {
+	if d.cur == nil || len(d.cur.names) == 0 {
 		return nil
 	}
-	c.Emitted++
+	select {
+	case d.out <- d.cur:
+		d.cur = nil
+		return nil
+	case <-d.stop:
+		return errCanceled
+	}
+}
+
+// emitBatch emits the events of b in order; an event the emitter refused
+// is counted lost, unless recording stopped, which ends the dump.
+func (d *Dumper) emitBatch(c *Counts, b *batch) error {
+	start := 0
+	for i, name := range b.names {
+		payload := b.data[start:b.ends[i]]
+		start = b.ends[i]
+		if err := d.emit.EmitSynth(d.CPU, name, payload); err != nil {
+			if d.Stopped != nil && d.Stopped(err) {
+				return fmt.Errorf("%w: %w", ErrStopped, err)
+			}
+			c.Lost++
+			continue
+		}
+		c.Emitted++
+	}
 	return nil
 }
 
@@ -252,9 +381,23 @@ func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
 		c.Gone++
 		return nil
 	}
-	ns, _ := p.Namespaces() // a kernel thread's may be unreadable: inode 0
-	self := unix.Gettid()   // Run holds its OS thread
-	status0, _ := p.NewStatus()
+	// Threads share their process's namespaces. A namespace that cannot
+	// be read (a kernel thread's may not) is not written; the pid
+	// namespace's inode is then 0.
+	dir := d.Proc + "/" + strconv.Itoa(p.PID)
+	var inodes [len(nsKinds)]uint32
+	var have [len(nsKinds)]bool
+	for i, k := range nsKinds {
+		inodes[i], have[i] = d.r.nsInode(dir + "/ns/" + k)
+	}
+	// NSpid (/proc/PID/status, which the kernel takes long to write)
+	// matters only for a task outside the pid namespace of /proc's
+	// init, where it has more than one entry.
+	var status0 procfs.ProcStatus
+	if !have[0] || inodes[0] != d.rootPidNs {
+		status0, _ = p.NewStatus()
+	}
+	self := d.self
 	c.Processes++
 	for _, t := range threads {
 		st, err := t.Stat()
@@ -293,16 +436,12 @@ func (d *Dumper) process(c *Counts, fs procfs.FS, p procfs.Proc) error {
 		if level > 0 {
 			vppid = 0 // the parent may live in another namespace
 		}
-		inum := uint32(0)
-		if n, ok := ns["pid"]; ok {
-			inum = n.Inode
-		}
-		if err := d.put(c, ProcessPidNs, int32(t.PID), int32(vtid), int32(vpid), int32(vppid), int32(level), inum); err != nil {
+		if err := d.put(c, ProcessPidNs, int32(t.PID), int32(vtid), int32(vpid), int32(vppid), int32(level), inodes[0]); err != nil {
 			return err
 		}
-		for _, k := range []string{"cgroup", "ipc", "mnt", "net", "uts", "time"} {
-			if n, ok := ns[k]; ok {
-				if err := d.put(c, nsEvents[k], int32(t.PID), n.Inode); err != nil {
+		for i, k := range nsKinds[1:] {
+			if have[i+1] {
+				if err := d.put(c, nsEvents[k], int32(t.PID), inodes[i+1]); err != nil {
 					return err
 				}
 			}
@@ -319,17 +458,14 @@ func (d *Dumper) fds(c *Counts, p procfs.Proc) error {
 	if err != nil {
 		return nil // exited, or a kernel thread
 	}
-	dir := filepath.Join(d.Proc, strconv.Itoa(p.PID), "fd")
+	dir := d.Proc + "/" + strconv.Itoa(p.PID)
 	for _, fd := range fds {
 		n := strconv.Itoa(int(fd))
-		target, err := os.Readlink(filepath.Join(dir, n))
-		if err != nil {
+		target, ok := d.r.readlink(dir + "/fd/" + n)
+		if !ok {
 			continue // closed meanwhile
 		}
-		var flags uint64
-		if info, err := p.FDInfo(n); err == nil {
-			flags, _ = strconv.ParseUint(info.Flags, 8, 32)
-		}
+		flags, _ := d.r.fdFlags(dir + "/fdinfo/" + n)
 		fmode := uint32(1)
 		switch flags & 3 {
 		case 1:
@@ -363,6 +499,47 @@ func (d *Dumper) blockDevices(c *Counts) error {
 			return err
 		}
 		c.BlockDevices++
+	}
+	return nil
+}
+
+// netInterfaces emits network_interface as lttng-statedump-impl.c's
+// lttng_enumerate_device does, for this process's network namespace
+// (lttng-modules reads the initial one): one event per IPv4 address of
+// an interface that is up, one with address 0 for an interface that is
+// down. address_ipv4 is the address as a number (127.0.0.1 is
+// 0x7f000001), the value lttng-modules' network-order field decodes to.
+func (d *Dumper) netInterfaces(c *Counts) error {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil // no netlink: nothing to say
+	}
+	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagUp == 0 {
+			if err := d.put(c, NetInterface, ifc.Name, uint32(0)); err != nil {
+				return err
+			}
+			c.NetInterfaces++
+			continue
+		}
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue // gone meanwhile
+		}
+		for _, a := range addrs {
+			ipn, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			ip4 := ipn.IP.To4()
+			if ip4 == nil {
+				continue
+			}
+			if err := d.put(c, NetInterface, ifc.Name, binary.BigEndian.Uint32(ip4)); err != nil {
+				return err
+			}
+			c.NetInterfaces++
+		}
 	}
 	return nil
 }

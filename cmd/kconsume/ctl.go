@@ -13,6 +13,7 @@ import (
 
 	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/internal/control"
+	"github.com/kconsume/kconsume/profile"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -113,6 +114,11 @@ func (h *handler) Do(cmd string, cpu int, arg string) (string, error) {
 			}
 			if err := s.Rewind(dir, cpu); err != nil {
 				return "", err
+			}
+			// The rewound trace is written past the session's sink:
+			// its names are given the session's profile here.
+			if err := profile.Relabel(s.Config().Sink, dir); err != nil {
+				return "", fmt.Errorf("rewound into %s: %w", dir, err)
 			}
 			return "rewound into " + dir + ": every sub-buffer still held, from the oldest\n", nil
 		}

@@ -287,3 +287,73 @@ func TestCtlStatedump(t *testing.T) {
 		}
 	}
 }
+
+var reTIDStats = regexp.MustCompile(`(?m)^\S+ \(([\d?]+), TID: (\d+)\)`)
+
+// TestLTTngFork: sched_process_fork, which the lttng profile builds with
+// its own program, gives LTTng's analyses each new task's process: a
+// workload started after the statedump forks processes that each start
+// threads, and lttng-syscallstats must put every thread that called
+// getppid(2) in the process the thread itself saw (getpid), on both
+// transports. Without the event, or with ftrace's tids as pids, it says
+// "?" or the thread's own id.
+func TestLTTngFork(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	work := buildWorkload(t)
+	const procs, threads = 3, 4
+	for _, transport := range []string{"ringbuf", "perf"} {
+		t.Run(transport, func(t *testing.T) {
+			if transport == "ringbuf" {
+				testenv.RequireKernel(t, 5, 8, "BPF ring buffers")
+			}
+			tmp := t.TempDir()
+			out := filepath.Join(tmp, "lttng", "kernel")
+			who := filepath.Join(tmp, "who")
+			o, code := shell(t, fmt.Sprintf("%s record -q --profile lttng --transport %s -o %s --session fork%s%d -e 'sched:sched_switch,sched:sched_process_*,syscalls:sys_enter_getppid,syscalls:sys_exit_getppid' -- %s fork %d %d %s",
+				bin, transport, out, transport, os.Getpid(), work, procs, threads, who))
+			if code != 0 || strings.Contains(o, "keeps ftrace's fields") {
+				t.Fatalf("record: %d\n%s", code, o)
+			}
+			b, err := os.ReadFile(who)
+			if err != nil {
+				t.Fatal(err)
+			}
+			truth := map[string]string{} // tid → pid
+			pids := map[string]bool{}
+			for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+				pid, tid, _ := strings.Cut(l, " ")
+				truth[tid] = pid
+				pids[pid] = true
+			}
+			if len(truth) != procs*(threads+1) || len(pids) != procs {
+				t.Fatalf("workload: %d threads in %d processes, want %d in %d\n%s", len(truth), len(pids), procs*(threads+1), procs, b)
+			}
+			lines, _ := testenv.RunBT2(t, out)
+			forks := 0
+			for _, l := range lines {
+				if strings.Contains(l, " sched_process_fork: ") {
+					forks++
+				}
+			}
+			if forks < procs*(threads+1) {
+				t.Errorf("babeltrace2: %d sched_process_fork events, want at least %d", forks, procs*(threads+1))
+			}
+			a := runAnalysis(t, "lttng-syscallstats", filepath.Dir(out))
+			seen := map[string]string{}
+			for _, m := range reTIDStats.FindAllStringSubmatch(a, -1) {
+				seen[m[2]] = m[1]
+			}
+			threadsSeen := 0
+			for tid, pid := range truth {
+				if seen[tid] != pid {
+					t.Errorf("lttng-syscallstats: TID %s in process %q, the thread saw %s", tid, seen[tid], pid)
+				}
+				if tid != pid && seen[tid] == pid {
+					threadsSeen++
+				}
+			}
+			t.Logf("lttng-syscallstats: %d tasks in their %d processes (%d of them threads: child_pid != child_tid), as the tasks saw themselves", len(truth), len(pids), threadsSeen)
+		})
+	}
+}

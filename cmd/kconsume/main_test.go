@@ -392,9 +392,16 @@ func TestMetrics(t *testing.T) {
 
 // TestCtlRewind: in overwrite mode, ctl rewind and a write to the rewind
 // control file each write what the flight recorder holds, from the
-// oldest, as a trace of its own beside the output; babeltrace2 reads it.
+// oldest, as a trace of its own beside the output; babeltrace2 reads it,
+// with the names of the session's profile.
 func TestCtlRewind(t *testing.T) {
 	testenv.RequireRoot(t)
+	for _, prof := range []string{"ftrace", "lttng"} {
+		t.Run(prof, func(t *testing.T) { testCtlRewind(t, prof) })
+	}
+}
+
+func testCtlRewind(t *testing.T, prof string) {
 	bt2 := testenv.BT2(t)
 	old := controlRoot
 	controlRoot = t.TempDir()
@@ -402,7 +409,7 @@ func TestCtlRewind(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "fr")
 	done := make(chan int, 1)
 	go func() {
-		code, _, _ := runCmd("record", "-q", "-o", out, "--session", "fr", "--mode", "overwrite", "--subbuf-size", "4K", "--n-subbufs", "4", "-e", "sched:sched_switch", "--duration", "3s")
+		code, _, _ := runCmd("record", "-q", "-o", out, "--session", "fr", "--profile", prof, "--mode", "overwrite", "--subbuf-size", "4K", "--n-subbufs", "4", "-e", "sched:sched_switch", "--duration", "3s")
 		done <- code
 	}()
 	dir := filepath.Join(controlRoot, "fr")
@@ -425,10 +432,14 @@ func TestCtlRewind(t *testing.T) {
 	if c := <-done; c != 0 {
 		t.Fatalf("record exit %d", c)
 	}
+	want, not := "sched:sched_switch: ", "prev_tid = "
+	if prof == "lttng" {
+		want, not = " sched_switch: ", "sched:sched_switch"
+	}
 	for _, r := range []string{out + ".rewind-1", out + ".rewind-2"} {
 		b, err := exec.Command(bt2, r).CombinedOutput()
-		if err != nil || !strings.Contains(string(b), "sched:sched_switch") {
-			t.Fatalf("babeltrace2 %s: %v\n%.500s", r, err, b)
+		if err != nil || !strings.Contains(string(b), want) || strings.Contains(string(b), not) {
+			t.Fatalf("babeltrace2 %s: %v: want %q and no %q\n%.500s", r, err, want, not, b)
 		}
 	}
 }

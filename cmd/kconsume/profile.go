@@ -4,18 +4,29 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/features"
+
 	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/profile"
 	"github.com/kconsume/kconsume/relayfmt"
 	"github.com/kconsume/kconsume/statedump"
 )
 
 // profileFlag is record's --profile: a profile name, checked when parsed.
-type profileFlag struct{ p *profile.Profile }
+type profileFlag struct {
+	p *profile.Profile
+	// warn is what configure has to say once record can say it.
+	warn []string
+}
 
 func (f *profileFlag) String() string {
 	if f.p == nil {
@@ -53,6 +64,9 @@ func (f *profileFlag) configure(cfg *consumer.Config, session string) error {
 	if err != nil {
 		return err
 	}
+	if err := f.build(cfg); err != nil {
+		return err
+	}
 	cfg.Synth = append(cfg.Synth, statedump.Events()...)
 	cfg.Events = append(cfg.Events, statedump.Patterns()...)
 	inner := cfg.Sink // relayd's, when streaming
@@ -71,6 +85,9 @@ func (f *profileFlag) configure(cfg *consumer.Config, session string) error {
 func (f *profileFlag) begin(s *consumer.Session, stderr io.Writer) error {
 	if !f.lttng() {
 		return nil
+	}
+	for _, w := range f.warn {
+		fmt.Fprintf(stderr, "kconsume record: %s\n", w)
 	}
 	if err := s.Start(); err != nil {
 		return err
@@ -106,8 +123,8 @@ func ctlStatedump(s *consumer.Session, cpu int) (string, error) {
 	if c.Lost > 0 {
 		fmt.Fprintf(&warn, " (%d lost: ring full)", c.Lost)
 	}
-	return fmt.Sprintf("statedump %d: %d threads of %d processes, %d file descriptors, %d block devices, %d interrupts, %d CPUs: %d events in %v%s\n",
-		seq, c.Threads, c.Processes, c.FDs, c.BlockDevices, c.Interrupts, c.CPUs, c.Emitted, time.Since(start).Round(time.Millisecond), warn.String()), nil
+	return fmt.Sprintf("statedump %d: %d threads of %d processes, %d file descriptors, %d block devices, %d network interface addresses, %d interrupts, %d CPUs: %d events in %v%s\n",
+		seq, c.Threads, c.Processes, c.FDs, c.BlockDevices, c.NetInterfaces, c.Interrupts, c.CPUs, c.Emitted, time.Since(start).Round(time.Millisecond), warn.String()), nil
 }
 
 // runStatedump emits one statedump into s and warns about lost events.
@@ -121,4 +138,70 @@ func runStatedump(s *consumer.Session, seq uint32, stderr io.Writer) (statedump.
 		fmt.Fprintf(stderr, "kconsume record: statedump: %d of %d events lost (ring full): raise --ring-size\n", c.Lost, c.Lost+c.Emitted)
 	}
 	return c, nil
+}
+
+// build puts the profile's own program in place of the tracepoints of
+// the events it builds (profile.Built) that cfg's patterns name. It fixes
+// cfg's transport, as the session would choose it, since the program is
+// built for one. Where the kernel cannot run the program (tp_btf: Linux
+// 5.5 and kernel BTF) the tracepoints stay, under their ftrace names, and
+// a warning says so. It fails when tracefs cannot be read or the built-in
+// object cannot be read.
+func (f *profileFlag) build(cfg *consumer.Config) error {
+	fs, err := tracefs.Find()
+	if err != nil {
+		return err
+	}
+	events, named, err := profile.Replace(fs, cfg.Events, f.p.BuiltEvents())
+	if err != nil || len(named) == 0 {
+		return err
+	}
+	if why := tracingProgramsMissing(named); why != nil {
+		for _, b := range named {
+			f.warn = append(f.warn, fmt.Sprintf("%s keeps ftrace's fields and name: the lttng profile builds %s with a tp_btf program: %v", b.Ftrace, b.LTTng, why))
+		}
+		return nil
+	}
+	if cfg.Transport == consumer.Auto {
+		cfg.Transport = consumer.Perf
+		if features.HaveMapType(ebpf.RingBuf) == nil {
+			cfg.Transport = consumer.Ringbuf
+		}
+	}
+	load := gen.LoadLTTng
+	if cfg.Transport == consumer.Perf {
+		load = gen.LoadLTTngPerf
+	}
+	spec, err := load()
+	if err != nil {
+		return fmt.Errorf("profile lttng: built-in program: %w", err)
+	}
+	// Only the events asked for are recorded: the others' keys stay unset.
+	for name := range spec.Variables {
+		if ev, ok := strings.CutPrefix(name, "kc_key_"); ok && !slices.ContainsFunc(named, func(b profile.Built) bool { return b.Synth == ev }) {
+			delete(spec.Variables, name)
+		}
+	}
+	cfg.Events = events
+	cfg.Objects = append(cfg.Objects, spec)
+	return nil
+}
+
+// tracingProgramsMissing says why tp_btf programs on the tracepoints of
+// built cannot run here, or nil: the kernel needs BTF, and the typedef
+// btf_trace_NAME through which tp_btf finds a tracepoint's arguments
+// (Linux 5.5, kernel/bpf/btf.c).
+func tracingProgramsMissing(built []profile.Built) error {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return fmt.Errorf("no kernel BTF: %w", err)
+	}
+	for _, b := range built {
+		_, name, _ := strings.Cut(b.Ftrace, ":")
+		var td *btf.Typedef
+		if err := spec.TypeByName("btf_trace_"+name, &td); err != nil {
+			return fmt.Errorf("kernel BTF has no btf_trace_%s (tp_btf needs Linux 5.5): %w", name, err)
+		}
+	}
+	return nil
 }

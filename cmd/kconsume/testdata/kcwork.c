@@ -2,8 +2,16 @@
  * Built static, so the dynamic loader adds no read of its own.
  *   kcwork burn SECONDS          spin on the CPU for SECONDS
  *   kcwork read FILE N GOFILE    open FILE now; once GOFILE exists, read
- *                                it 1 byte at a time N times, then exit */
+ *                                it 1 byte at a time N times, then exit
+ *   kcwork fork N M OUT          fork N processes of M threads besides
+ *                                their main one; every thread calls
+ *                                getppid(2) 3 times and appends "PID TID"
+ *                                to OUT */
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -16,8 +24,60 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static int out_fd;
+
+/* one_thread makes the calls the test counts and says who made them. */
+static void *one_thread(void *arg)
+{
+	char line[64];
+	int n;
+
+	(void)arg;
+	for (int i = 0; i < 3; i++)
+		syscall(SYS_getppid);
+	n = snprintf(line, sizeof(line), "%d %ld\n", (int)getpid(), (long)syscall(SYS_gettid));
+	/* One write of O_APPEND: lines of threads never mix. */
+	return write(out_fd, line, n) == n ? NULL : (void *)1;
+}
+
+static int forks(int n, int m, const char *out)
+{
+	out_fd = open(out, O_WRONLY | O_CREAT | O_APPEND, 0600);
+	if (out_fd < 0)
+		return 2;
+	for (int i = 0; i < n; i++) {
+		pid_t c = fork();
+		if (c < 0)
+			return 3;
+		if (c == 0) {
+			pthread_t t[64];
+			int bad = 0;
+			if (m > 64)
+				_exit(4);
+			for (int j = 0; j < m; j++)
+				if (pthread_create(&t[j], NULL, one_thread, NULL))
+					_exit(5);
+			bad |= one_thread(NULL) != NULL;
+			for (int j = 0; j < m; j++) {
+				void *r;
+				pthread_join(t[j], &r);
+				bad |= r != NULL;
+			}
+			_exit(bad ? 6 : 0);
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		int st;
+		if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			return 7;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 5 && strcmp(argv[1], "fork") == 0)
+		return forks(atoi(argv[2]), atoi(argv[3]), argv[4]);
 	if (argc == 3 && strcmp(argv[1], "burn") == 0) {
 		double end = now() + atof(argv[2]);
 		volatile unsigned long x = 0;
