@@ -259,7 +259,7 @@ func TestCtlStatedump(t *testing.T) {
 	for _, prof := range []string{"lttng", "ftrace"} {
 		out := filepath.Join(tmp, prof)
 		name := "sd" + prof + strconv.Itoa(os.Getpid())
-		rec := exec.Command(bin, "record", "-q", "--profile", prof, "--session", name, "-o", out, "-e", "sched:sched_switch", "--duration", "2s")
+		rec := exec.Command(bin, "record", "-q", "--profile", prof, "--session", name, "-o", out, "-e", "sched:sched_switch", "--duration", "120s")
 		var recOut bytes.Buffer
 		rec.Stdout, rec.Stderr = &recOut, &recOut
 		if err := rec.Start(); err != nil {
@@ -268,6 +268,11 @@ func TestCtlStatedump(t *testing.T) {
 		ctl := filepath.Join("/run/kconsume", name, "state")
 		waitRunning(t, ctl)
 		o, code := shell(t, bin+" ctl --session "+name+" --cpu 1 statedump")
+		// Stopped once the statedump answered, not at a duration a
+		// loaded machine's statedump may outlast.
+		if err := rec.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
 		if err := rec.Wait(); err != nil {
 			t.Fatalf("record: %v\n%s", err, recOut.String())
 		}
