@@ -89,11 +89,20 @@ func startAtNice(cmd *exec.Cmd, nice int) error {
 		// Never unlocked: the thread ends with this goroutine, and its
 		// nice value with it.
 		runtime.LockOSThread()
+		own, err := currentNice()
+		if err != nil {
+			errc <- err
+			return
+		}
 		if err := unix.Setpriority(unix.PRIO_PROCESS, 0, nice); err != nil {
 			errc <- fmt.Errorf("nice %d for the command: %w", nice, err)
 			return
 		}
-		errc <- cmd.Start()
+		err = cmd.Start()
+		// Back to the recorder's value before answering: the thread may
+		// outlive this call a while, and is the recorder's until it ends.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, 0, own)
+		errc <- err
 	}()
 	return <-errc
 }
