@@ -29,12 +29,13 @@ const (
 	opCopy opKind = iota
 	opString
 	opSeq
+	opAdd
 )
 
 type op struct {
 	kind opKind
-	off  int // copy: source offset; string/seq: offset of the location u32
-	n    int // copy: bytes
+	off  int // copy: source offset; string/seq: offset of the location u32; add: bytes back from the payload's end
+	n    int // copy: bytes; add: the delta
 	rel  bool
 	elem int // seq: element size
 }
@@ -50,10 +51,13 @@ const maxDyn = 8
 // dynRel mirrors KC_DYN_REL.
 const dynRel = 0x8000
 
-// newLayout builds the layout of f. It fails when the event has more
-// dynamic fields than the BPF recorder tracks.
-func newLayout(f *tracefs.Format) (*layout, error) {
+// newLayout builds the layout of f, with the fields of adjust written as
+// it says. It fails when the event has more dynamic fields than the BPF
+// recorder tracks, or a field of adjust is absent or not of a type its
+// adjustment takes (Delta: an inline 4-byte integer).
+func newLayout(f *tracefs.Format, adjust map[string]Adjust) (*layout, error) {
 	l := &layout{name: f.FullName(), fixed: f.FixedSize()}
+	added := 0
 	for _, fl := range f.All() {
 		if unknowable[fl.Name] {
 			continue
@@ -62,6 +66,14 @@ func newLayout(f *tracefs.Format) (*layout, error) {
 		case tracefs.Inline:
 			l.fields = append(l.fields, inlineField(fl))
 			l.copy(fl.Offset, fl.Size)
+			if a, ok := adjust[fl.Name]; ok {
+				if fl.Size != 4 || fl.ArrayLen > 0 {
+					return nil, fmt.Errorf("event %s: field %s: a delta needs a 4-byte integer, not %s", l.name, fl.Name, fl.Type)
+				}
+				// The field is the last 4 bytes written so far.
+				l.ops = append(l.ops, op{kind: opAdd, off: 4, n: int(a.Delta)})
+				added++
+			}
 		default:
 			if len(l.dyn) == maxDyn {
 				return nil, fmt.Errorf("event %s: more than %d dynamic fields", l.name, maxDyn)
@@ -87,6 +99,9 @@ func newLayout(f *tracefs.Format) (*layout, error) {
 			}
 			l.ops = append(l.ops, o)
 		}
+	}
+	if added != len(adjust) {
+		return nil, fmt.Errorf("event %s: %d fields to adjust, %d found inline", l.name, len(adjust), added)
 	}
 	l.direct = len(l.ops) == 1 && l.ops[0].kind == opCopy && l.ops[0].off == 0 && l.ops[0].n == l.fixed
 	return l, nil
@@ -164,6 +179,10 @@ func (l *layout) transcode(dst, raw []byte) ([]byte, bool) {
 		switch o.kind {
 		case opCopy:
 			dst = append(dst, raw[o.off:o.off+o.n]...)
+			continue
+		case opAdd:
+			v := dst[len(dst)-o.off:]
+			binary.LittleEndian.PutUint32(v, binary.LittleEndian.Uint32(v)+uint32(o.n))
 			continue
 		}
 		loc := binary.LittleEndian.Uint32(raw[o.off:])

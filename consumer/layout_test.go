@@ -32,7 +32,7 @@ func TestLayoutTranscode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := newLayout(f)
+	l, err := newLayout(f, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func FuzzTranscode(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	l, err := newLayout(fm)
+	l, err := newLayout(fm, nil)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -113,4 +113,47 @@ func FuzzTranscode(f *testing.F) {
 			t.Fatalf("transcoded payload does not decode: %v", err)
 		}
 	})
+}
+
+// TestLayoutAdjust: a delta is added to its field wherever it lies (here
+// after a string), the layout is no longer copied as it is, and a delta
+// on a field that is not an inline 4-byte integer, or absent, is refused.
+func TestLayoutAdjust(t *testing.T) {
+	f, err := tracefs.ParseFormat("t", []byte(dynFormat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := newLayout(f, map[string]Adjust{"x": {Delta: -100}, "common_pid": {Delta: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, 32, 64)
+	binary.LittleEndian.PutUint32(raw[4:], 1234)
+	binary.LittleEndian.PutUint32(raw[12:], 120)
+	raw = append(raw, "hi\x00"...)
+	binary.LittleEndian.PutUint32(raw[8:], 32|3<<16)
+	payload, ok := l.transcode(nil, raw)
+	if !ok {
+		t.Fatal("transcode refused a good record")
+	}
+	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := cls.Decode(payload, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]relayfmt.Value{}
+	for _, v := range vals {
+		got[v.Field.Name] = v
+	}
+	if got["x"].Uint(0) != 20 || got["common_pid"].Int(0) != 1235 || string(got["name"].Text()) != "hi" {
+		t.Errorf("x %d (want 20), common_pid %d (want 1235), name %q", got["x"].Uint(0), got["common_pid"].Int(0), got["name"].Text())
+	}
+	for _, bad := range []map[string]Adjust{{"y": {Delta: 1}}, {"name": {Delta: 1}}, {"nope": {Delta: 1}}} {
+		if _, err := newLayout(f, bad); err == nil {
+			t.Errorf("adjust %v accepted", bad)
+		}
+	}
 }

@@ -3,6 +3,8 @@ package profile
 import (
 	"sort"
 	"strings"
+
+	"github.com/kconsume/kconsume/consumer"
 )
 
 // LTTngTracer is the tracer_name of LTTng's kernel traces.
@@ -128,6 +130,30 @@ var lttngTable = []Mapping{
 	{"workqueue:workqueue_activate_work", "workqueue_activate_work", nil},
 	{"workqueue:workqueue_execute_start", "workqueue_execute_start", nil},
 	{"workqueue:workqueue_execute_end", "workqueue_execute_end", nil},
+}
+
+// maxRTPrio is the kernel's MAX_RT_PRIO. lttng-modules writes every
+// scheduler priority as task->prio - MAX_RT_PRIO (its sched.h), so a
+// nice-0 task is 20; ftrace writes task->prio, 120.
+const maxRTPrio = 100
+
+// prio is the adjustment of an event whose one priority field is prio.
+var prio = map[string]consumer.Adjust{"prio": {Delta: -maxRTPrio}}
+
+// lttngAdjust are the values the lttng profile writes otherwise than
+// ftrace, by ftrace event and field: the priorities of the sched events
+// that carry one (lttng-modules sched.h).
+var lttngAdjust = map[string]map[string]consumer.Adjust{
+	"sched:sched_switch":       {"prev_prio": {Delta: -maxRTPrio}, "next_prio": {Delta: -maxRTPrio}},
+	"sched:sched_wakeup":       prio,
+	"sched:sched_wakeup_new":   prio,
+	"sched:sched_waking":       prio,
+	"sched:sched_migrate_task": prio,
+	"sched:sched_process_exit": prio,
+	"sched:sched_process_free": prio,
+	"sched:sched_process_wait": prio,
+	"sched:sched_wait_task":    prio,
+	"sched:sched_pi_setprio":   {"oldprio": {Delta: -maxRTPrio}, "newprio": {Delta: -maxRTPrio}},
 }
 
 var (

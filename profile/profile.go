@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -154,6 +155,17 @@ func (p *Profile) renameClass(c *relayfmt.EventClass) (*relayfmt.EventClass, err
 		return nil, fmt.Errorf("profile %s: event %s as %s: %w", p.Name, c.Name, name, err)
 	}
 	return nc, nil
+}
+
+// Adjust returns the fields the profile writes otherwise than the kernel,
+// by ftrace event and field (consumer.Config.Adjust): under lttng, the
+// scheduler priorities less 100, as lttng-modules writes task->prio -
+// MAX_RT_PRIO; nil under ftrace. The caller may not change it.
+func (p *Profile) Adjust() map[string]map[string]consumer.Adjust {
+	if p != LTTng {
+		return nil
+	}
+	return lttngAdjust
 }
 
 // Original returns the ftrace name of an event class name of this

@@ -362,3 +362,91 @@ func TestLTTngFork(t *testing.T) {
 		})
 	}
 }
+
+var (
+	rePrevPrio = regexp.MustCompile(`prev_comm = "kcprio", prev_[pt]id = \d+, prev_prio = (-?\d+)`)
+	reNextPrio = regexp.MustCompile(`next_comm = "kcprio", next_[pt]id = \d+, next_prio = (-?\d+)`)
+	reTaskPrio = regexp.MustCompile(`[{,] comm = "kcprio", [pt]id = \d+, prio = (-?\d+)`)
+	rePrevTID  = regexp.MustCompile(`prev_comm = "kcprio", prev_tid = (\d+)`)
+)
+
+// TestLTTngPriorities records a task that sets its nice value to 5 and
+// sleeps: lttng-modules writes its priority as task->prio - MAX_RT_PRIO,
+// 25, in sched_switch (prev_prio, next_prio), sched_waking, sched_wakeup
+// and sched_process_exit, and lttng-cputop's Priorities column shows 25;
+// the ftrace profile keeps the kernel's 125. Under lttng a --comm filter
+// still applies to sched_switch: every switch recorded is the task's.
+func TestLTTngPriorities(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	work := buildWorkload(t)
+	const nice, sleeps = 5, 20
+	for _, tc := range []struct {
+		profile, filter string
+		want            int
+	}{
+		{"lttng", "", 20 + nice},
+		{"ftrace", "", 120 + nice},
+		{"lttng", "--comm kcprio", 20 + nice},
+	} {
+		t.Run(strings.TrimSpace(tc.profile+" "+tc.filter), func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "kernel")
+			o, code := shell(t, fmt.Sprintf("%s record -q --profile %s %s -o %s --session prio%d -e 'sched:sched_switch,sched:sched_waking,sched:sched_wakeup,sched:sched_process_exit' -- %s prio %d %d",
+				bin, tc.profile, tc.filter, out, os.Getpid(), work, nice, sleeps))
+			if code != 0 {
+				t.Fatalf("record: %d\n%s", code, o)
+			}
+			lines, _ := testenv.RunBT2(t, out)
+			counts := map[string]int{}
+			for _, l := range lines {
+				ev := ""
+				for _, e := range []string{"sched_switch", "sched_waking", "sched_wakeup", "sched_process_exit"} {
+					if strings.Contains(l, e+": ") {
+						ev = e
+					}
+				}
+				if ev == "" {
+					continue
+				}
+				if tc.profile == "lttng" && strings.Contains(l, "sched:") || tc.profile == "ftrace" && !strings.Contains(l, "sched:") {
+					t.Fatalf("profile %s, event named otherwise: %s", tc.profile, l)
+				}
+				if tc.filter != "" && ev == "sched_switch" && !rePrevPrio.MatchString(l) {
+					t.Errorf("--comm kcprio: a switch from another task was recorded: %s", l)
+				}
+				for _, re := range []*regexp.Regexp{rePrevPrio, reNextPrio, reTaskPrio} {
+					for _, m := range re.FindAllStringSubmatch(l, -1) {
+						if p, _ := strconv.Atoi(m[1]); p != tc.want {
+							t.Errorf("priority %d, want %d: %s", p, tc.want, l)
+						}
+						counts[ev]++
+					}
+				}
+			}
+			t.Logf("kcprio's priorities in %v", counts)
+			// Each sleep switches out and back in; the wakeups come from
+			// other tasks' contexts, which a comm filter leaves out.
+			if counts["sched_switch"] < sleeps || counts["sched_process_exit"] != 1 || tc.filter == "" && (counts["sched_waking"] < sleeps || counts["sched_wakeup"] < sleeps) {
+				t.Errorf("too few of kcprio's events: %v (%d sleeps)", counts, sleeps)
+			}
+			if tc.profile != "lttng" || tc.filter != "" {
+				return
+			}
+			// The analyses name the task as it was forked (kconsume):
+			// find its row by its thread id. Its priorities are nice 0's
+			// until setpriority, then the one wanted.
+			var tid string
+			for _, l := range lines {
+				if m := rePrevTID.FindStringSubmatch(l); m != nil {
+					tid = m[1]
+					break
+				}
+			}
+			a := runAnalysis(t, "lttng-cputop", filepath.Dir(out), "--limit", "100000")
+			row := regexp.MustCompile(`\(` + tid + `\)[^\n]*`).FindString(a)
+			if !strings.HasSuffix(row, fmt.Sprintf("[20, %d]", tc.want)) {
+				t.Errorf("lttng-cputop: task %s's row %q, want Priorities [20, %d]\n%s", tid, row, tc.want, a)
+			}
+		})
+	}
+}

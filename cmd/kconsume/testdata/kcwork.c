@@ -6,10 +6,14 @@
  *   kcwork fork N M OUT          fork N processes of M threads besides
  *                                their main one; every thread calls
  *                                getppid(2) 3 times and appends "PID TID"
- *                                to OUT */
+ *                                to OUT
+ *   kcwork prio NICE N           name itself kcprio, set its nice value to
+ *                                NICE, sleep 5 ms N times, spin 50 ms */
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <stdlib.h>
@@ -81,6 +85,19 @@ int main(int argc, char **argv)
 	if (argc == 3 && strcmp(argv[1], "burn") == 0) {
 		double end = now() + atof(argv[2]);
 		volatile unsigned long x = 0;
+		while (now() < end)
+			for (int i = 0; i < 100000; i++)
+				x++;
+		return 0;
+	}
+	if (argc == 4 && strcmp(argv[1], "prio") == 0) {
+		double end;
+		volatile unsigned long x = 0;
+		if (prctl(PR_SET_NAME, "kcprio") || setpriority(PRIO_PROCESS, 0, atoi(argv[2])))
+			return 2;
+		for (int i = 0; i < atoi(argv[3]); i++)
+			usleep(5000);
+		end = now() + 0.05;
 		while (now() < end)
 			for (int i = 0; i < 100000; i++)
 				x++;
