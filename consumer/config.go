@@ -172,6 +172,10 @@ type Config struct {
 type Adjust struct {
 	// Delta is added to the field, a 4-byte integer.
 	Delta int32
+	// Flags, when set, writes the field, an inline char array, as the
+	// u32 Flags returns for its text (up to its first NUL): ftrace's
+	// rwbs string as lttng-modules' integer, for one.
+	Flags func(text []byte) uint32
 }
 
 // Defaults.

@@ -8,7 +8,11 @@
  *                                getppid(2) 3 times and appends "PID TID"
  *                                to OUT
  *   kcwork prio NICE N           name itself kcprio, set its nice value to
- *                                NICE, sleep 5 ms N times, spin 50 ms */
+ *                                NICE, sleep 5 ms N times, spin 50 ms
+ *   kcwork dio FILE N SIZE       name itself kcdio; write N blocks of SIZE
+ *                                bytes into FILE (which holds them) with
+ *                                O_DIRECT, then read them back so */
+#define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -101,6 +105,22 @@ int main(int argc, char **argv)
 		while (now() < end)
 			for (int i = 0; i < 100000; i++)
 				x++;
+		return 0;
+	}
+	if (argc == 5 && strcmp(argv[1], "dio") == 0) {
+		int n = atoi(argv[3]);
+		size_t size = atoi(argv[4]);
+		void *buf;
+		int fd = open(argv[2], O_RDWR | O_DIRECT);
+		if (fd < 0 || prctl(PR_SET_NAME, "kcdio") || posix_memalign(&buf, 4096, size))
+			return 2;
+		memset(buf, 'k', size);
+		for (int i = 0; i < n; i++)
+			if (pwrite(fd, buf, size, (off_t)i * size) != (ssize_t)size)
+				return 3;
+		for (int i = 0; i < n; i++)
+			if (pread(fd, buf, size, (off_t)i * size) != (ssize_t)size)
+				return 4;
 		return 0;
 	}
 	if (argc == 5 && strcmp(argv[1], "read") == 0) {
