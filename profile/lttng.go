@@ -143,6 +143,7 @@ var lttngTable = []Mapping{
 	{"block:block_bio_complete", "block_bio_complete", nil},
 	{"block:block_bio_remap", "block_bio_remap", nil},
 	{"block:block_getrq", "block_getrq", current},
+	{"block:block_sleeprq", "block_sleeprq", current},
 	{"block:block_split", "block_split", current},
 	{"block:block_plug", "block_plug", current},
 	{"block:block_unplug", "block_unplug", current},
@@ -184,7 +185,7 @@ var rwbs = map[string]consumer.Adjust{"rwbs": {Flags: RWBS}}
 
 func init() {
 	for _, e := range []string{"rq_issue", "rq_insert", "rq_merge", "rq_complete", "rq_requeue", "rq_remap",
-		"bio_queue", "bio_backmerge", "bio_frontmerge", "bio_bounce", "bio_complete", "bio_remap", "getrq", "split"} {
+		"bio_queue", "bio_backmerge", "bio_frontmerge", "bio_bounce", "bio_complete", "bio_remap", "getrq", "sleeprq", "split"} {
 		lttngAdjust["block:block_"+e] = rwbs
 	}
 }
