@@ -110,7 +110,8 @@ type Config struct {
 	Objects []*ebpf.CollectionSpec
 	// Adjust writes fields of tracepoints otherwise than the kernel
 	// wrote them: event ("sched:sched_switch") → field → how. An event
-	// with adjusted fields is transcoded rather than copied as it is.
+	// whose fields are copied is written with its deltas added in place;
+	// one with Flags, or with dynamic fields, is transcoded.
 	// Profiles use it where their tracer writes a value otherwise than
 	// ftrace (lttng-modules' priorities are prio - 100).
 	Adjust map[string]map[string]Adjust
