@@ -170,6 +170,9 @@ func BenchmarkDrain(b *testing.B) {
 			b.Run("kconsume-transcoded/64B", func(b *testing.B) {
 				benchKconsumeDrain(b, Ringbuf, payload, benchRing, k, drainTranscoded)
 			})
+			b.Run("kconsume-adjusted/64B", func(b *testing.B) {
+				benchKconsumeDrain(b, Ringbuf, payload, benchRing, k, drainAdjusted)
+			})
 			b.Run("kconsume-global/64B", func(b *testing.B) {
 				benchKconsumeDrain(b, Ringbuf, payload, benchRing, k, drainGlobal)
 			})
@@ -308,6 +311,7 @@ const (
 	drainDirect     = iota // a class whose payload is the record as it is
 	drainTranscoded        // copied in two runs, as a tracepoint's fields are
 	drainGlobal            // direct, in one ring shared by all CPUs
+	drainAdjusted          // drainTranscoded with two 4-byte deltas, as sched_switch under --profile lttng
 )
 
 // benchKconsumeDrain fills a ring of transport tr with k records of
@@ -324,6 +328,11 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k, variant in
 	r := newRigCfg(b, tr, payload, cfg, false)
 	if variant == drainTranscoded {
 		r.s.w.setLayout(0, &layout{name: "bench", fixed: payload, ops: []op{{kind: opCopy, n: 2}, {kind: opCopy, off: 2, n: payload - 2}}})
+	}
+	if variant == drainAdjusted {
+		// sched_switch's prev_prio and next_prio: at 28 and at the end
+		// (lttng-modules' priorities, Config.Adjust).
+		r.s.w.setLayout(0, &layout{name: "bench", fixed: payload, ops: []op{{kind: opCopy, n: 2}, {kind: opCopy, off: 2, n: 30}, {kind: opAdd, off: 4, n: -100}, {kind: opCopy, off: 32, n: payload - 32}, {kind: opAdd, off: 4, n: -100}}})
 	}
 	st := r.s.dr.streams[0]
 	var cpu time.Duration

@@ -108,6 +108,13 @@ type Config struct {
 	// by its sections, and the synthetic events it declares with
 	// KC_SYNTH_EVENT are recorded.
 	Objects []*ebpf.CollectionSpec
+	// Adjust writes fields of tracepoints otherwise than the kernel
+	// wrote them: event ("sched:sched_switch") → field → how. An event
+	// whose fields are copied is written with its deltas added in place;
+	// one with Flags, or with dynamic fields, is transcoded.
+	// Profiles use it where their tracer writes a value otherwise than
+	// ftrace (lttng-modules' priorities are prio - 100).
+	Adjust map[string]map[string]Adjust
 
 	// Filters, applied in the kernel. PIDs match a thread id or a process
 	// id; Cgroup is a cgroup v2 directory whose subtree is recorded; Comms
@@ -159,6 +166,17 @@ type Config struct {
 
 	// Env is added to the metadata env block.
 	Env map[string]string
+}
+
+// Adjust is how the consumer writes one field of a tracepoint otherwise
+// than the kernel wrote it.
+type Adjust struct {
+	// Delta is added to the field, a 4-byte integer.
+	Delta int32
+	// Flags, when set, writes the field, an inline char array, as the
+	// u32 Flags returns for its text (up to its first NUL): ftrace's
+	// rwbs string as lttng-modules' integer, for one.
+	Flags func(text []byte) uint32
 }
 
 // Defaults.

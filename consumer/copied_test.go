@@ -18,7 +18,8 @@ import (
 // the sub-buffer (putCopied), once through transcode and its scratch copy
 // (the layout's copies hidden from the drain). The stream files must be
 // the same bytes (but for the trace's UUID), every event's payload the
-// transcode of its record, read back by our reader and babeltrace2 alike.
+// transcode of its record, read back by our reader and babeltrace2 alike;
+// and so for a layout of copies and deltas.
 func TestCopiedWritesWhatTranscodeWrites(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -27,6 +28,8 @@ func TestCopiedWritesWhatTranscodeWrites(t *testing.T) {
 		{"runs", []op{{kind: opCopy, off: 40, n: 24}, {kind: opCopy, off: 3, n: 37}, {kind: opCopy, off: 0, n: 3}}},
 		// common_type, then the rest: putCopied's two-move path.
 		{"type-and-rest", []op{{kind: opCopy, off: 0, n: 2}, {kind: opCopy, off: 2, n: 62}}},
+		// Copies and deltas (Adjust.Delta): adjusted.put's path.
+		{"adjusted", []op{{kind: opCopy, off: 0, n: 2}, {kind: opCopy, off: 2, n: 30}, {kind: opAdd, off: 4, n: -100}, {kind: opCopy, off: 32, n: 32}, {kind: opAdd, off: 4, n: 7}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testCopiedLayout(t, &layout{name: "bench", fixed: 64, ops: tc.ops})
@@ -64,7 +67,7 @@ func testCopiedLayout(t *testing.T, l *layout) {
 		r := newRigCfg(t, Ringbuf, 64, Config{Sink: sink, SubbufSize: 4096, NSubbufs: 256, RingSize: 1 << 20, Transport: Ringbuf, ReorderMax: 16}, false)
 		s := r.s
 		s.w.setLayout(0, l)
-		if s.w.copied[0].ops == nil {
+		if s.w.copied[0].ops == nil && s.w.copied[0].adj == nil {
 			t.Fatal("the layout of copies is not taken as one")
 		}
 		if !straight {

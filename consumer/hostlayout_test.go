@@ -29,7 +29,7 @@ func TestHostLayouts(t *testing.T) {
 			}
 			t.Fatal(err)
 		}
-		l, err := newLayout(f)
+		l, err := newLayout(f, nil)
 		if err != nil {
 			t.Errorf("%s: %v", e, err)
 			continue

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"strings"
@@ -29,14 +30,17 @@ const (
 	opCopy opKind = iota
 	opString
 	opSeq
+	opAdd
+	opFlags
 )
 
 type op struct {
 	kind opKind
-	off  int // copy: source offset; string/seq: offset of the location u32
-	n    int // copy: bytes
+	off  int // copy, flags: source offset; string/seq: offset of the location u32; add: bytes back from the payload's end
+	n    int // copy, flags: bytes; add: the delta
 	rel  bool
-	elem int // seq: element size
+	elem int                      // seq: element size
+	fn   func(text []byte) uint32 // flags: the value of the text
 }
 
 // unknowable are the common fields BPF cannot see: the kernel overwrites
@@ -50,18 +54,40 @@ const maxDyn = 8
 // dynRel mirrors KC_DYN_REL.
 const dynRel = 0x8000
 
-// newLayout builds the layout of f. It fails when the event has more
-// dynamic fields than the BPF recorder tracks.
-func newLayout(f *tracefs.Format) (*layout, error) {
+// newLayout builds the layout of f, with the fields of adjust written as
+// it says. It fails when the event has more dynamic fields than the BPF
+// recorder tracks, or a field of adjust is absent or not of a type its
+// adjustment takes (Delta: an inline 4-byte integer; Flags: an inline
+// char array).
+func newLayout(f *tracefs.Format, adjust map[string]Adjust) (*layout, error) {
 	l := &layout{name: f.FullName(), fixed: f.FixedSize()}
+	added := 0
 	for _, fl := range f.All() {
 		if unknowable[fl.Name] {
 			continue
 		}
 		switch fl.Loc {
 		case tracefs.Inline:
+			a, ok := adjust[fl.Name]
+			if ok && a.Flags != nil {
+				if !fl.IsChar() || fl.ArrayLen == 0 {
+					return nil, fmt.Errorf("event %s: field %s: flags need a char array, not %s", l.name, fl.Name, fl.Type)
+				}
+				l.fields = append(l.fields, relayfmt.ScalarField(fl.Name, relayfmt.U32))
+				l.ops = append(l.ops, op{kind: opFlags, off: fl.Offset, n: fl.Size, fn: a.Flags})
+				added++
+				continue
+			}
 			l.fields = append(l.fields, inlineField(fl))
 			l.copy(fl.Offset, fl.Size)
+			if ok {
+				if fl.Size != 4 || fl.ArrayLen > 0 {
+					return nil, fmt.Errorf("event %s: field %s: a delta needs a 4-byte integer, not %s", l.name, fl.Name, fl.Type)
+				}
+				// The field is the last 4 bytes written so far.
+				l.ops = append(l.ops, op{kind: opAdd, off: 4, n: int(a.Delta)})
+				added++
+			}
 		default:
 			if len(l.dyn) == maxDyn {
 				return nil, fmt.Errorf("event %s: more than %d dynamic fields", l.name, maxDyn)
@@ -87,6 +113,9 @@ func newLayout(f *tracefs.Format) (*layout, error) {
 			}
 			l.ops = append(l.ops, o)
 		}
+	}
+	if added != len(adjust) {
+		return nil, fmt.Errorf("event %s: %d fields to adjust, %d found inline", l.name, len(adjust), added)
 	}
 	l.direct = len(l.ops) == 1 && l.ops[0].kind == opCopy && l.ops[0].off == 0 && l.ops[0].n == l.fixed
 	return l, nil
@@ -164,6 +193,17 @@ func (l *layout) transcode(dst, raw []byte) ([]byte, bool) {
 		switch o.kind {
 		case opCopy:
 			dst = append(dst, raw[o.off:o.off+o.n]...)
+			continue
+		case opAdd:
+			v := dst[len(dst)-o.off:]
+			binary.LittleEndian.PutUint32(v, binary.LittleEndian.Uint32(v)+uint32(o.n))
+			continue
+		case opFlags:
+			text := raw[o.off : o.off+o.n]
+			if i := bytes.IndexByte(text, 0); i >= 0 {
+				text = text[:i]
+			}
+			dst = binary.LittleEndian.AppendUint32(dst, o.fn(text))
 			continue
 		}
 		loc := binary.LittleEndian.Uint32(raw[o.off:])

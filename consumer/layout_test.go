@@ -32,7 +32,7 @@ func TestLayoutTranscode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := newLayout(f)
+	l, err := newLayout(f, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func FuzzTranscode(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	l, err := newLayout(fm)
+	l, err := newLayout(fm, nil)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -113,4 +113,104 @@ func FuzzTranscode(f *testing.F) {
 			t.Fatalf("transcoded payload does not decode: %v", err)
 		}
 	})
+}
+
+// TestLayoutAdjust: a delta is added to its field wherever it lies (here
+// after a string), the layout is no longer copied as it is, and a delta
+// on a field that is not an inline 4-byte integer, or absent, is refused.
+func TestLayoutAdjust(t *testing.T) {
+	f, err := tracefs.ParseFormat("t", []byte(dynFormat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := newLayout(f, map[string]Adjust{"x": {Delta: -100}, "common_pid": {Delta: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, 32, 64)
+	binary.LittleEndian.PutUint32(raw[4:], 1234)
+	binary.LittleEndian.PutUint32(raw[12:], 120)
+	raw = append(raw, "hi\x00"...)
+	binary.LittleEndian.PutUint32(raw[8:], 32|3<<16)
+	payload, ok := l.transcode(nil, raw)
+	if !ok {
+		t.Fatal("transcode refused a good record")
+	}
+	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := cls.Decode(payload, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]relayfmt.Value{}
+	for _, v := range vals {
+		got[v.Field.Name] = v
+	}
+	if got["x"].Uint(0) != 20 || got["common_pid"].Int(0) != 1235 || string(got["name"].Text()) != "hi" {
+		t.Errorf("x %d (want 20), common_pid %d (want 1235), name %q", got["x"].Uint(0), got["common_pid"].Int(0), got["name"].Text())
+	}
+	for _, bad := range []map[string]Adjust{{"y": {Delta: 1}}, {"name": {Delta: 1}}, {"nope": {Delta: 1}}, {"x": {Flags: flagsLen}}} {
+		if _, err := newLayout(f, bad); err == nil {
+			t.Errorf("adjust %v accepted", bad)
+		}
+	}
+}
+
+func flagsLen(text []byte) uint32 { return uint32(len(text)) + 100 }
+
+const flagsFormat = `name: flags
+ID: 8
+format:
+	field:unsigned short common_type;	offset:0;	size:2;	signed:0;
+	field:unsigned char common_flags;	offset:2;	size:1;	signed:0;
+	field:unsigned char common_preempt_count;	offset:3;	size:1;	signed:0;
+	field:int common_pid;	offset:4;	size:4;	signed:1;
+	field:unsigned int bytes;	offset:8;	size:4;	signed:0;
+	field:char rwbs[10];	offset:12;	size:10;	signed:0;
+	field:char comm[16];	offset:22;	size:16;	signed:0;
+
+print fmt: ""
+`
+
+// TestLayoutFlags: a char array with Flags is written as the u32 the
+// function returns for its text up to the NUL, declared as a u32, and the
+// fields after it keep their values.
+func TestLayoutFlags(t *testing.T) {
+	f, err := tracefs.ParseFormat("t", []byte(flagsFormat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := newLayout(f, map[string]Adjust{"rwbs": {Flags: flagsLen}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, 38)
+	binary.LittleEndian.PutUint32(raw[4:], 77)
+	binary.LittleEndian.PutUint32(raw[8:], 4096)
+	copy(raw[12:], "WS\x00junk")
+	copy(raw[22:], "kcwork")
+	payload, ok := l.transcode(nil, raw)
+	if !ok {
+		t.Fatal("transcode refused a good record")
+	}
+	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := cls.Decode(payload, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]relayfmt.Value{}
+	for _, v := range vals {
+		got[v.Field.Name] = v
+	}
+	if rwbs := got["rwbs"]; rwbs.Field.Kind != relayfmt.Scalar || rwbs.Field.Elem != relayfmt.U32 || rwbs.Uint(0) != 102 {
+		t.Errorf("rwbs %+v = %d, want a u32 of 102", rwbs.Field, rwbs.Uint(0))
+	}
+	if got["bytes"].Uint(0) != 4096 || string(got["comm"].Text()) != "kcwork" || got["common_pid"].Int(0) != 77 {
+		t.Errorf("other fields wrong: %v", vals)
+	}
 }

@@ -313,7 +313,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 	// One declaration for all: each one rewrites the whole metadata.
 	names, layouts := make([]string, len(formats)), make([]*layout, len(formats))
 	for i, f := range formats {
-		if layouts[i], err = newLayout(f); err != nil {
+		if layouts[i], err = newLayout(f, s.cfg.Adjust[f.FullName()]); err != nil {
 			return err
 		}
 		names[i] = f.FullName()

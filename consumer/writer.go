@@ -31,6 +31,16 @@ type copied struct {
 	// typeAndRest: ops are the record's first 2 bytes (common_type),
 	// then one run (common_pid and the fields after it).
 	typeAndRest bool
+	// adj, with ops nil, is a layout of copies and deltas (Adjust.Delta):
+	// putCopied takes it apart, so the paths of copies alone do not look.
+	adj *adjusted
+}
+
+// adjusted is a layout of copies and deltas: the runs are copied, then
+// each add's delta is added to the u32 at its offset in the payload.
+type adjusted struct {
+	runs, adds []op
+	out, need  int
 }
 
 // declare adds the event class name with fields to the channel and
@@ -82,12 +92,29 @@ func (w *writer) setLayout(id uint32, l *layout) {
 		return
 	}
 	c := copied{ops: l.ops, need: l.fixed}
+	var a adjusted
 	for _, o := range l.ops {
-		if o.kind != opCopy {
+		switch o.kind {
+		case opCopy:
+			c.out += o.n
+			c.need = max(c.need, o.off+o.n)
+			// Runs the deltas cut apart are one again.
+			if k := len(a.runs) - 1; k >= 0 && a.runs[k].off+a.runs[k].n == o.off {
+				a.runs[k].n += o.n
+				continue
+			}
+			a.runs = append(a.runs, o)
+		case opAdd:
+			// o.off counts back from the payload written so far.
+			a.adds = append(a.adds, op{kind: opAdd, off: c.out - o.off, n: o.n})
+		default:
 			return
 		}
-		c.out += o.n
-		c.need = max(c.need, o.off+o.n)
+	}
+	if a.adds != nil {
+		a.out, a.need = c.out, c.need
+		w.copied[id] = copied{adj: &a}
+		return
 	}
 	c.typeAndRest = len(c.ops) == 2 && c.ops[0].off == 0 && c.ops[0].n == 2
 	w.copied[id] = c
@@ -135,9 +162,9 @@ func (c *classCache) lookup(w *writer, key uint32) {
 }
 
 // putCopied writes rec, a record of class key with timestamp ts, through
-// run when the class's layout is copied: its runs are copied straight into
-// the open sub-buffer, the payload written once, as transcode would have
-// built it. It reports false, having written nothing, for any other
+// run when the class's layout is copied (or adjusted: copied, then its
+// deltas added): its runs are copied straight into the open sub-buffer,
+// the payload written once, as transcode would have built it. It reports false, having written nothing, for any other
 // layout, a record too short for its layout, or an event run refuses;
 // write then takes the record, and counts what it cannot decode.
 func (c *classCache) putCopied(w *writer, run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool {
@@ -148,6 +175,9 @@ func (c *classCache) putCopied(w *writer, run *relayfmt.Run, ts uint64, key uint
 		}
 	}
 	if c.ops == nil {
+		if c.adj != nil {
+			return c.adj.put(run, ts, key, rec)
+		}
 		return false
 	}
 	n := rec.size()
@@ -169,6 +199,35 @@ func (c *classCache) putCopied(w *writer, run *relayfmt.Run, ts uint64, key uint
 	}
 	for _, o := range c.ops {
 		dst = dst[copy(dst, raw[o.off:o.off+o.n]):]
+	}
+	return true
+}
+
+// put is putCopied for an adjusted layout: the runs copied into the open
+// sub-buffer, then the deltas added in place. It reports false, having
+// written nothing, for a record too short or one run refuses.
+func (a *adjusted) put(run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool {
+	n := rec.size()
+	if n < a.need || recHdrLen+n > len(rec) {
+		return false
+	}
+	dst := run.Reserve(ts, key, a.out)
+	if dst == nil {
+		return false
+	}
+	raw := rec[recHdrLen : recHdrLen+n]
+	p, runs := dst, a.runs
+	if runs[0].off == 0 && runs[0].n == 2 {
+		// common_type: two byte moves cost less than a memmove call.
+		p[0], p[1] = raw[0], raw[1]
+		p, runs = p[2:], runs[1:]
+	}
+	for _, o := range runs {
+		p = p[copy(p, raw[o.off:o.off+o.n]):]
+	}
+	for _, o := range a.adds {
+		v := dst[o.off : o.off+4]
+		binary.LittleEndian.PutUint32(v, binary.LittleEndian.Uint32(v)+uint32(o.n))
 	}
 	return true
 }

@@ -3,6 +3,8 @@ package profile
 import (
 	"sort"
 	"strings"
+
+	"github.com/kconsume/kconsume/consumer"
 )
 
 // LTTngTracer is the tracer_name of LTTng's kernel traces.
@@ -46,10 +48,10 @@ var tid = map[string]string{"pid": "tid"}
 // events it records under their tracepoint name with the fields ftrace
 // has, and those it renames (LTTNG_TRACEPOINT_EVENT_MAP, _INSTANCE_MAP).
 // An event is here only when the fields LTTng's readers key on exist with
-// the type lttng-modules gives them; the rest keep their ftrace names
-// (block_rq_*: lttng-modules' rwbs is an integer and it adds tid).
-// Events whose values differ are built by the profile's own program
-// (Built).
+// the type lttng-modules gives them, or the consumer writes them so
+// (lttngAdjust: block's rwbs as an integer); the rest keep their ftrace
+// names. Events whose values ftrace lacks are built by the profile's own
+// program (Built).
 var lttngTable = []Mapping{
 	{"sched:sched_switch", "sched_switch", map[string]string{"prev_pid": "prev_tid", "next_pid": "next_tid"}},
 	{"sched:sched_wakeup", "sched_wakeup", tid},
@@ -128,6 +130,126 @@ var lttngTable = []Mapping{
 	{"workqueue:workqueue_activate_work", "workqueue_activate_work", nil},
 	{"workqueue:workqueue_execute_start", "workqueue_execute_start", nil},
 	{"workqueue:workqueue_execute_end", "workqueue_execute_end", nil},
+	{"block:block_rq_issue", "block_rq_issue", current},
+	{"block:block_rq_insert", "block_rq_insert", current},
+	{"block:block_rq_merge", "block_rq_merge", current},
+	{"block:block_rq_complete", "block_rq_complete", nil},
+	{"block:block_rq_requeue", "block_rq_requeue", nil},
+	{"block:block_rq_remap", "block_rq_remap", nil},
+	{"block:block_bio_queue", "block_bio_queue", current},
+	{"block:block_bio_backmerge", "block_bio_backmerge", current},
+	{"block:block_bio_frontmerge", "block_bio_frontmerge", current},
+	{"block:block_bio_bounce", "block_bio_bounce", current},
+	{"block:block_bio_complete", "block_bio_complete", nil},
+	{"block:block_bio_remap", "block_bio_remap", nil},
+	{"block:block_getrq", "block_getrq", current},
+	{"block:block_sleeprq", "block_sleeprq", current},
+	{"block:block_split", "block_split", current},
+	{"block:block_plug", "block_plug", current},
+	{"block:block_unplug", "block_unplug", current},
+	{"block:block_touch_buffer", "block_touch_buffer", nil},
+	{"block:block_dirty_buffer", "block_dirty_buffer", nil},
+}
+
+// current is the renaming of the block events to which lttng-modules adds
+// tid, the current task's thread id (current->pid, its block.h): ftrace's
+// common_pid is that id.
+var current = map[string]string{"common_pid": "tid"}
+
+// maxRTPrio is the kernel's MAX_RT_PRIO. lttng-modules writes every
+// scheduler priority as task->prio - MAX_RT_PRIO (its sched.h), so a
+// nice-0 task is 20; ftrace writes task->prio, 120.
+const maxRTPrio = 100
+
+// prio is the adjustment of an event whose one priority field is prio.
+var prio = map[string]consumer.Adjust{"prio": {Delta: -maxRTPrio}}
+
+// lttngAdjust are the values the lttng profile writes otherwise than
+// ftrace, by ftrace event and field: the priorities of the sched events
+// that carry one (lttng-modules sched.h).
+var lttngAdjust = map[string]map[string]consumer.Adjust{
+	"sched:sched_switch":       {"prev_prio": {Delta: -maxRTPrio}, "next_prio": {Delta: -maxRTPrio}},
+	"sched:sched_wakeup":       prio,
+	"sched:sched_wakeup_new":   prio,
+	"sched:sched_waking":       prio,
+	"sched:sched_migrate_task": prio,
+	"sched:sched_process_exit": prio,
+	"sched:sched_process_free": prio,
+	"sched:sched_process_wait": prio,
+	"sched:sched_wait_task":    prio,
+	"sched:sched_pi_setprio":   {"oldprio": {Delta: -maxRTPrio}, "newprio": {Delta: -maxRTPrio}},
+}
+
+// rwbs is the adjustment of the block events' rwbs.
+var rwbs = map[string]consumer.Adjust{"rwbs": {Flags: RWBS}}
+
+func init() {
+	for _, e := range []string{"rq_issue", "rq_insert", "rq_merge", "rq_complete", "rq_requeue", "rq_remap",
+		"bio_queue", "bio_backmerge", "bio_frontmerge", "bio_bounce", "bio_complete", "bio_remap", "getrq", "sleeprq", "split"} {
+		lttngAdjust["block:block_"+e] = rwbs
+	}
+}
+
+// lttng-modules' rwbs bits (RWBS_FLAG_*, its block.h).
+const (
+	rwbsWrite    = 1 << 0
+	rwbsDiscard  = 1 << 1
+	rwbsRead     = 1 << 2
+	rwbsRahead   = 1 << 3
+	rwbsSync     = 1 << 5
+	rwbsMeta     = 1 << 6
+	rwbsSecure   = 1 << 7
+	rwbsFlush    = 1 << 8
+	rwbsFUA      = 1 << 9
+	rwbsPreflush = 1 << 10
+)
+
+// RWBS returns lttng-modules' integer rwbs for ftrace's rwbs text, which
+// the kernel's blk_fill_rwbs (kernel/trace/blktrace.c) writes as: F when
+// REQ_PREFLUSH; the operation, W(rite), D(iscard), DE (secure erase),
+// F(lush), R(ead) or N (another); then F (REQ_FUA), A (REQ_RAHEAD), S
+// (REQ_SYNC), M (REQ_META), each when set. lttng-modules gives the
+// operation and the same flags a bit each, and 0 to another operation;
+// letters it has no bit for (U, REQ_ATOMIC) are left out. Readers test
+// the write bit: LTTng's analyses count an odd rwbs as a write.
+func RWBS(text []byte) uint32 {
+	var v uint32
+	// A leading F is REQ_PREFLUSH when an operation follows it; alone,
+	// or before a flag letter, it is the flush operation.
+	if len(text) > 1 && text[0] == 'F' && strings.IndexByte("WDFRN", text[1]) >= 0 {
+		v |= rwbsPreflush
+		text = text[1:]
+	}
+	if len(text) == 0 {
+		return v
+	}
+	switch text[0] {
+	case 'W':
+		v |= rwbsWrite
+	case 'D':
+		v |= rwbsDiscard
+		if len(text) > 1 && text[1] == 'E' {
+			v |= rwbsSecure
+			text = text[1:]
+		}
+	case 'F':
+		v |= rwbsFlush
+	case 'R':
+		v |= rwbsRead
+	}
+	for _, c := range text[1:] {
+		switch c {
+		case 'F':
+			v |= rwbsFUA
+		case 'A':
+			v |= rwbsRahead
+		case 'S':
+			v |= rwbsSync
+		case 'M':
+			v |= rwbsMeta
+		}
+	}
+	return v
 }
 
 var (

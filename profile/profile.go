@@ -6,9 +6,12 @@
 //
 // A profile renames: names live in the metadata, the payload bytes of a
 // renamed event are the same under every profile, so renaming costs
-// nothing per event. The few events whose values lttng-modules builds
-// otherwise than ftrace (Built) the lttng profile records with its own
-// BPF program in place of ftrace's tracepoint, at that program's cost.
+// nothing per event. Where lttng-modules writes a field's value otherwise
+// (scheduler priorities less 100, block's rwbs as an integer) the
+// consumer adjusts it as it writes the event (Adjust), at the cost of a
+// transcode in the drain. The few events whose values ftrace lacks
+// (Built) the lttng profile records with its own BPF program in place of
+// ftrace's tracepoint, at that program's cost.
 package profile
 
 import (
@@ -16,6 +19,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -154,6 +158,18 @@ func (p *Profile) renameClass(c *relayfmt.EventClass) (*relayfmt.EventClass, err
 		return nil, fmt.Errorf("profile %s: event %s as %s: %w", p.Name, c.Name, name, err)
 	}
 	return nc, nil
+}
+
+// Adjust returns the fields the profile writes otherwise than the kernel,
+// by ftrace event and field (consumer.Config.Adjust): under lttng, the
+// scheduler priorities less 100, as lttng-modules writes task->prio -
+// MAX_RT_PRIO, and the block events' rwbs as lttng-modules' integer
+// (RWBS); nil under ftrace. The caller may not change it.
+func (p *Profile) Adjust() map[string]map[string]consumer.Adjust {
+	if p != LTTng {
+		return nil
+	}
+	return lttngAdjust
 }
 
 // Original returns the ftrace name of an event class name of this

@@ -53,7 +53,7 @@ func TestNamesRoundTrip(t *testing.T) {
 			t.Errorf("%s: LTTng name %q is not an identifier", n, l)
 		}
 	}
-	for _, n := range []string{"sched:sched_process_fork", "block:block_rq_issue", "synthetic:klog", "syscalls:sys_enter_"} {
+	for _, n := range []string{"sched:sched_process_fork", "block:block_io_start", "synthetic:klog", "syscalls:sys_enter_"} {
 		if l, _, ok := LTTng.EventName(n); ok {
 			t.Errorf("%s renamed to %s; it has no LTTng counterpart here", n, l)
 		}
@@ -296,5 +296,37 @@ func TestSinkTextAndStructAgree(t *testing.T) {
 	}
 	if m.Tracer != "" || m.ClassByName("sched:sched_switch") == nil || m.Env["hostname"] != "x" || m.Env["sysname"] != "" {
 		t.Fatalf("the channel's metadata changed: %q %v %v", m.Tracer, names(&m), m.Env)
+	}
+}
+
+// TestRWBS: ftrace's rwbs texts (blk_fill_rwbs) become lttng-modules'
+// bits, the write bit set for writes alone.
+func TestRWBS(t *testing.T) {
+	for _, tc := range []struct {
+		text string
+		want uint32
+	}{
+		{"R", rwbsRead},
+		{"RA", rwbsRead | rwbsRahead},
+		{"RM", rwbsRead | rwbsMeta},
+		{"W", rwbsWrite},
+		{"WS", rwbsWrite | rwbsSync},
+		{"WFS", rwbsWrite | rwbsFUA | rwbsSync},
+		{"FWFS", rwbsPreflush | rwbsWrite | rwbsFUA | rwbsSync},
+		{"FF", rwbsPreflush | rwbsFlush},
+		{"F", rwbsFlush},
+		{"FS", rwbsFlush | rwbsSync},
+		{"D", rwbsDiscard},
+		{"DE", rwbsDiscard | rwbsSecure},
+		{"N", 0},
+		{"WU", rwbsWrite},
+		{"", 0},
+	} {
+		if got := RWBS([]byte(tc.text)); got != tc.want {
+			t.Errorf("RWBS(%q) = %#x, want %#x", tc.text, got, tc.want)
+		}
+		if isWrite := RWBS([]byte(tc.text))%2 == 1; isWrite != (strings.TrimPrefix(tc.text, "F") != "" && strings.TrimPrefix(tc.text, "F")[0] == 'W') {
+			t.Errorf("RWBS(%q) %% 2 == 1 is %v", tc.text, isWrite)
+		}
 	}
 }

@@ -15,9 +15,10 @@ import (
 
 // GuestModules are the modules the guest's init loads, with their
 // dependencies, before it mounts the host's root: virtio PCI, 9p over
-// virtio, and overlayfs. Debian builds them as modules; a kernel that has
-// them built in needs none.
-var GuestModules = []string{"virtio_pci", "9pnet_virtio", "9p", "overlay"}
+// virtio, and overlayfs; and loop, the guest's only block devices (tests
+// of block events). Debian builds them as modules; a kernel that has them
+// built in needs none.
+var GuestModules = []string{"virtio_pci", "9pnet_virtio", "9p", "overlay", "loop"}
 
 // Busybox is the static busybox copied into the initramfs (Debian package
 // busybox-static).

@@ -48,8 +48,10 @@ func (f *profileFlag) Set(s string) error {
 func (f *profileFlag) lttng() bool { return f.p == profile.LTTng }
 
 // configure prepares cfg for the profile: under lttng, the statedump's
-// events are recorded and the trace is written through the profile's
-// sink, which names the metadata's classes and env as lttng-modules does.
+// events are recorded, the scheduler priorities are written as
+// lttng-modules writes them (Profile.Adjust) and the trace is written
+// through the profile's sink, which names the metadata's classes and env
+// as lttng-modules does.
 // It runs once the output directory exists. It fails when the profile
 // cannot describe the session (lttng and --global: LTTng's readers take
 // the CPU from each packet, which a global stream does not have).
@@ -67,6 +69,7 @@ func (f *profileFlag) configure(cfg *consumer.Config, session string) error {
 	if err := f.build(cfg); err != nil {
 		return err
 	}
+	cfg.Adjust = f.p.Adjust()
 	cfg.Synth = append(cfg.Synth, statedump.Events()...)
 	cfg.Events = append(cfg.Events, statedump.Patterns()...)
 	inner := cfg.Sink // relayd's, when streaming

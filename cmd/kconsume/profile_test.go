@@ -26,7 +26,8 @@ func TestRecordUnknownProfile(t *testing.T) {
 }
 
 // TestReportStatsLTTngTrace: report and stats read a trace written under
-// the lttng profile; report -e takes the ftrace name and the LTTng one.
+// the lttng profile; report -e takes the ftrace name and the LTTng one,
+// and --pid matches the tid lttng-modules' block events carry.
 func TestReportStatsLTTngTrace(t *testing.T) {
 	dir := t.TempDir()
 	ds, err := relayfmt.NewDirSink(dir)
@@ -49,7 +50,15 @@ func TestReportStatsLTTngTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// lttng-modules' block_plug has tid where ftrace's has common_pid.
+	plug, err := ch.AddEventClass("block:block_plug", []relayfmt.Field{relayfmt.ScalarField("common_pid", relayfmt.S32)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	le := binary.LittleEndian
+	if err := ch.Write(0, 1500, plug.ID, le.AppendUint32(nil, 7)); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 3; i++ {
 		if err := ch.Write(i%2, uint64(1000+i), sw.ID, le.AppendUint32(le.AppendUint32(le.AppendUint32(nil, 5), 5), 6)); err != nil {
 			t.Fatal(err)
@@ -70,6 +79,10 @@ func TestReportStatsLTTngTrace(t *testing.T) {
 	code, out, stderr := runCmd("report", dir, "-e", "syscalls:sys_enter_read", "--pid", "6")
 	if code != 0 || !strings.Contains(out, "syscall_entry_read: common_pid=6 fd=3") || strings.Count(out, "\n") != 1 {
 		t.Errorf("report syscalls: %d\n%s%s", code, out, stderr)
+	}
+	code, out, stderr = runCmd("report", dir, "-e", "block:*", "--pid", "7")
+	if code != 0 || !strings.Contains(out, "block_plug: tid=7") || strings.Count(out, "\n") != 1 {
+		t.Errorf("report block --pid 7: %d\n%s%s", code, out, stderr)
 	}
 	code, out, stderr = runCmd("stats", dir)
 	if code != 0 || !strings.Contains(out, "3  sched_switch") || !strings.Contains(out, "1  syscall_entry_read") {

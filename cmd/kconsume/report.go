@@ -61,7 +61,7 @@ func report(args []string, stdout, stderr io.Writer) error {
 	f := reportFilter{}
 	fs.Var(&events, "e", "only events matching this `glob` (repeat or commas)")
 	fs.IntVar(&f.cpu, "cpu", -1, "only this CPU")
-	fs.Int64Var(&f.pid, "pid", 0, "only events whose common_pid (or pid) field is this `id`")
+	fs.Int64Var(&f.pid, "pid", 0, "only events whose common_pid (or pid, or tid) field is this `id`")
 	fs.StringVar(&f.since, "since", "", "first `time` to print")
 	fs.StringVar(&f.until, "until", "", "last `time` to print")
 	asJSON := fs.Bool("json", false, "one JSON object per line (times in trace clock ns)")
@@ -254,7 +254,7 @@ func (f *reportFilter) matchPID(vals []relayfmt.Value) bool {
 	if f.pid == 0 {
 		return true
 	}
-	for _, name := range []string{"common_pid", "pid"} {
+	for _, name := range []string{"common_pid", "pid", "tid"} {
 		for _, v := range vals {
 			if v.Field.Name == name && v.Field.Kind == relayfmt.Scalar {
 				return v.Int(0) == f.pid || !v.Field.Elem.Signed() && int64(v.Uint(0)) == f.pid

@@ -6,10 +6,18 @@
  *   kcwork fork N M OUT          fork N processes of M threads besides
  *                                their main one; every thread calls
  *                                getppid(2) 3 times and appends "PID TID"
- *                                to OUT */
+ *                                to OUT
+ *   kcwork prio NICE N           name itself kcprio, set its nice value to
+ *                                NICE, sleep 5 ms N times, spin 50 ms
+ *   kcwork dio FILE N SIZE       name itself kcdio; write N blocks of SIZE
+ *                                bytes into FILE (which holds them) with
+ *                                O_DIRECT, then read them back so */
+#define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <stdlib.h>
@@ -84,6 +92,35 @@ int main(int argc, char **argv)
 		while (now() < end)
 			for (int i = 0; i < 100000; i++)
 				x++;
+		return 0;
+	}
+	if (argc == 4 && strcmp(argv[1], "prio") == 0) {
+		double end;
+		volatile unsigned long x = 0;
+		if (prctl(PR_SET_NAME, "kcprio") || setpriority(PRIO_PROCESS, 0, atoi(argv[2])))
+			return 2;
+		for (int i = 0; i < atoi(argv[3]); i++)
+			usleep(5000);
+		end = now() + 0.05;
+		while (now() < end)
+			for (int i = 0; i < 100000; i++)
+				x++;
+		return 0;
+	}
+	if (argc == 5 && strcmp(argv[1], "dio") == 0) {
+		int n = atoi(argv[3]);
+		size_t size = atoi(argv[4]);
+		void *buf;
+		int fd = open(argv[2], O_RDWR | O_DIRECT);
+		if (fd < 0 || prctl(PR_SET_NAME, "kcdio") || posix_memalign(&buf, 4096, size))
+			return 2;
+		memset(buf, 'k', size);
+		for (int i = 0; i < n; i++)
+			if (pwrite(fd, buf, size, (off_t)i * size) != (ssize_t)size)
+				return 3;
+		for (int i = 0; i < n; i++)
+			if (pread(fd, buf, size, (off_t)i * size) != (ssize_t)size)
+				return 4;
 		return 0;
 	}
 	if (argc == 5 && strcmp(argv[1], "read") == 0) {
