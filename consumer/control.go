@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -14,12 +16,20 @@ import (
 
 // Start opens the gate: the programs record from now on.
 func (s *Session) Start() error {
-	// The buffers fault in here rather than in New, after the caller had
-	// the chance to hand back setup's garbage (the kernel's BTF, the
-	// specs): faulted in beside it, they added their size to the peak RSS.
-	// An error (EINVAL before Linux 5.14) only leaves the pages to fault in
-	// as they are first written.
-	s.prefault.Do(func() { _ = s.ch.Prefault() })
+	s.first.Do(func() {
+		// The buffers fault in here rather than in New, after the caller
+		// had the chance to hand back setup's garbage (the kernel's BTF,
+		// the specs): faulted in beside it, they added their size to the
+		// peak RSS. An error (EINVAL before Linux 5.14) only leaves the
+		// pages to fault in as they are first written.
+		_ = s.ch.Prefault()
+		// Every stream begins at the trace's start, as LTTng's do (see
+		// relayfmt's Channel.Begin).
+		var now unix.Timespec
+		if unix.ClockGettime(s.dr.clockID, &now) == nil {
+			s.ch.Begin(uint64(now.Nano()))
+		}
+	})
 	if err := s.rec.setRunning(true); err != nil {
 		return fmt.Errorf("start: %w", err)
 	}

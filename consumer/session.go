@@ -60,7 +60,7 @@ type Session struct {
 	synth   map[string]synthClass
 
 	started   atomic.Bool
-	prefault  sync.Once // the channel's buffers, at the first Start
+	first     sync.Once // the first Start's setup of the channel
 	closeOnce sync.Once
 	closeErr  error
 	final     []CPUStats // counts at Close

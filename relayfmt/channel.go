@@ -115,6 +115,9 @@ type Channel struct {
 	// failed is closed at the first sink error (Failed).
 	failed   chan struct{}
 	failOnce sync.Once
+	// begin is the trace's start (Begin): every stream's first packet
+	// begins there. 0: at its first event.
+	begin atomic.Uint64
 }
 
 type buffer struct {
@@ -587,15 +590,18 @@ func (b *buffer) open(ts uint64) bool {
 	b.opens++
 	h := b.hdr
 	h.TimestampBegin = ts
+	if p == 0 && b.stats.Packets == 0 {
+		if bg := b.ch.begin.Load(); bg != 0 && bg < ts {
+			h.TimestampBegin = bg
+		}
+		b.firstTS = h.TimestampBegin
+	}
 	h.SeqNum = b.seq
 	PutPacketHeader(b.cur, &h)
 	b.seq++
 	b.off = PacketHeaderSize
 	b.events = 0
 	b.lastFull = ts
-	if p == 0 && b.stats.Packets == 0 {
-		b.firstTS = ts
-	}
 	return true
 }
 
@@ -954,6 +960,9 @@ func (c *Channel) Close() error {
 		errs = append(errs, c.Snapshot())
 	} else {
 		errs = append(errs, c.Flush())
+		if c.endTogether() {
+			errs = append(errs, c.Flush())
+		}
 	}
 	close(c.quit)
 	c.wg.Wait()
@@ -962,6 +971,45 @@ func (c *Channel) Close() error {
 		return fmt.Errorf("channel close: %w", err)
 	}
 	return nil
+}
+
+// Begin sets the trace's start, ts on the channel's clock: the first
+// packet of every stream begins there rather than at the stream's first
+// event (an earlier event still begins its own), so that all streams
+// cover the trace from its start, as LTTng's do. LTTng's analyses and
+// babeltrace 1 keep by default only the span every stream covers; a CPU
+// whose first event came late would otherwise cut the others' events
+// before it, the statedump among them. Call it before the first event.
+func (c *Channel) Begin(ts uint64) { c.begin.Store(ts) }
+
+// endTogether ends, at Close, every per-CPU stream that has packets at
+// the newest event of any: a stream whose last event is older gets an
+// empty packet from there to that event, as LTTng flushes an empty packet
+// into every stream at its stop. Without it, readers that keep only the
+// span every stream covers (above) would cut the events after the first
+// stream's last. It reports whether it finished any packet; the sink must
+// have written every finished sub-buffer (Flush) before it runs.
+func (c *Channel) endTogether() bool {
+	if c.global != nil {
+		return false
+	}
+	var stop uint64
+	for _, b := range c.bufs {
+		stop = max(stop, b.lastTS)
+	}
+	added := false
+	for _, b := range c.bufs {
+		if b.produced.Load() == 0 || b.lastTS >= stop || b.ch.Err() != nil {
+			continue
+		}
+		if b.cur == nil && !b.open(b.lastTS) {
+			continue
+		}
+		b.lastTS = stop
+		b.finish()
+		added = true
+	}
+	return added
 }
 
 // Prefault makes every sub-buffer's memory resident without changing a

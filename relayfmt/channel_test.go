@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/testenv"
 )
 
 // gatedSink holds every packet until open is closed, so a test can fill a
@@ -810,5 +813,61 @@ func TestPrefault(t *testing.T) {
 				t.Fatalf("%s: page %d of %d not resident after Prefault", b.name, i, len(vec))
 			}
 		}
+	}
+}
+
+// TestStreamsSpanTheTrace: with Begin set, every per-CPU stream's first
+// packet begins at the trace's start and, after Close, its last packet
+// ends at the trace's newest event, as LTTng's streams do; babeltrace2
+// asked to keep only the span all streams cover (--stream-intersection,
+// the default of LTTng's analyses) then still prints every event. CPU 1
+// has one event in the middle and CPU 2 none: without the alignment the
+// intersection would hold CPU 1's event alone.
+func TestStreamsSpanTheTrace(t *testing.T) {
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 3}, nil)
+	g.defineClasses(1)
+	const begin, first, last = 500_000, 1_000_000, 9_000_000
+	g.c.Begin(begin)
+	payload := g.payload(g.classes[0])
+	written := 0
+	for ts := uint64(first); ts <= last; ts += 10_000 {
+		if err := g.c.Write(0, ts, g.classes[0].ID, payload); err != nil {
+			t.Fatal(err)
+		}
+		written++
+	}
+	if err := g.c.Write(1, 5_000_000, g.classes[0].ID, payload); err != nil {
+		t.Fatal(err)
+	}
+	written++
+	if err := g.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"trace0", "trace1"} {
+		b, err := os.ReadFile(filepath.Join(g.dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hs []PacketHeader
+		for off := 0; off+4096 <= len(b); off += 4096 {
+			h, err := ParsePacketHeader(b[off:])
+			if err != nil {
+				t.Fatalf("%s at %d: %v", name, off, err)
+			}
+			hs = append(hs, h)
+		}
+		if len(hs) == 0 || hs[0].TimestampBegin != begin || hs[len(hs)-1].TimestampEnd != last {
+			t.Errorf("%s: %d packets, first begins at %d, last ends at %d; want %d and %d", name, len(hs), hs[0].TimestampBegin, hs[len(hs)-1].TimestampEnd, begin, last)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(g.dir, "trace2")); err == nil {
+		t.Error("trace2: a stream without events has a file")
+	}
+	out, err := exec.Command(testenv.BT2(t), "--stream-intersection", g.dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("babeltrace2 --stream-intersection: %v\n%s", err, out)
+	}
+	if n := strings.Count(string(out), "\n"); n != written {
+		t.Errorf("babeltrace2 --stream-intersection printed %d events, %d were written", n, written)
 	}
 }
