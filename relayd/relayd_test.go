@@ -105,13 +105,21 @@ func TestRelaydTrace(t *testing.T) {
 			continue
 		}
 		packets += uint64(len(want) / 4096)
-		// CTF index: a 32-byte header then one 64-byte entry per packet
-		// (lttng-tools' ctf-index.h, index 1.1).
+		// CTF index (lttng-tools' ctf-index.h): a 16-byte big-endian
+		// header (magic, major, minor, entry length) then one entry per
+		// packet, 72 bytes in index 1.1.
 		idx, err := os.ReadFile(filepath.Join(remote, "index", name+".idx"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := (len(idx) - 32) / 64; n != len(want)/4096 {
+		if len(idx) < 16 || binary.BigEndian.Uint32(idx) != 0xC1F1DCC1 {
+			t.Fatalf("%s: index of %d bytes without the CTF index magic", name, len(idx))
+		}
+		entry := int(binary.BigEndian.Uint32(idx[12:]))
+		if entry < 56 || (len(idx)-16)%entry != 0 {
+			t.Fatalf("%s: index entries of %d bytes do not divide its %d bytes", name, entry, len(idx)-16)
+		}
+		if n := (len(idx) - 16) / entry; n != len(want)/4096 {
 			t.Errorf("%s: index holds %d entries for %d packets", name, n, len(want)/4096)
 		}
 	}
