@@ -48,22 +48,7 @@ func TestLayoutTranscode(t *testing.T) {
 	binary.LittleEndian.PutUint32(raw[8:], 32|6<<16)                 // data_loc: absolute
 	raw = append(raw, 1, 0, 2, 0, 3, 0)                              // at 38, 3 x u16
 	binary.LittleEndian.PutUint32(raw[16:], uint32(38-(16+4))|6<<16) // rel_loc: from the field's end
-	payload, ok := l.transcode(nil, raw)
-	if !ok {
-		t.Fatal("transcode refused a good record")
-	}
-	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := cls.Decode(payload, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]relayfmt.Value{}
-	for _, v := range vals {
-		got[v.Field.Name] = v
-	}
+	got, vals := transcodeByName(t, l, raw)
 	if _, ok := got["common_flags"]; ok {
 		t.Error("common_flags is declared, but BPF cannot know it")
 	}
@@ -132,22 +117,7 @@ func TestLayoutAdjust(t *testing.T) {
 	binary.LittleEndian.PutUint32(raw[12:], 120)
 	raw = append(raw, "hi\x00"...)
 	binary.LittleEndian.PutUint32(raw[8:], 32|3<<16)
-	payload, ok := l.transcode(nil, raw)
-	if !ok {
-		t.Fatal("transcode refused a good record")
-	}
-	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := cls.Decode(payload, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]relayfmt.Value{}
-	for _, v := range vals {
-		got[v.Field.Name] = v
-	}
+	got, _ := transcodeByName(t, l, raw)
 	if got["x"].Uint(0) != 20 || got["common_pid"].Int(0) != 1235 || string(got["name"].Text()) != "hi" {
 		t.Errorf("x %d (want 20), common_pid %d (want 1235), name %q", got["x"].Uint(0), got["common_pid"].Int(0), got["name"].Text())
 	}
@@ -191,6 +161,21 @@ func TestLayoutFlags(t *testing.T) {
 	binary.LittleEndian.PutUint32(raw[8:], 4096)
 	copy(raw[12:], "WS\x00junk")
 	copy(raw[22:], "kcwork")
+	got, vals := transcodeByName(t, l, raw)
+	if rwbs := got["rwbs"]; rwbs.Field.Kind != relayfmt.Scalar || rwbs.Field.Elem != relayfmt.U32 || rwbs.Uint(0) != 102 {
+		t.Errorf("rwbs %+v = %d, want a u32 of 102", rwbs.Field, rwbs.Uint(0))
+	}
+	if got["bytes"].Uint(0) != 4096 || string(got["comm"].Text()) != "kcwork" || got["common_pid"].Int(0) != 77 {
+		t.Errorf("other fields wrong: %v", vals)
+	}
+}
+
+// transcodeByName transcodes raw through l and decodes the payload by the
+// class l declares: it returns the values by field name and in order, and
+// fails the test when transcode refuses the record or its payload does
+// not decode.
+func transcodeByName(t *testing.T, l *layout, raw []byte) (map[string]relayfmt.Value, []relayfmt.Value) {
+	t.Helper()
 	payload, ok := l.transcode(nil, raw)
 	if !ok {
 		t.Fatal("transcode refused a good record")
@@ -207,10 +192,5 @@ func TestLayoutFlags(t *testing.T) {
 	for _, v := range vals {
 		got[v.Field.Name] = v
 	}
-	if rwbs := got["rwbs"]; rwbs.Field.Kind != relayfmt.Scalar || rwbs.Field.Elem != relayfmt.U32 || rwbs.Uint(0) != 102 {
-		t.Errorf("rwbs %+v = %d, want a u32 of 102", rwbs.Field, rwbs.Uint(0))
-	}
-	if got["bytes"].Uint(0) != 4096 || string(got["comm"].Text()) != "kcwork" || got["common_pid"].Int(0) != 77 {
-		t.Errorf("other fields wrong: %v", vals)
-	}
+	return got, vals
 }
