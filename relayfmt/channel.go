@@ -434,7 +434,7 @@ func (b *buffer) writeSlow(ts uint64, id uint32, payload []byte, cpu uint32, ope
 			return false, nil
 		}
 		// A fresh packet sets the full timestamp, so only the id can still
-		// force the extended header.
+		// force the extended header, but for a first packet (below).
 		ext = id > MaxCompactID
 		need = CompactHeaderSize + ctx + len(payload)
 		if ext {
@@ -448,6 +448,15 @@ func (b *buffer) writeSlow(ts uint64, id uint32, payload []byte, cpu uint32, ope
 		}
 		if !b.open(ts) {
 			return true, b.lose(&b.stats.Dropped, ErrDropped)
+		}
+		// A stream's first packet may begin before ts (Channel.Begin),
+		// too long before for a compact header to count from there.
+		if !ext && needsExtended(id, ts, b.lastFull) {
+			ext = true
+			need += ExtendedHeaderSize - CompactHeaderSize
+			if need > b.size-PacketHeaderSize {
+				return true, b.lose(&b.stats.TooLarge, ErrTooLarge)
+			}
 		}
 	}
 	if clamped {
@@ -601,7 +610,9 @@ func (b *buffer) open(ts uint64) bool {
 	b.seq++
 	b.off = PacketHeaderSize
 	b.events = 0
-	b.lastFull = ts
+	// A reader's clock starts each packet at its timestamp_begin: the
+	// first event's compact header counts from there.
+	b.lastFull = h.TimestampBegin
 	return true
 }
 

@@ -826,7 +826,9 @@ func TestPrefault(t *testing.T) {
 func TestStreamsSpanTheTrace(t *testing.T) {
 	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 3}, nil)
 	g.defineClasses(1)
-	const begin, first, last = 500_000, 1_000_000, 9_000_000
+	// The first event comes more than a compact header's 2^27 ns after
+	// the packet's begin: its header must carry the full timestamp.
+	const begin, first, last = 500_000, 500_000 + 3<<27, 500_000 + 3<<27 + 8_000_000
 	g.c.Begin(begin)
 	payload := g.payload(g.classes[0])
 	written := 0
@@ -836,7 +838,7 @@ func TestStreamsSpanTheTrace(t *testing.T) {
 		}
 		written++
 	}
-	if err := g.c.Write(1, 5_000_000, g.classes[0].ID, payload); err != nil {
+	if err := g.c.Write(1, first+4_000_000, g.classes[0].ID, payload); err != nil {
 		t.Fatal(err)
 	}
 	written++
@@ -862,6 +864,13 @@ func TestStreamsSpanTheTrace(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(g.dir, "trace2")); err == nil {
 		t.Error("trace2: a stream without events has a file")
+	}
+	lines, _ := testenv.RunBT2(t, g.dir)
+	if len(lines) != written {
+		t.Fatalf("babeltrace2 printed %d events, %d were written", len(lines), written)
+	}
+	if !strings.HasPrefix(lines[0], fmt.Sprintf("[%020d]", first)) || !strings.HasPrefix(lines[len(lines)-1], fmt.Sprintf("[%020d]", last)) {
+		t.Errorf("babeltrace2's first and last events:\n%s\n%s\nwant cycles %d and %d", lines[0], lines[len(lines)-1], first, last)
 	}
 	out, err := exec.Command(testenv.BT2(t), "--stream-intersection", g.dir).CombinedOutput()
 	if err != nil {
