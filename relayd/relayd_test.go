@@ -237,6 +237,9 @@ func (k *killAfter) WritePacket(name string, p []byte) error {
 // TestRelaydLiveIdle: in a live session, Live gives a stream that never
 // had a packet one empty packet (relayd takes beacons only after a first
 // index), then beacons; the trace keeps exactly the local copy's events.
+// When the idle stream's first own packet comes, begun at the channel's
+// start (Begin), relayd gets it begun at the stream's last beacon: a
+// live viewer never sees a stream's time go back.
 func TestRelaydLiveIdle(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	local := t.TempDir()
@@ -257,6 +260,7 @@ func TestRelaydLiveIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ch.Begin(1e9 - 1000)
 	p := make([]byte, 8)
 	for tick := range 3 {
 		for i := range 10 {
@@ -271,24 +275,34 @@ func TestRelaydLiveIdle(t *testing.T) {
 			t.Fatalf("live tick %d: %v\n%s", tick, err, r.LogTail(20))
 		}
 	}
+	if err := ch.Write(1, 1e9+3e6, cls.ID, p); err != nil {
+		t.Fatal(err)
+	}
 	if err := ch.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if st := s.Stats(); st.Err != nil || st.Sent != 3 {
-		t.Fatalf("stats %+v, want 3 packets of CPU 0 sent", st)
+	// CPU 0's 3, CPU 1's one, and the empty packet that ends CPU 0's
+	// stream with CPU 1's event.
+	if st := s.Stats(); st.Err != nil || st.Sent != 5 {
+		t.Fatalf("stats %+v, want 5 packets sent", st)
 	}
 	// relayd -v logs each beacon it takes (stream.c, stream_add_index).
 	if log, _ := os.ReadFile(r.Log); strings.Count(string(log), "Received live beacon") < 2 {
 		t.Errorf("relayd took fewer than 2 beacons for the idle stream:\n%s", r.LogTail(30))
 	}
 	remote := filepath.Join(r.SessionDir(t, "hl", "live"), DomainPath)
-	fi, err := os.Stat(filepath.Join(remote, "trace1"))
-	if err != nil || fi.Size() != 4096 {
-		t.Fatalf("idle stream on relayd: %v, want one empty packet", err)
+	b, err := os.ReadFile(filepath.Join(remote, "trace1"))
+	if err != nil || len(b) != 2*4096 {
+		t.Fatalf("idle stream on relayd: %d bytes (%v), want an empty packet and its own", len(b), err)
+	}
+	first, err1 := relayfmt.ParsePacketHeader(b)
+	own, err2 := relayfmt.ParsePacketHeader(b[4096:])
+	if err1 != nil || err2 != nil || first.TimestampEnd != 1e9+500 || own.TimestampBegin != 1e9+2e6+500 {
+		t.Errorf("idle stream's packets on relayd: [%d, %d] then [%d, %d] (%v, %v): want the own packet begun at the last beacon, 1000002500", first.TimestampBegin, first.TimestampEnd, own.TimestampBegin, own.TimestampEnd, err1, err2)
 	}
 	want, _ := testenv.RunBT2(t, local)
 	got, _ := testenv.RunBT2(t, remote)
-	if len(want) != 30 || !slices.Equal(got, want) {
+	if len(want) != 31 || !slices.Equal(got, want) {
 		t.Fatalf("babeltrace2: %d events from relayd, %d local", len(got), len(want))
 	}
 }

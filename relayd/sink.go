@@ -83,6 +83,10 @@ type stream struct {
 	// empty is set once Live sent an empty packet for a stream that had
 	// none: it stands for the channel's own empty first packet.
 	empty bool
+	// floor is the latest time this stream told relayd about: the end of
+	// its last packet or live beacon. Live viewers may have shown other
+	// streams' events up to it, so no packet may begin before it.
+	floor uint64
 }
 
 // NewSink connects to relayd, creates the session and its streams, and
@@ -248,6 +252,22 @@ func (s *Sink) writePacket(name string, packet []byte) error {
 		s.sent.Add(1)
 		return nil
 	}
+	if x.TimestampBegin < st.floor {
+		// A stream's first packet begins at the recording's start
+		// (relayfmt's Channel.Begin), which a live beacon or Live's empty
+		// packet may have passed: a viewer would see time go back. Its
+		// events are all after the floor (Live's caller flushed first),
+		// so beginning it there keeps every timestamp as it was.
+		h, err := relayfmt.ParsePacketHeader(data)
+		if err != nil {
+			return err
+		}
+		h.TimestampBegin = st.floor
+		h.TimestampEnd = max(h.TimestampEnd, st.floor)
+		data = append([]byte(nil), data...)
+		relayfmt.PutPacketHeader(data, &h)
+		x.TimestampBegin, x.TimestampEnd = h.TimestampBegin, h.TimestampEnd
+	}
 	return s.send(c, st, x, data, padding, len(packet))
 }
 
@@ -266,6 +286,7 @@ func (s *Sink) send(c *Client, st *stream, x Index, data []byte, padding uint32,
 	st.next++
 	st.active = true
 	st.seqNum = x.PacketSeqNum
+	st.floor = max(st.floor, x.TimestampEnd)
 	s.sent.Add(1)
 	s.bytes.Add(uint64(size))
 	return nil
@@ -522,6 +543,7 @@ func (s *Sink) Live(ts uint64) error {
 			if err != nil {
 				s.fail(c, err)
 			}
+			st.floor = max(st.floor, ts)
 		}
 		st.active = false
 		st.mu.Unlock()
