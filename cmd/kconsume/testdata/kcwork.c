@@ -1,6 +1,7 @@
 /* kcwork: known workloads for the LTTng analyses tests (lttng_test.go).
  * Built static, so the dynamic loader adds no read of its own.
- *   kcwork burn SECONDS          spin on the CPU for SECONDS
+ *   kcwork burn SECONDS          spin on the CPU for SECONDS, napping
+ *                                100 us every 10 ms
  *   kcwork read FILE N GOFILE    open FILE now; once GOFILE exists, read
  *                                it 1 byte at a time N times, then exit
  *   kcwork fork N M OUT          fork N processes of M threads besides
@@ -87,11 +88,19 @@ int main(int argc, char **argv)
 	if (argc == 5 && strcmp(argv[1], "fork") == 0)
 		return forks(atoi(argv[2]), atoi(argv[3]), argv[4]);
 	if (argc == 3 && strcmp(argv[1], "burn") == 0) {
-		double end = now() + atof(argv[2]);
+		double end = now() + atof(argv[2]), nap = now() + 0.01;
 		volatile unsigned long x = 0;
-		while (now() < end)
+		while (now() < end) {
 			for (int i = 0; i < 100000; i++)
 				x++;
+			/* lttng-cputop counts a task's time only between the
+			 * switches it sees in its window: alone on its CPU, a
+			 * burner that never slept would show 0 %. */
+			if (now() >= nap) {
+				usleep(100);
+				nap = now() + 0.01;
+			}
+		}
 		return 0;
 	}
 	if (argc == 4 && strcmp(argv[1], "prio") == 0) {
