@@ -164,9 +164,10 @@ func (c *classCache) lookup(w *writer, key uint32) {
 // putCopied writes rec, a record of class key with timestamp ts, through
 // run when the class's layout is copied (or adjusted: copied, then its
 // deltas added): its runs are copied straight into the open sub-buffer,
-// the payload written once, as transcode would have built it. It reports false, having written nothing, for any other
-// layout, a record too short for its layout, or an event run refuses;
-// write then takes the record, and counts what it cannot decode.
+// the payload written once, as transcode would have built it. It reports
+// false, having written nothing, for any other layout, a record too short
+// for its layout, or an event run refuses; write then takes the record,
+// and counts what it cannot decode.
 func (c *classCache) putCopied(w *writer, run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool {
 	if c.ckey != key+1 {
 		c.ckey, c.copied = key+1, copied{}

@@ -1004,13 +1004,16 @@ func (c *Channel) endTogether() bool {
 	if c.global != nil {
 		return false
 	}
+	if c.Err() != nil {
+		return false
+	}
 	var stop uint64
 	for _, b := range c.bufs {
 		stop = max(stop, b.lastTS)
 	}
 	added := false
 	for _, b := range c.bufs {
-		if b.produced.Load() == 0 || b.lastTS >= stop || b.ch.Err() != nil {
+		if b.produced.Load() == 0 || b.lastTS >= stop {
 			continue
 		}
 		if b.cur == nil && !b.open(b.lastTS) {
@@ -1034,19 +1037,28 @@ func (c *Channel) endTogether() bool {
 // on kernels before 5.14 is EINVAL: the pages then fault in as the
 // channel writes them, as before.
 func (c *Channel) Prefault() error {
-	page := uintptr(os.Getpagesize())
 	for _, b := range c.bufs {
-		// madvise takes whole pages: the ones wholly inside mem, as the
-		// heap's neighbours of a large allocation are not ours to touch.
-		start := uintptr(unsafe.Pointer(unsafe.SliceData(b.mem)))
-		first := (start + page - 1) &^ (page - 1)
-		end := (start + uintptr(len(b.mem))) &^ (page - 1)
-		if end <= first {
+		pages := wholePages(b.mem)
+		if len(pages) == 0 {
 			continue
 		}
-		if err := unix.Madvise(b.mem[first-start:end-start], unix.MADV_POPULATE_WRITE); err != nil {
+		if err := unix.Madvise(pages, unix.MADV_POPULATE_WRITE); err != nil {
 			return fmt.Errorf("prefault %s: %w", b.name, err)
 		}
 	}
 	return nil
+}
+
+// wholePages returns the part of mem made of whole pages, empty when it
+// holds none: madvise takes whole pages, and the heap's neighbours of a
+// large allocation are not ours to touch.
+func wholePages(mem []byte) []byte {
+	page := uintptr(os.Getpagesize())
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	first := (start + page - 1) &^ (page - 1)
+	end := (start + uintptr(len(mem))) &^ (page - 1)
+	if end <= first {
+		return nil
+	}
+	return mem[first-start : end-start]
 }

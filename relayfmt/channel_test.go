@@ -796,16 +796,13 @@ func TestPrefault(t *testing.T) {
 	} else if err != nil {
 		t.Fatal(err)
 	}
-	page := uintptr(os.Getpagesize())
 	for _, b := range c.bufs {
 		if b.mem[len(b.mem)/2] != 0xa5 {
 			t.Fatalf("%s: Prefault changed a written byte", b.name)
 		}
-		start := uintptr(unsafe.Pointer(unsafe.SliceData(b.mem)))
-		first := (start + page - 1) &^ (page - 1)
-		end := (start + uintptr(len(b.mem))) &^ (page - 1)
-		vec := make([]byte, (end-first)/page)
-		if _, _, e := unix.Syscall(unix.SYS_MINCORE, first, end-first, uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		pages := wholePages(b.mem)
+		vec := make([]byte, len(pages)/os.Getpagesize())
+		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(unsafe.SliceData(pages))), uintptr(len(pages)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
 			t.Fatalf("mincore: %v", e)
 		}
 		for i, v := range vec {
@@ -858,7 +855,10 @@ func TestStreamsSpanTheTrace(t *testing.T) {
 			}
 			hs = append(hs, h)
 		}
-		if len(hs) == 0 || hs[0].TimestampBegin != begin || hs[len(hs)-1].TimestampEnd != last {
+		if len(hs) == 0 {
+			t.Fatalf("%s: no packets", name)
+		}
+		if hs[0].TimestampBegin != begin || hs[len(hs)-1].TimestampEnd != last {
 			t.Errorf("%s: %d packets, first begins at %d, last ends at %d; want %d and %d", name, len(hs), hs[0].TimestampBegin, hs[len(hs)-1].TimestampEnd, begin, last)
 		}
 	}
