@@ -42,7 +42,7 @@ bench:
 # of KiB, and the default 60 s per new input stalls the fuzzer at 0 execs/s.
 FUZZ := $(GO) test -run '^$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 100x
 fuzz:
-	for f in FuzzStreamReader FuzzParseMetadata FuzzRecover; do \
+	for f in FuzzStreamReader FuzzParseMetadata FuzzUnpacketizeMetadata FuzzRecover; do \
 		$(FUZZ) -fuzz "^$$f\$$" ./relayfmt/ || exit 1; \
 	done
 	$(FUZZ) -fuzz '^FuzzParseFormat$$' ./consumer/tracefs/

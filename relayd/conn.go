@@ -227,8 +227,9 @@ func (c *Client) StreamsSent() error {
 	return nil
 }
 
-// SendMetadata appends text to the metadata stream. relayd does not
-// answer; a failure shows in the next command.
+// SendMetadata appends text, plain or in metadata packets, to the
+// metadata stream. relayd does not answer; a failure shows in the next
+// command.
 func (c *Client) SendMetadata(stream uint64, text []byte) error {
 	c.cmu.Lock()
 	defer c.cmu.Unlock()

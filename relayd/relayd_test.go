@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -98,11 +99,19 @@ func TestRelaydTrace(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v\nrelayd log:\n%s", err, r.LogTail(20))
 		}
+		if name == "metadata" {
+			// Sent as metadata packets, each part of it as it grew.
+			text, uuid, err := relayfmt.UnpacketizeMetadata(got)
+			if err != nil || !bytes.Equal(text, want) {
+				t.Errorf("relayd's metadata (%v) holds %d bytes of text, differing from the local %d bytes", err, len(text), len(want))
+			}
+			if m, err := relayfmt.ParseMetadata(want); err != nil || m.UUID != uuid {
+				t.Errorf("metadata packets carry uuid %x, the trace's is not that (%v)", uuid, err)
+			}
+			continue
+		}
 		if !bytes.Equal(got, want) {
 			t.Errorf("%s: relayd wrote %d bytes, differing from the local %d bytes", name, len(got), len(want))
-		}
-		if name == "metadata" {
-			continue
 		}
 		packets += uint64(len(want) / 4096)
 		// CTF index (lttng-tools' ctf-index.h): a 16-byte big-endian
@@ -467,4 +476,95 @@ func TestRelaydSlow(t *testing.T) {
 	if !slices.Equal(gl, wl) || !slices.Equal(gd, wd) || uint64(lost) != cs.Dropped {
 		t.Fatalf("babeltrace2: relayd %d events, %d discarded in %d ranges; local %d events, %d ranges; channel dropped %d", len(gl), lost, len(gd), len(wl), len(wd), cs.Dropped)
 	}
+}
+
+// syncBuffer is a bytes.Buffer a child process writes while the test
+// reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *syncBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestRelaydLiveMetadataGrows adds an event class while babeltrace2 reads
+// the session live: the viewer takes the metadata's new part and shows
+// the new class's events. babeltrace2 needs each part of plain-text
+// metadata to begin with the "/* CTF 1.8" signature, so a sink sending
+// text rather than metadata packets fails here.
+func TestRelaydLiveMetadataGrows(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	bt2 := testenv.BT2(t)
+	u, _ := ParseURL(r.URL())
+	s, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: "hg", Name: "grow", LiveTimer: 100 * time.Millisecond, Timeout: 5 * time.Second}, Streams: []string{"trace0", "trace1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 8, CPUs: 2, Clock: relayfmt.Clock{Offset: 1.7e18}}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	a, err := ch.AddEventClass("ev_a", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Begin(1e9)
+	view := exec.Command(bt2, "--input-format=lttng-live", r.LiveURL("hg", "grow"))
+	var out, stderr syncBuffer
+	view.Stdout, view.Stderr = &out, &stderr
+	if err := view.Start(); err != nil {
+		t.Fatal(err)
+	}
+	viewDone := make(chan error, 1)
+	go func() { viewDone <- view.Wait() }()
+	defer func() { _ = view.Process.Kill(); <-viewDone }()
+	tick := 0
+	p := make([]byte, 8)
+	// until writes cls's events on both CPUs every 100 ms, a live tick
+	// after each round, until the viewer prints want.
+	until := func(cls *relayfmt.EventClass, want string) {
+		t.Helper()
+		for end := time.Now().Add(time.Minute); !strings.Contains(out.String(), want); tick++ {
+			select {
+			case err := <-viewDone:
+				viewDone <- err
+				t.Fatalf("babeltrace2 ended (%v) before printing %s:\n%s\nrelayd log:\n%s", err, want, stderr.String(), r.LogTail(20))
+			default:
+			}
+			if time.Now().After(end) {
+				t.Fatalf("babeltrace2 printed no %s in a minute:\n%s\nrelayd log:\n%s", want, stderr.String(), r.LogTail(20))
+			}
+			ts := uint64(1e9 + tick*1e6)
+			for cpu := range 2 {
+				binary.LittleEndian.PutUint64(p, uint64(tick))
+				if err := ch.Write(cpu, ts+uint64(cpu), cls.ID, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := ch.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Live(ts + 500); err != nil {
+				t.Fatalf("live tick %d: %v", tick, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	until(a, "ev_a:")
+	b, err := ch.AddEventClass("ev_b", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	until(b, "ev_b:")
 }

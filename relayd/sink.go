@@ -56,6 +56,7 @@ type Sink struct {
 	mmu         sync.Mutex
 	metaText    []byte // the channel's latest metadata; relayd has it while connected
 	metaVersion uint64
+	metaUUID    *[16]byte // the trace's UUID, for the metadata packets' headers
 
 	// mu guards the fields below and the choice of client; lock order:
 	// mmu, then a stream's mu, then mu.
@@ -342,10 +343,19 @@ func allZero(b []byte) bool {
 // WriteMetadata sends the part of text relayd does not have yet: relayd's
 // metadata stream only grows, and the channel's metadata only grows at its
 // end. Text that does not extend what was sent is sent whole after a
-// metadata reset.
+// metadata reset. It goes as metadata packets (relayfmt.PacketizeMetadata),
+// as LTTng's tracers send theirs, so a live viewer can take each part
+// alone. It fails if text is not kconsume's metadata or relayd is lost.
 func (s *Sink) WriteMetadata(text []byte) error {
 	s.mmu.Lock()
 	defer s.mmu.Unlock()
+	if s.metaUUID == nil {
+		m, err := relayfmt.ParseMetadata(text)
+		if err != nil {
+			return fmt.Errorf("metadata not sent to relayd: %w", err)
+		}
+		s.metaUUID = &m.UUID
+	}
 	old := s.metaText
 	// Kept even when relayd is lost: Reconnect sends it whole.
 	s.metaText = slices.Clone(text)
@@ -364,7 +374,7 @@ func (s *Sink) WriteMetadata(text []byte) error {
 		err = c.ResetMetadata(meta, s.metaVersion)
 	}
 	if err == nil && len(tail) > 0 {
-		err = c.SendMetadata(meta, tail)
+		err = c.SendMetadata(meta, relayfmt.PacketizeMetadata(tail, *s.metaUUID))
 	}
 	if err != nil {
 		s.fail(c, err)
@@ -397,7 +407,7 @@ func (s *Sink) Reconnect(ctx context.Context) error {
 	n := s.reconnects.Load() + 1
 	c, meta, handles, err := s.dial(ctx, names, fmt.Sprintf("%s-%s-%d", s.cfg.Session.Name, time.Now().Format("20060102-150405"), n))
 	if err == nil && len(s.metaText) > 0 {
-		err = c.SendMetadata(meta, s.metaText)
+		err = c.SendMetadata(meta, relayfmt.PacketizeMetadata(s.metaText, *s.metaUUID))
 	}
 	if err != nil {
 		return err

@@ -30,14 +30,27 @@ func Open(dir string) (*Trace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open trace: %w", err)
 	}
-	text, err := io.ReadAll(io.LimitReader(f, MaxMetadataSize+1))
+	// Packetized metadata (as lttng-relayd stores what kconsume streams)
+	// spends a header on every 4 KiB of text.
+	text, err := io.ReadAll(io.LimitReader(f, 2*MaxMetadataSize+1))
 	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("open trace: read metadata: %w", err)
 	}
+	var packets *[16]byte
+	if IsPacketizedMetadata(text) {
+		var uuid [16]byte
+		if text, uuid, err = UnpacketizeMetadata(text); err != nil {
+			return nil, fmt.Errorf("open trace %s: %w", dir, err)
+		}
+		packets = &uuid
+	}
 	meta, err := ParseMetadata(text)
 	if err != nil {
 		return nil, fmt.Errorf("open trace %s: %w", dir, err)
+	}
+	if packets != nil && *packets != meta.UUID {
+		return nil, fmt.Errorf("open trace %s: metadata packets carry uuid %s, the trace declares %s", dir, formatUUID(*packets), formatUUID(meta.UUID))
 	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
