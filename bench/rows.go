@@ -37,7 +37,8 @@ func rows() []sectionRow {
 		add(drain, r)
 		if size == 64 {
 			for _, v := range [][2]string{
-				{"transcoded", "kconsume drain, a tracepoint's layout (fields copied in runs), 64 B"},
+				{"sched_switch", "kconsume drain, a tracepoint's layout (sched_switch's, direct), 64 B"},
+				{"transcoded", "kconsume drain, a layout of two runs (a tracepoint with a hole), 64 B"},
 				{"global", "kconsume drain, global mode (one ring for all CPUs), 64 B"},
 			} {
 				k := "Drain/kconsume-" + v[0] + "/64B"

@@ -20,6 +20,28 @@
 #define KC_DYN_REL 0x8000 /* __rel_loc: offset counts from the end of the field */
 
 /*
+ * A ring record is the trace record without its bytes 2 and 3,
+ * common_flags and common_preempt_count of struct trace_entry, which BPF
+ * cannot know (the consumer's ringCut): common_type, common_pid, then
+ * every other byte KC_CUT bytes before its place in the trace record, so
+ * the consumer writes a record without dynamic fields into the trace as
+ * it is. The fields after common_type land unaligned; kc_put stores them
+ * with one instruction each (the verifier takes unaligned stores where
+ * the architecture has efficient unaligned access, as x86 does).
+ */
+#define KC_CUT 2
+#define KC_ENTRY_SIZE 6 /* common_type, common_pid */
+
+#define kc_put(T, base, off, v) (*(T *)((void *)(base) + (off)) = (T)(v))
+
+/* kc_put_entry writes a ring record's common_type and common_pid at d. */
+#define kc_put_entry(d, type, pid)             \
+	({                                     \
+		kc_put(__u16, d, 0, type);     \
+		kc_put(__u32, d, 2, pid);      \
+	})
+
+/*
  * struct kc_tp_info describes one tracepoint for the recorder: the record's
  * fixed size and where its dynamic-location fields sit. A __data_loc field
  * is a u32: low 16 bits the offset of the data in the record, high 16 bits
@@ -94,13 +116,14 @@ static __always_inline __u32 kc_event_key(void *ctx)
  */
 static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *info)
 {
-	struct trace_entry *ent;
 	struct kc_cpu_state *st;
 	struct kc_scratch *s;
 	__u32 size;
 	__u64 ts;
 	int i;
 
+	if (info->size < 8)
+		return 0; /* not a trace record: the loader never sets one */
 	s = kc_emit_begin(key, &st);
 	if (!s)
 		return 0;
@@ -120,25 +143,19 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 			size = end;
 	}
 	/*
-	 * Trace records never exceed PERF_MAX_TRACE_SIZE. The barrier keeps
-	 * clang from dropping the mask the verifier needs as a bound.
+	 * The record past its common fields goes behind the ring record's
+	 * entry. Trace records never exceed PERF_MAX_TRACE_SIZE. The barrier
+	 * keeps clang from dropping the mask the verifier needs as a bound.
 	 */
-	if (size > KC_MAX_PAYLOAD - 1)
-		size = KC_MAX_PAYLOAD - 1;
+	size -= 8;
+	if (size > KC_MAX_PAYLOAD - 8)
+		size = KC_MAX_PAYLOAD - 8;
 	barrier_var(size);
 	size &= KC_PAYLOAD_MASK;
-	bpf_probe_read_kernel(s->data, size, ctx);
-	/*
-	 * Rebuild the common fields that can be known here; common_flags and
-	 * common_preempt_count cannot, and the consumer leaves them out.
-	 */
-	ent = (void *)s->data;
-	ent->type = info->id;
-	ent->flags = 0;
-	ent->preempt_count = 0;
-	ent->pid = (__u32)bpf_get_current_pid_tgid();
+	bpf_probe_read_kernel(s->data + KC_ENTRY_SIZE, size, ctx + 8);
+	kc_put_entry(s->data, info->id, bpf_get_current_pid_tgid());
 	ts = kc_now();
-	kc_emit_at(ctx, s, st, size, ts);
+	kc_emit_at(ctx, s, st, size + KC_ENTRY_SIZE, ts);
 	return ts;
 }
 
@@ -161,8 +178,8 @@ static __always_inline __u32 kc_small_size(void)
 }
 
 /*
- * kc_ld copies the T at offset off of the trace record at ctx to the same
- * offset of dst. Tracepoint programs may load their context directly, at
+ * kc_ld copies the T at offset off (8 or more) of the trace record at ctx
+ * to its place in the ring record at dst, KC_CUT bytes before. Tracepoint programs may load their context directly, at
  * constant offsets from 8 (the first word holds a pt_regs pointer by now),
  * but perf refuses to attach a program whose loads reach past the event's
  * last field (kernel/events/core.c:perf_event_set_bpf_prog,
@@ -174,7 +191,7 @@ static __always_inline __u32 kc_small_size(void)
 	({                                                                        \
 		T _v;                                                             \
 		asm volatile("%0 = *(" #T " *)(%1 + %2)" : "=r"(_v) : "r"(ctx), "i"(off)); \
-		*(T *)((void *)(dst) + (off)) = _v;                               \
+		kc_put(T, dst, (off) - KC_CUT, _v);                               \
 	})
 
 /*
@@ -205,7 +222,7 @@ static __always_inline __u32 kc_small_size(void)
 /*
  * kc_record_small writes the trace record at ctx, size bytes without
  * dynamic fields (a multiple of 2, at most KC_SMALL_MAX), straight into this CPU's ring as
- * event key, and returns its timestamp, or 0 when this CPU's buffer is
+ * event key (as a ring record, KC_CUT bytes shorter), and returns its timestamp, or 0 when this CPU's buffer is
  * stopped or the ring is full (then counted as lost). size is a constant
  * of the program copy (kc_small_size), so the verifier keeps only the
  * loads and the one bpf_ringbuf_reserve (which takes only a constant
@@ -217,7 +234,6 @@ static __always_inline __u32 kc_small_size(void)
 static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_info *info, __u32 size)
 {
 	struct kc_cpu_state *st;
-	struct trace_entry *ent;
 	struct kc_rec *r = NULL;
 	__u32 cpu, idx;
 	void *ring, *d;
@@ -231,7 +247,7 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	ring = bpf_map_lookup_elem(&kc_rings, &idx);
 	if (!ring)
 		return 0;
-	switch ((size + 7) / 8) {
+	switch ((size - KC_CUT + 7) / 8) {
 	KC_RESERVE(1)
 	KC_RESERVE(2)
 	KC_RESERVE(3)
@@ -269,13 +285,9 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	kc_word(d, ctx, size, 13);
 	kc_word(d, ctx, size, 14);
 	kc_word(d, ctx, size, 15);
-	ent = d;
-	ent->type = info->id;
-	ent->flags = 0;
-	ent->preempt_count = 0;
-	ent->pid = (__u32)bpf_get_current_pid_tgid();
+	kc_put_entry(d, info->id, bpf_get_current_pid_tgid());
 	r->key = key;
-	r->len = size;
+	r->len = size - KC_CUT;
 	r->cpu = cpu;
 	ts = kc_now();
 	r->ts = ts;
@@ -422,45 +434,49 @@ static __always_inline __s32 kc_sys_task(void)
 	return (__u32)bpf_get_current_pid_tgid();
 }
 
-/* The ring record of a syscall event: at most six arguments. */
+/*
+ * The ring record of a syscall event, at most six arguments: struct
+ * syscall_trace_enter or syscall_trace_exit as a ring record (KC_CUT),
+ * and without the 4 bytes of padding after nr (the consumer's
+ * sysRingOff): the entry, nr at 6, the arguments or ret from 10. Every
+ * field follows the one before, so the consumer writes the record into
+ * the trace as it is.
+ */
 struct kc_sys_rec {
 	struct kc_rec hdr;
-	struct trace_entry ent;
-	__s32 nr;
-	__u32 pad;
-	__u64 args[6];
+	__u8 data[KC_ENTRY_SIZE + 4 + 8 * 6];
 };
 _Static_assert(sizeof(struct kc_sys_rec) <= KC_SAMPLED_MAX, "syscall records are sampled");
 
+#define KC_SYS_NR KC_ENTRY_SIZE
+#define KC_SYS_ARG(i) (KC_ENTRY_SIZE + 4 + 8 * (i))
+
 /*
- * kc_sys_fill writes the part of a syscall record that words (the record's
- * size in 8-byte words, a constant at each call) covers: the entry, the
+ * kc_sys_fill writes the part of a syscall record that words (the ring
+ * record's size in 8-byte words, a constant at each call) covers: the
  * number, and the arguments on entry or ret on exit. Only stores inside
  * the reservation are made, which the verifier checks.
  */
 static __always_inline void kc_sys_fill(struct kc_sys_rec *r, __u32 words, struct pt_regs *regs, long nr, __u32 exit, long ret)
 {
-	r->ent.flags = 0;
-	r->ent.preempt_count = 0;
-	r->nr = nr;
-	r->pad = 0;
+	kc_put(__s32, r->data, KC_SYS_NR, nr);
 	if (exit) {
 		if (words > 2)
-			r->args[0] = ret;
+			kc_put(__u64, r->data, KC_SYS_ARG(0), ret);
 		return;
 	}
 	if (words > 2)
-		r->args[0] = regs->di;
+		kc_put(__u64, r->data, KC_SYS_ARG(0), regs->di);
 	if (words > 3)
-		r->args[1] = regs->si;
+		kc_put(__u64, r->data, KC_SYS_ARG(1), regs->si);
 	if (words > 4)
-		r->args[2] = regs->dx;
+		kc_put(__u64, r->data, KC_SYS_ARG(2), regs->dx);
 	if (words > 5)
-		r->args[3] = regs->r10;
+		kc_put(__u64, r->data, KC_SYS_ARG(3), regs->r10);
 	if (words > 6)
-		r->args[4] = regs->r8;
+		kc_put(__u64, r->data, KC_SYS_ARG(4), regs->r8);
 	if (words > 7)
-		r->args[5] = regs->r9;
+		kc_put(__u64, r->data, KC_SYS_ARG(5), regs->r9);
 }
 
 /*
@@ -513,7 +529,10 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 e
 	ring = bpf_map_lookup_elem(&kc_rings, &idx);
 	if (!ring)
 		return;
-	size = info->size;
+	/* 12 bytes without arguments (no padding then), else 16 + 8 per argument. */
+	size = info->size - KC_CUT;
+	if (size > KC_SYS_ARG(0))
+		size -= 4;
 	switch ((size + 7) / 8) {
 	KC_SYS_RESERVE(2)
 	KC_SYS_RESERVE(3)
@@ -529,8 +548,7 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 e
 		__sync_fetch_and_add(&st->lost, 1);
 		return;
 	}
-	r->ent.type = info->id;
-	r->ent.pid = pid;
+	kc_put_entry(r->data, info->id, pid);
 	r->hdr.key = key;
 	r->hdr.len = size;
 	r->hdr.cpu = cpu;

@@ -104,7 +104,12 @@ struct {
 /* One scratch record per CPU, for variable-sized payloads. */
 struct kc_scratch {
 	struct kc_rec hdr;
-	__u8 data[KC_MAX_PAYLOAD];
+	/*
+	 * 8 bytes of slack: the recorder reads a trace record in behind the
+	 * ring record's 6-byte entry, its size bounded only by
+	 * KC_PAYLOAD_MASK in the verifier's eyes.
+	 */
+	__u8 data[KC_MAX_PAYLOAD + 8];
 };
 
 struct {

@@ -21,6 +21,7 @@ import (
 	ciliumrb "github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/internal/control"
 	"github.com/kconsume/kconsume/internal/testenv"
@@ -167,6 +168,11 @@ func BenchmarkDrain(b *testing.B) {
 			benchKconsumeDrain(b, Ringbuf, payload, benchRing, k, drainDirect)
 		})
 		if payload == 64 {
+			// sched_switch's record, 64 bytes in the kernel, is 62 in the
+			// ring (ringCut): a footprint of 64-byte records.
+			b.Run("kconsume-sched_switch/64B", func(b *testing.B) {
+				benchKconsumeDrain(b, Ringbuf, payload-ringCut, benchRing, k, drainSchedSwitch)
+			})
 			b.Run("kconsume-transcoded/64B", func(b *testing.B) {
 				benchKconsumeDrain(b, Ringbuf, payload, benchRing, k, drainTranscoded)
 			})
@@ -308,24 +314,60 @@ func BenchmarkDrainPerf(b *testing.B) {
 
 // What a drain benchmark's records are like.
 const (
-	drainDirect     = iota // a class whose payload is the record as it is
-	drainTranscoded        // copied in two runs, as a tracepoint's fields are
-	drainGlobal            // direct, in one ring shared by all CPUs
-	drainAdjusted          // drainTranscoded with two 4-byte deltas, as sched_switch under --profile lttng
+	drainDirect      = iota // a class whose payload is the record as it is
+	drainTranscoded         // copied in two runs, as a tracepoint with a hole between its fields is
+	drainGlobal             // direct, in one ring shared by all CPUs
+	drainAdjusted           // drainTranscoded with two 4-byte deltas, as sched_switch under --profile lttng
+	drainSchedSwitch        // sched_switch's layout, as newLayout builds it from the kernel's format
 )
+
+// schedSwitchFormat is sched:sched_switch's format on Linux 5.10 to 6.x.
+const schedSwitchFormat = `name: sched_switch
+ID: 316
+format:
+	field:unsigned short common_type;	offset:0;	size:2;	signed:0;
+	field:unsigned char common_flags;	offset:2;	size:1;	signed:0;
+	field:unsigned char common_preempt_count;	offset:3;	size:1;	signed:0;
+	field:int common_pid;	offset:4;	size:4;	signed:1;
+
+	field:char prev_comm[16];	offset:8;	size:16;	signed:0;
+	field:pid_t prev_pid;	offset:24;	size:4;	signed:1;
+	field:int prev_prio;	offset:28;	size:4;	signed:1;
+	field:long prev_state;	offset:32;	size:8;	signed:1;
+	field:char next_comm[16];	offset:40;	size:16;	signed:0;
+	field:pid_t next_pid;	offset:56;	size:4;	signed:1;
+	field:int next_prio;	offset:60;	size:4;	signed:1;
+
+print fmt: ""
+`
 
 // benchKconsumeDrain fills a ring of transport tr with k records of
 // payload bytes and drains it with the session's own drain, timing the
-// drain only; every record must reach the channel. A real tracepoint's
-// layout is never direct (it leaves out the common fields BPF cannot
-// see), so drainTranscoded gives the bench class such a layout, with the
-// same output: common_type's 2 bytes, then the rest (in a real layout
-// the rest starts 2 bytes later, at common_pid, and the payload is 2
-// bytes shorter).
+// drain only; every record must reach the channel. drainSchedSwitch
+// gives the bench class sched_switch's layout, which must be direct: the
+// recorder leaves the common fields BPF cannot see out of the ring
+// record. drainTranscoded gives it a layout of two runs, as a tracepoint
+// with a hole between its fields has (a syscall event through its
+// tracepoint: 4 bytes after __syscall_nr), with the bench's output:
+// common_type's 2 bytes, then the rest.
 func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k, variant int) {
 	pinCPU(b, 0)
 	cfg := Config{Sink: &relayfmt.DiscardSink{}, Mode: relayfmt.Overwrite, SubbufSize: 256 << 10, NSubbufs: 4, RingSize: ring, Transport: tr, Global: variant == drainGlobal}
 	r := newRigCfg(b, tr, payload, cfg, false)
+	if variant == drainSchedSwitch {
+		f, err := tracefs.ParseFormat("sched", []byte(schedSwitchFormat))
+		if err != nil {
+			b.Fatal(err)
+		}
+		l, err := newLayout(f, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !l.direct || l.fixed != payload {
+			b.Fatalf("sched_switch's layout is not %d bytes direct: %+v", payload, l)
+		}
+		r.s.w.setLayout(0, l)
+	}
 	if variant == drainTranscoded {
 		r.s.w.setLayout(0, &layout{name: "bench", fixed: payload, ops: []op{{kind: opCopy, n: 2}, {kind: opCopy, off: 2, n: payload - 2}}})
 	}

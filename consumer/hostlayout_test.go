@@ -10,7 +10,9 @@ import (
 )
 
 // TestHostLayouts builds the layout and the relayfmt class of every trace
-// event of the running kernel: any of them can be recorded by name.
+// event of the running kernel: any of them can be recorded by name. An
+// event of inline fields without holes between them (sched_switch, the
+// syscalls) is written to the trace as the ring holds it (direct).
 func TestHostLayouts(t *testing.T) {
 	fs, err := tracefs.Find()
 	if err != nil {
@@ -20,7 +22,7 @@ func TestHostLayouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
+	n, direct := 0, 0
 	for _, e := range evs {
 		f, err := fs.Format(e)
 		if err != nil {
@@ -38,6 +40,23 @@ func TestHostLayouts(t *testing.T) {
 			t.Errorf("%s: %v", e, err)
 		}
 		n++
+		packed := true
+		sum := 0
+		for _, fl := range f.All() {
+			packed = packed && fl.Loc == tracefs.Inline
+			if !unknowable[fl.Name] {
+				sum += fl.Size
+			}
+		}
+		if packed && sum == ringOff(f.FixedSize()) {
+			if !l.direct {
+				t.Errorf("%s: inline fields without holes, but the layout is not direct: %+v", e, l.ops)
+			}
+			direct++
+		}
+		if f.FullName() == "sched:sched_switch" && !l.direct {
+			t.Errorf("sched:sched_switch is not direct: %+v", l.ops)
+		}
 	}
-	t.Logf("%d events", n)
+	t.Logf("%d events, %d of them direct", n, direct)
 }

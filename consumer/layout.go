@@ -10,14 +10,20 @@ import (
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
-// layout turns the raw record of one trace event into the CTF payload its
-// relayfmt class declares: inline fields are copied as they are (holes
-// between them left out), a __data_loc string becomes a NUL-terminated
-// string and a __data_loc array a u32 count followed by the elements.
+// layout turns the ring record of one trace event into the CTF payload
+// its relayfmt class declares: inline fields are copied as they are
+// (holes between them left out), a __data_loc string becomes a
+// NUL-terminated string and a __data_loc array a u32 count followed by
+// the elements.
+//
+// A ring record is the kernel's trace record without common_flags and
+// common_preempt_count, its bytes 2 and 3 (ringCut): the recorder cannot
+// know them and writes the record without them, so a tracepoint without
+// dynamic fields is written to the trace as the ring holds it (direct).
 type layout struct {
 	name   string
 	fields []relayfmt.Field
-	fixed  int  // bytes of the raw record before its dynamic area
+	fixed  int  // bytes of the ring record before its dynamic area
 	direct bool // payload is raw[:fixed] as it is
 	asIs   bool // payload is the whole record (synthetic events)
 	ops    []op
@@ -45,8 +51,23 @@ type op struct {
 
 // unknowable are the common fields BPF cannot see: the kernel overwrites
 // them before the program runs (see bpf/kconsume.bpf.c). The recorder
-// rebuilds common_type and common_pid.
+// rebuilds common_type and common_pid, and leaves these two out of the
+// ring record.
 var unknowable = map[string]bool{"common_flags": true, "common_preempt_count": true}
+
+// ringCut is how many bytes the ring record lacks from offset 2 of the
+// trace record on: common_flags and common_preempt_count
+// (include/linux/trace_events.h, struct trace_entry).
+const ringCut = 2
+
+// ringOff returns where the byte at off of a trace record is in its ring
+// record.
+func ringOff(off int) int {
+	if off >= 2+ringCut {
+		return off - ringCut
+	}
+	return off
+}
 
 // maxDyn mirrors KC_MAX_DYN in bpf/kconsume.bpf.c.
 const maxDyn = 8
@@ -60,11 +81,32 @@ const dynRel = 0x8000
 // adjustment takes (Delta: an inline 4-byte integer; Flags: an inline
 // char array).
 func newLayout(f *tracefs.Format, adjust map[string]Adjust) (*layout, error) {
-	l := &layout{name: f.FullName(), fixed: f.FixedSize()}
+	return newLayoutAt(f, adjust, ringOff)
+}
+
+// sysRingOff is ringOff for a syscall event the raw syscall programs
+// record (sysShape): they leave out the 4 bytes of padding after
+// __syscall_nr as well, so the arguments follow it in the ring record.
+func sysRingOff(off int) int {
+	if off >= 16 {
+		return ringOff(off) - 4
+	}
+	return ringOff(off)
+}
+
+// newLayoutAt is newLayout for ring records whose bytes are where at
+// puts the trace record's.
+func newLayoutAt(f *tracefs.Format, adjust map[string]Adjust, at func(int) int) (*layout, error) {
+	l := &layout{name: f.FullName(), fixed: at(f.FixedSize())}
 	added := 0
 	for _, fl := range f.All() {
 		if unknowable[fl.Name] {
 			continue
+		}
+		if fl.Offset >= 2 && fl.Offset < 2+ringCut {
+			// Only the unknowable fields live there in every kernel's
+			// struct trace_entry; anything else would be cut.
+			return nil, fmt.Errorf("event %s: field %s at offset %d, where the recorder keeps no byte", l.name, fl.Name, fl.Offset)
 		}
 		switch fl.Loc {
 		case tracefs.Inline:
@@ -74,12 +116,12 @@ func newLayout(f *tracefs.Format, adjust map[string]Adjust) (*layout, error) {
 					return nil, fmt.Errorf("event %s: field %s: flags need a char array, not %s", l.name, fl.Name, fl.Type)
 				}
 				l.fields = append(l.fields, relayfmt.ScalarField(fl.Name, relayfmt.U32))
-				l.ops = append(l.ops, op{kind: opFlags, off: fl.Offset, n: fl.Size, fn: a.Flags})
+				l.ops = append(l.ops, op{kind: opFlags, off: at(fl.Offset), n: fl.Size, fn: a.Flags})
 				added++
 				continue
 			}
 			l.fields = append(l.fields, inlineField(fl))
-			l.copy(fl.Offset, fl.Size)
+			l.copy(at(fl.Offset), fl.Size)
 			if ok {
 				if fl.Size != 4 || fl.ArrayLen > 0 {
 					return nil, fmt.Errorf("event %s: field %s: a delta needs a 4-byte integer, not %s", l.name, fl.Name, fl.Type)
@@ -92,12 +134,13 @@ func newLayout(f *tracefs.Format, adjust map[string]Adjust) (*layout, error) {
 			if len(l.dyn) == maxDyn {
 				return nil, fmt.Errorf("event %s: more than %d dynamic fields", l.name, maxDyn)
 			}
+			// The BPF side reads the trace record: its offsets.
 			d := uint16(fl.Offset)
 			if fl.Loc == tracefs.RelLoc {
 				d |= dynRel
 			}
 			l.dyn = append(l.dyn, d)
-			o := op{off: fl.Offset, rel: fl.Loc == tracefs.RelLoc}
+			o := op{off: at(fl.Offset), rel: fl.Loc == tracefs.RelLoc}
 			if fl.IsChar() {
 				o.kind = opString
 				l.fields = append(l.fields, relayfmt.StringField(fl.Name))
@@ -183,7 +226,7 @@ func signedName(t string) bool {
 	return false
 }
 
-// transcode appends the payload of raw (a whole trace record) to dst. It
+// transcode appends the payload of raw (a whole ring record) to dst. It
 // reports false when a dynamic location points outside the record.
 func (l *layout) transcode(dst, raw []byte) ([]byte, bool) {
 	if len(raw) < l.fixed {
@@ -209,7 +252,12 @@ func (l *layout) transcode(dst, raw []byte) ([]byte, bool) {
 		loc := binary.LittleEndian.Uint32(raw[o.off:])
 		start, n := int(loc&0xffff), int(loc>>16)
 		if o.rel {
+			// From the field's end: the cut moved both alike.
 			start += o.off + 4
+		} else if start < 2+ringCut {
+			return dst, false
+		} else {
+			start -= ringCut
 		}
 		if start+n > len(raw) {
 			return dst, false

@@ -64,10 +64,10 @@ func TestLayoutTranscode(t *testing.T) {
 	// A location past the record's end is refused.
 	bad := append([]byte(nil), raw...)
 	binary.LittleEndian.PutUint32(bad[8:], 60|10<<16)
-	if _, ok := l.transcode(nil, bad); ok {
+	if _, ok := l.transcode(nil, ringRecord(bad)); ok {
 		t.Error("transcode took a location outside the record")
 	}
-	if _, ok := l.transcode(nil, raw[:20]); ok {
+	if _, ok := l.transcode(nil, ringRecord(raw[:20])); ok {
 		t.Error("transcode took a short record")
 	}
 }
@@ -170,13 +170,20 @@ func TestLayoutFlags(t *testing.T) {
 	}
 }
 
-// transcodeByName transcodes raw through l and decodes the payload by the
-// class l declares: it returns the values by field name and in order, and
-// fails the test when transcode refuses the record or its payload does
-// not decode.
+// ringRecord returns the ring record the recorder writes for raw, a trace
+// record as the kernel lays it out: raw without its bytes 2 and 3
+// (ringCut).
+func ringRecord(raw []byte) []byte {
+	return append(append([]byte(nil), raw[:2]...), raw[2+ringCut:]...)
+}
+
+// transcodeByName transcodes the ring record of raw, a trace record,
+// through l and decodes the payload by the class l declares: it returns
+// the values by field name and in order, and fails the test when
+// transcode refuses the record or its payload does not decode.
 func transcodeByName(t *testing.T, l *layout, raw []byte) (map[string]relayfmt.Value, []relayfmt.Value) {
 	t.Helper()
-	payload, ok := l.transcode(nil, raw)
+	payload, ok := l.transcode(nil, ringRecord(raw))
 	if !ok {
 		t.Fatal("transcode refused a good record")
 	}

@@ -313,7 +313,11 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 	// One declaration for all: each one rewrites the whole metadata.
 	names, layouts := make([]string, len(formats)), make([]*layout, len(formats))
 	for i, f := range formats {
-		if layouts[i], err = newLayout(f, s.cfg.Adjust[f.FullName()]); err != nil {
+		at := ringOff
+		if raw[i] != "" {
+			at = sysRingOff
+		}
+		if layouts[i], err = newLayoutAt(f, s.cfg.Adjust[f.FullName()], at); err != nil {
 			return err
 		}
 		names[i] = f.FullName()
@@ -332,7 +336,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 		var ti gen.RingbufKcTpInfo
 		if recorded {
 			l := layouts[i]
-			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(l.fixed), Ndyn: uint16(len(l.dyn)), Flags: tpRecord}
+			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.dyn)), Flags: tpRecord}
 			copy(ti.Dyn[:], l.dyn)
 		}
 		if wake {

@@ -116,6 +116,11 @@ func TestSyscallRaw(t *testing.T) {
 			if want != raw || raw && (p == gen.RingbufProgKcSysExit) != strings.Contains(events[i], "exit") {
 				t.Fatalf("raw %v: %s recorded by %s (raw syscall path: %v)", raw, events[i], p, s.rec.sysErr)
 			}
+			// The raw programs leave out the padding after nr: their
+			// records go into the trace as they are.
+			if raw && s.w.direct[i] < 0 {
+				t.Errorf("%s: recorded raw, but its layout is not direct: %+v", events[i], s.w.layouts[i].ops)
+			}
 		}
 		if err := s.Start(); err != nil {
 			t.Fatal(err)

@@ -33,7 +33,7 @@ type BenchPerfKcScratch struct {
 		Len uint16
 		Cpu uint16
 	}
-	Data [8192]uint8
+	Data [8200]uint8
 }
 
 // Names of all BPF objects in the ELF.

@@ -45,7 +45,7 @@ type PerfKcScratch struct {
 		Len uint16
 		Cpu uint16
 	}
-	Data [8192]uint8
+	Data [8200]uint8
 }
 
 type PerfKcTpInfo struct {

@@ -47,7 +47,7 @@ type RingbufKcRec struct {
 type RingbufKcScratch struct {
 	_    structs.HostLayout
 	Hdr  RingbufKcRec
-	Data [8192]uint8
+	Data [8200]uint8
 }
 
 type RingbufKcTpInfo struct {
