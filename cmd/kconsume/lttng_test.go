@@ -209,7 +209,11 @@ func TestLTTngAnalyses(t *testing.T) {
 	if bm := reBurn.FindStringSubmatch(o); bm != nil {
 		got, _ = strconv.ParseFloat(bm[1], 64)
 	}
-	truth := 100 * float64(run1-run0) / float64(w1.Sub(w0).Nanoseconds())
+	// schedstat counts in the scheduler's clock and the window is wall
+	// time: in a TCG guest the two drift apart by some percent, and the
+	// burner's account came out at 104 %. One thread runs at most the
+	// whole window.
+	truth := min(100, 100*float64(run1-run0)/float64(w1.Sub(w0).Nanoseconds()))
 	t.Logf("lttng-cputop: burner %.2f %% over %s; kernel schedstat %.2f %% (the machine is shared)", got, tr[0], truth)
 	if got > truth+5 || got < truth-5 {
 		t.Errorf("lttng-cputop: burner %.2f %%, kernel says %.2f %%", got, truth)
