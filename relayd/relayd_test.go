@@ -478,25 +478,6 @@ func TestRelaydSlow(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer a child process writes while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestRelaydLiveMetadataGrows adds an event class while babeltrace2 reads
 // the session live: the viewer takes the metadata's new part and shows
 // the new class's events. babeltrace2 needs each part of plain-text
@@ -521,7 +502,7 @@ func TestRelaydLiveMetadataGrows(t *testing.T) {
 	}
 	ch.Begin(1e9)
 	view := exec.Command(bt2, "--input-format=lttng-live", r.LiveURL("hg", "grow"))
-	var out, stderr syncBuffer
+	var out, stderr testenv.Output
 	view.Stdout, view.Stderr = &out, &stderr
 	if err := view.Start(); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -149,7 +148,7 @@ func TestE2ERelaydKilled(t *testing.T) {
 	local := filepath.Join(t.TempDir(), "t")
 	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash"+uniq,
 		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "120s", "--metrics", "127.0.0.1:0")
-	var out lockedBuffer
+	var out testenv.Output
 	rec.Stdout, rec.Stderr = &out, &out
 	if err := rec.Start(); err != nil {
 		t.Fatal(err)
@@ -245,25 +244,6 @@ func TestE2ERelaydKilled(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects a running command's output for a test that reads
-// it meanwhile.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestE2ERelaydLive records with --live-timer while babeltrace2 reads the
 // session through relayd's live port: getpid events of a thread pinned
 // to CPU 0 show while record still runs, although every other CPU's
@@ -276,7 +256,7 @@ func TestE2ERelaydLive(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	rec := exec.Command(bin, "record", "-q", "--relayd", r.URL(), "--relayd-hostname", "hostlive", "--session", "live"+uniq, "--live-timer", "200ms",
 		"-e", "syscalls:sys_enter_getpid", "--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K")
-	var recOut lockedBuffer
+	var recOut testenv.Output
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
 		t.Fatal(err)
@@ -312,7 +292,7 @@ func TestE2ERelaydLive(t *testing.T) {
 		return len(m) == 1
 	})
 	view := exec.Command(bt2, "--input-format=lttng-live", r.LiveURL("hostlive", "live"+uniq))
-	var viewOut, viewErr lockedBuffer
+	var viewOut, viewErr testenv.Output
 	view.Stdout, view.Stderr = &viewOut, &viewErr
 	if err := view.Start(); err != nil {
 		t.Fatal(err)
@@ -368,7 +348,7 @@ func TestE2EReportFollow(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "t")
 	rec := exec.Command(bin, "record", "-q", "-o", out, "--session", "follow"+uniq, "--live-timer", "200ms", "-e", "syscalls:sys_enter_getpid",
 		"--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "4s")
-	var recOut lockedBuffer
+	var recOut testenv.Output
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
 		t.Fatal(err)
@@ -397,7 +377,7 @@ func TestE2EReportFollow(t *testing.T) {
 		<-genDone
 	}()
 	fol := exec.Command(bin, "report", "--follow", out)
-	var folOut, folErr lockedBuffer
+	var folOut, folErr testenv.Output
 	fol.Stdout, fol.Stderr = &folOut, &folErr
 	if err := fol.Start(); err != nil {
 		t.Fatal(err)
