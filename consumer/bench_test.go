@@ -318,28 +318,8 @@ const (
 	drainTranscoded         // copied in two runs, as a tracepoint with a hole between its fields is
 	drainGlobal             // direct, in one ring shared by all CPUs
 	drainAdjusted           // drainTranscoded with two 4-byte deltas, as sched_switch under --profile lttng
-	drainSchedSwitch        // sched_switch's layout, as newLayout builds it from the kernel's format
+	drainSchedSwitch        // sched_switch's layout, as newLayout builds it from the running kernel's format
 )
-
-// schedSwitchFormat is sched:sched_switch's format on Linux 5.10 to 6.x.
-const schedSwitchFormat = `name: sched_switch
-ID: 316
-format:
-	field:unsigned short common_type;	offset:0;	size:2;	signed:0;
-	field:unsigned char common_flags;	offset:2;	size:1;	signed:0;
-	field:unsigned char common_preempt_count;	offset:3;	size:1;	signed:0;
-	field:int common_pid;	offset:4;	size:4;	signed:1;
-
-	field:char prev_comm[16];	offset:8;	size:16;	signed:0;
-	field:pid_t prev_pid;	offset:24;	size:4;	signed:1;
-	field:int prev_prio;	offset:28;	size:4;	signed:1;
-	field:long prev_state;	offset:32;	size:8;	signed:1;
-	field:char next_comm[16];	offset:40;	size:16;	signed:0;
-	field:pid_t next_pid;	offset:56;	size:4;	signed:1;
-	field:int next_prio;	offset:60;	size:4;	signed:1;
-
-print fmt: ""
-`
 
 // benchKconsumeDrain fills a ring of transport tr with k records of
 // payload bytes and drains it with the session's own drain, timing the
@@ -355,7 +335,11 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k, variant in
 	cfg := Config{Sink: &relayfmt.DiscardSink{}, Mode: relayfmt.Overwrite, SubbufSize: 256 << 10, NSubbufs: 4, RingSize: ring, Transport: tr, Global: variant == drainGlobal}
 	r := newRigCfg(b, tr, payload, cfg, false)
 	if variant == drainSchedSwitch {
-		f, err := tracefs.ParseFormat("sched", []byte(schedSwitchFormat))
+		fs, err := tracefs.Find()
+		if err != nil {
+			b.Fatal(err)
+		}
+		f, err := fs.Format(tracefs.Event{System: "sched", Name: "sched_switch"})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -364,7 +348,7 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k, variant in
 			b.Fatal(err)
 		}
 		if !l.direct || l.fixed != payload {
-			b.Fatalf("sched_switch's layout is not %d bytes direct: %+v", payload, l)
+			b.Fatalf("sched_switch's layout is not %d bytes direct (of a %d-byte trace record): %+v", payload, f.FixedSize(), l)
 		}
 		r.s.w.setLayout(0, l)
 	}
