@@ -416,11 +416,23 @@ func TestLTTngPriorities(t *testing.T) {
 		{"lttng", "--comm kcprio", 20 + nice},
 	} {
 		t.Run(strings.TrimSpace(tc.profile+" "+tc.filter), func(t *testing.T) {
-			out := filepath.Join(t.TempDir(), "kernel")
-			o, code := shell(t, fmt.Sprintf("%s record -q --profile %s %s -o %s --session prio%d -e 'sched:sched_switch,sched:sched_waking,sched:sched_wakeup,sched:sched_process_exit' -- %s prio %d %d",
-				bin, tc.profile, tc.filter, out, os.Getpid(), work, nice, sleeps))
-			if code != 0 {
-				t.Fatalf("record: %d\n%s", code, o)
+			// A recording the kernel skipped the recorder in (another BPF
+			// program ran on the CPU; seen on the 6.18 host) may lack a
+			// wakeup: record again, as TestLTTngFork does.
+			var out, o string
+			for try := 1; ; try++ {
+				out = filepath.Join(t.TempDir(), "kernel")
+				var code int
+				o, code = shell(t, fmt.Sprintf("%s record --profile %s %s -o %s --session prio%d -e 'sched:sched_switch,sched:sched_waking,sched:sched_wakeup,sched:sched_process_exit' -- %s prio %d %d",
+					bin, tc.profile, tc.filter, out, os.Getpid(), work, nice, sleeps))
+				if code != 0 {
+					t.Fatalf("record: %d\n%s", code, o)
+				}
+				if m := reSkipped.FindString(o); m == "" || try == 3 {
+					break
+				} else {
+					t.Logf("try %d: %s; recording again", try, m)
+				}
 			}
 			lines, _ := testenv.RunBT2(t, out)
 			counts := map[string]int{}
@@ -453,7 +465,7 @@ func TestLTTngPriorities(t *testing.T) {
 			// Each sleep switches out and back in; the wakeups come from
 			// other tasks' contexts, which a comm filter leaves out.
 			if counts["sched_switch"] < sleeps || counts["sched_process_exit"] != 1 || tc.filter == "" && (counts["sched_waking"] < sleeps || counts["sched_wakeup"] < sleeps) {
-				t.Errorf("too few of kcprio's events: %v (%d sleeps)", counts, sleeps)
+				t.Errorf("too few of kcprio's events: %v (%d sleeps)\nrecord: %s", counts, sleeps, o)
 			}
 			if tc.profile != "lttng" || tc.filter != "" {
 				return
