@@ -26,7 +26,7 @@ func TestCopiedWritesWhatTranscodeWrites(t *testing.T) {
 		ops  []op
 	}{
 		{"runs", []op{{kind: opCopy, off: 40, n: 24}, {kind: opCopy, off: 3, n: 37}, {kind: opCopy, off: 0, n: 3}}},
-		// common_type, then the rest: putCopied's two-move path.
+		// common_type, then the rest, as a layout with one hole.
 		{"type-and-rest", []op{{kind: opCopy, off: 0, n: 2}, {kind: opCopy, off: 2, n: 62}}},
 		// Copies and deltas (Adjust.Delta): adjusted.put's path.
 		{"adjusted", []op{{kind: opCopy, off: 0, n: 2}, {kind: opCopy, off: 2, n: 30}, {kind: opAdd, off: 4, n: -100}, {kind: opCopy, off: 32, n: 32}, {kind: opAdd, off: 4, n: 7}}},

@@ -22,15 +22,12 @@ type writer struct {
 }
 
 // copied is a layout whose payload is the record's inline runs alone
-// (ops all opCopy; a tracepoint without dynamic fields, whose common
-// fields BPF cannot see are left out): out bytes of payload, from a raw
-// record of at least need bytes.
+// (ops all opCopy; a tracepoint without dynamic fields but with holes
+// between its fields): out bytes of payload, from a raw record of at
+// least need bytes.
 type copied struct {
 	ops       []op
 	out, need int
-	// typeAndRest: ops are the record's first 2 bytes (common_type),
-	// then one run (common_pid and the fields after it).
-	typeAndRest bool
 	// adj, with ops nil, is a layout of copies and deltas (Adjust.Delta):
 	// putCopied takes it apart, so the paths of copies alone do not look.
 	adj *adjusted
@@ -116,7 +113,6 @@ func (w *writer) setLayout(id uint32, l *layout) {
 		w.copied[id] = copied{adj: &a}
 		return
 	}
-	c.typeAndRest = len(c.ops) == 2 && c.ops[0].off == 0 && c.ops[0].n == 2
 	w.copied[id] = c
 }
 
@@ -190,14 +186,6 @@ func (c *classCache) putCopied(w *writer, run *relayfmt.Run, ts uint64, key uint
 		return false
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
-	if c.typeAndRest {
-		// A tracepoint's usual shape: common_type, then everything from
-		// common_pid on. Two byte moves cost less than a memmove call.
-		dst[0], dst[1] = raw[0], raw[1]
-		o := c.ops[1]
-		copy(dst[2:], raw[o.off:o.off+o.n])
-		return true
-	}
 	for _, o := range c.ops {
 		dst = dst[copy(dst, raw[o.off:o.off+o.n]):]
 	}
@@ -217,13 +205,8 @@ func (a *adjusted) put(run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool
 		return false
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
-	p, runs := dst, a.runs
-	if runs[0].off == 0 && runs[0].n == 2 {
-		// common_type: two byte moves cost less than a memmove call.
-		p[0], p[1] = raw[0], raw[1]
-		p, runs = p[2:], runs[1:]
-	}
-	for _, o := range runs {
+	p := dst
+	for _, o := range a.runs {
 		p = p[copy(p, raw[o.off:o.off+o.n]):]
 	}
 	for _, o := range a.adds {
