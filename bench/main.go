@@ -37,6 +37,7 @@ var families = []family{
 	{"./consumer", "^BenchmarkConcurrent$", "1000x"},
 	{"./consumer", "^BenchmarkTracepointCost$", "2000000x"},
 	{"./consumer", "^BenchmarkEventCost$", "200000x"},
+	{"./consumer", "^BenchmarkRecorderFloor$", "200000x"},
 	{"./cmd/kconsume", "^BenchmarkPeakRSS$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkStartStop$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkIdle$", "1x"},

@@ -169,6 +169,23 @@ func rows() []sectionRow {
 		}
 	}
 
+	const fl = "What a BPF recorder's per-event cost is made of: C loops of 200 k calls, ns/call added, median 1000-call chunk, each part alone (bpf/floor.bpf.c)"
+	flc := "go test -run '^$' -bench RecorderFloor -benchtime 200000x ./consumer"
+	for _, pin := range []string{"pinned", "unpinned"} {
+		for _, f := range []struct{ name, what string }{
+			{"enter", "entering an empty tp_btf program on sys_enter (every syscall on the raw path)"},
+			{"clock", "bpf_ktime_get_ns, over entering"},
+			{"ringbuf", "a 32-byte BPF ring buffer record, reserved and submitted, over entering"},
+			{"area", "a 32-byte record in per-CPU memory behind an atomic add, over entering"},
+			{"trace-cmd-getpid", "trace-cmd's whole cost for sys_enter_getpid"},
+			{"rename-btf", "entering an empty tp_btf program on task_rename"},
+			{"rename-tp", "entering an empty tracepoint program on task_rename (through perf)"},
+			{"trace-cmd-rename", "trace-cmd's whole cost for task_rename"},
+		} {
+			add(fl, row{what: f.what + ", " + pin, cmd: flc, fig: m("RecorderFloor", f.name+"-ns-"+pin), label: "ns"})
+		}
+	}
+
 	const off = "Offline: 400 k events, 2 streams"
 	for _, c := range []struct{ mode, what, target string }{
 		{"report", "`kconsume report` (text) vs `babeltrace2` (text)", "≥ 20 ×"},

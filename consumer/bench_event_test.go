@@ -186,10 +186,7 @@ func BenchmarkEventCost(b *testing.B) {
 	load := buildEventLoad(b)
 	restore := testenv.SaveTracing(b)
 	defer restore()
-	rounds := 5
-	if n, err := strconv.Atoi(os.Getenv("KCONSUME_BENCH_ROUNDS")); err == nil && n > 0 {
-		rounds = n
-	}
+	rounds := benchRounds(5)
 	n := strconv.Itoa(b.N)
 	work := func(r eventRun) [2]float64 {
 		args := []string{load, r.loop, n}

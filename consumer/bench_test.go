@@ -451,10 +451,7 @@ func BenchmarkTracepointCost(b *testing.B) {
 	restore := testenv.SaveTracing(b)
 	defer restore()
 	// make bench runs one round per invocation and pairs the rounds itself.
-	rounds := 5
-	if n, err := strconv.Atoi(os.Getenv("KCONSUME_BENCH_ROUNDS")); err == nil && n > 0 {
-		rounds = n
-	}
+	rounds := benchRounds(5)
 	var base, ours, theirs, perfs, ratios []float64
 	var lost, tcLost, perfLost uint64
 	for r := 0; r < rounds; r++ {
@@ -639,6 +636,15 @@ func timeGetpid(n int) float64 {
 		unix.Getpid()
 	}
 	return float64(time.Since(start).Nanoseconds()) / float64(n)
+}
+
+// benchRounds returns KCONSUME_BENCH_ROUNDS when it is a positive
+// number, else def: the rounds a benchmark alternating its tools runs.
+func benchRounds(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("KCONSUME_BENCH_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return def
 }
 
 func median(v []float64) float64 {
