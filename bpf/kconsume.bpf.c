@@ -575,6 +575,128 @@ int kc_sys_exit(__u64 *ctx)
 }
 #endif
 
+#ifndef KC_PERF
+/*
+ * sched:sched_switch from its BTF tracepoint (tp_btf): the program reads
+ * the arguments the kernel passes the tracepoint and builds the record
+ * TP_fast_assign builds (include/trace/events/sched.h), 64 bytes on every
+ * kernel since 4.x (the consumer checks the format before it attaches
+ * this). It skips the perf trace record the classic tracepoint builds
+ * for BPF, and perf's bpf_prog_active guard (kernel/trace/bpf_trace.c:
+ * trace_call_bpf), which drops the event whenever any other BPF program
+ * of that kind holds the CPU: a tp_btf program guards only against
+ * itself (__bpf_trace_run).
+ */
+
+/* sched_switch's event key and trace event id (common_type); set before load. */
+const volatile __u32 kc_switch_key = 0;
+const volatile __u32 kc_switch_id = 0;
+
+/*
+ * Set when the tracepoint passes prev_state as its 4th argument (5.18+,
+ * commit fa2c3254d7cf, moved last by 9c2136be0878); before, the state is
+ * read from the task.
+ */
+const volatile __u32 kc_switch_state_arg = 0;
+
+/* task_struct before 5.14 (2f064a59a11f renamed state to __state). */
+struct task_struct___kc_old {
+	long state;
+} __attribute__((preserve_access_index));
+
+/*
+ * kc_switch_state returns the prev_state field as __trace_sched_switch_state
+ * computes it: TASK_REPORT_MAX (0x100) when preempted, else the highest bit
+ * of the reported state (TASK_REPORT, 0x7f), TASK_REPORT_IDLE (0x80) for
+ * TASK_IDLE, and TASK_UNINTERRUPTIBLE for TASK_RTLOCK_WAIT or TASK_FROZEN
+ * (5.18+, include/linux/sched.h:__task_state_index; the masked idle test
+ * and TASK_FROZEN since 6.6 and 6.13, backported to 6.1.123 and 6.12.8).
+ */
+static __always_inline long kc_switch_state(__u64 *ctx, struct task_struct *prev)
+{
+	__u32 st, r;
+
+	if (ctx[0])
+		return 0x100;
+	if (kc_switch_state_arg) {
+		st = ctx[3];
+		r = (st | prev->exit_state) & 0x7f;
+		if ((st & 0x402) == 0x402)
+			r = 0x80;
+		if (st & (0x1000 | 0x8000))
+			r = 2;
+	} else {
+		st = BPF_CORE_READ((struct task_struct___kc_old *)prev, state);
+		r = (st | prev->exit_state) & 0x7f;
+		if (st == 0x402)
+			r = 0x80;
+	}
+	/* The highest set bit of r, or 0 (fls, then 1 << (idx - 1)). */
+	r |= r >> 1;
+	r |= r >> 2;
+	r |= r >> 4;
+	return r - (r >> 1);
+}
+
+/*
+ * kc_put_comm copies a task's 16-byte comm as the kernel's memcpy does,
+ * bytes after the NUL included.
+ */
+#define kc_put_comm(d, off, t)                                                    \
+	({                                                                        \
+		kc_put(__u64, d, off, *(__u64 *)&(t)->comm[0]);                   \
+		kc_put(__u64, d, (off) + 8, *(__u64 *)&(t)->comm[8]);             \
+	})
+
+SEC("tp_btf/sched_switch")
+int kc_switch(__u64 *ctx)
+{
+	struct task_struct *prev = (void *)ctx[1], *next = (void *)ctx[2];
+	struct kc_cpu_state *st;
+	struct kc_rec *r;
+	__u32 cpu, idx;
+	void *ring, *d;
+
+	if (!kc_running || !kc_pass())
+		return 0;
+	cpu = bpf_get_smp_processor_id();
+	st = bpf_map_lookup_elem(&kc_state, &cpu);
+	if (!st || st->disabled)
+		return 0;
+	idx = kc_global ? 0 : cpu;
+	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	if (!ring)
+		return 0;
+	r = bpf_ringbuf_reserve(ring, sizeof(*r) + 64, 0);
+	if (!r) {
+		st->lost++;
+		return 0;
+	}
+	/* The ring record: the trace record's offsets less KC_CUT. */
+	d = r + 1;
+	kc_put_comm(d, 8 - KC_CUT, prev);
+	kc_put(__s32, d, 24 - KC_CUT, prev->pid);
+	kc_put(__s32, d, 28 - KC_CUT, prev->prio);
+	kc_put(__s64, d, 32 - KC_CUT, kc_switch_state(ctx, prev));
+	kc_put_comm(d, 40 - KC_CUT, next);
+	kc_put(__s32, d, 56 - KC_CUT, next->pid);
+	kc_put(__s32, d, 60 - KC_CUT, next->prio);
+	/* common_pid is current's: the task switched out. */
+	kc_put_entry(d, kc_switch_id, prev->pid);
+	r->key = kc_switch_key;
+	r->len = 64 - KC_CUT;
+	r->cpu = cpu;
+	r->ts = kc_now();
+	/*
+	 * Plain adds: nothing on this CPU runs between the load and the store,
+	 * interrupts being off in __schedule.
+	 */
+	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 0, 1));
+	st->emitted++;
+	return 0;
+}
+#endif
+
 /*
  * struct kc_inject_rec is one event from user space (a synthetic event, a klog
  * marker): the consumer fills kc_inject_buf, then runs kc_inject with

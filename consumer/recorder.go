@@ -43,6 +43,8 @@ type recorder struct {
 	useCookie  bool     // event keys come from attach cookies
 	tpProgs    []string // the recorder copy attached for each event key
 	sysErr     error    // why syscall events are not on the raw syscall path
+	switchErr  error    // why sched_switch is not on the BTF path
+	kcSwitch   int      // the event key kc_switch records, or -1
 	switchKey  uint32   // wakeup_latency: sched_switch's key and info
 	switchInfo gen.RingbufKcTpInfo
 	objects    []*object // users' programs (Config.Objects)
@@ -59,6 +61,10 @@ type loadOpts struct {
 	hooks bool
 	small []uint32 // per event key: its record size when smallSize allows, or 0
 	sys   bool     // some event may take the raw syscall path (sysShape)
+	// switched: sched_switch is event key switchKey, with trace event id
+	// switchID, in the layout kc_switch builds (switchShape).
+	switched            bool
+	switchKey, switchID int
 }
 
 // smallSize returns the record size of f when the recorder can copy it
@@ -97,7 +103,7 @@ const (
 // wakeups armed, or the error of the step that failed, having released
 // what it made.
 func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *loadOpts) (_ *recorder, err error) {
-	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport}
+	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport, kcSwitch: -1}
 	defer func() {
 		if err != nil {
 			r.close()
@@ -164,6 +170,11 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 		}
 	}
+	if opts != nil && opts.switched {
+		r.setupSwitch(spec, set, opts.switchKey, opts.switchID)
+	} else {
+		r.setupSwitch(spec, set, -1, 0)
+	}
 	for name, v := range set {
 		vs := spec.Variables[name]
 		if vs == nil {
@@ -179,6 +190,12 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		// it records syscall events through their tracepoints.
 		r.sysErr = fmt.Errorf("loading: %w", err)
 		dropRawSys(spec)
+		r.coll, err = ebpf.NewCollection(spec)
+	}
+	if err != nil && spec.Programs[gen.RingbufProgKcSwitch] != nil {
+		// So is the BTF sched_switch path.
+		r.switchErr = fmt.Errorf("loading: %w", err)
+		delete(spec.Programs, gen.RingbufProgKcSwitch)
 		r.coll, err = ebpf.NewCollection(spec)
 	}
 	if err != nil {

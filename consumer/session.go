@@ -109,6 +109,10 @@ func New(cfg Config) (*Session, error) {
 		if _, ok := sysShape(f); ok {
 			opts.sys = true
 		}
+		// wakeup_latency's hook rides on sched_switch's tracepoint program.
+		if !wake && switchShape(f) {
+			opts.switched, opts.switchKey, opts.switchID = true, i, int(f.ID)
+		}
 	}
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
@@ -347,10 +351,15 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 		if err := info.Put(uint32(i), ti); err != nil {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
 		}
-		if recorded && raw[i] != "" {
+		switch {
+		case recorded && raw[i] != "":
 			s.rec.tpProgs = append(s.rec.tpProgs, raw[i])
-		} else if err := s.rec.attachTracepoint(f, i, recorded); err != nil {
-			return err
+		case recorded && s.rec.attachSwitch(i):
+			s.rec.tpProgs = append(s.rec.tpProgs, gen.RingbufProgKcSwitch)
+		default:
+			if err := s.rec.attachTracepoint(f, i, recorded); err != nil {
+				return err
+			}
 		}
 		if recorded {
 			s.events = append(s.events, f)

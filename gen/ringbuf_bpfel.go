@@ -68,33 +68,37 @@ type RingbufKcTpInfo struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	RingbufMapKcCgroup       = "kc_cgroup"
-	RingbufMapKcComms        = "kc_comms"
-	RingbufMapKcInjectBuf    = "kc_inject_buf"
-	RingbufMapKcPids         = "kc_pids"
-	RingbufMapKcRings        = "kc_rings"
-	RingbufMapKcScratchMap   = "kc_scratch_map"
-	RingbufMapKcState        = "kc_state"
-	RingbufMapKcSysKeys      = "kc_sys_keys"
-	RingbufMapKcTpInfoMap    = "kc_tp_info_map"
-	RingbufMapKcWakeTs       = "kc_wake_ts"
-	RingbufProgKcInject      = "kc_inject"
-	RingbufProgKcSysEnter    = "kc_sys_enter"
-	RingbufProgKcSysExit     = "kc_sys_exit"
-	RingbufProgKcTracepoint  = "kc_tracepoint"
-	RingbufVarKcClock        = "kc_clock"
-	RingbufVarKcFilterCgroup = "kc_filter_cgroup"
-	RingbufVarKcFilterComm   = "kc_filter_comm"
-	RingbufVarKcFilterPid    = "kc_filter_pid"
-	RingbufVarKcGlobal       = "kc_global"
-	RingbufVarKcHooks        = "kc_hooks"
-	RingbufVarKcPidBits      = "kc_pid_bits"
-	RingbufVarKcRunning      = "kc_running"
-	RingbufVarKcSelfTgid     = "kc_self_tgid"
-	RingbufVarKcTaskBtf      = "kc_task_btf"
-	RingbufVarKcUseCookie    = "kc_use_cookie"
-	RingbufVarKcWakeupBytes  = "kc_wakeup_bytes"
-	RingbufVarKcWakeupMask   = "kc_wakeup_mask"
+	RingbufMapKcCgroup         = "kc_cgroup"
+	RingbufMapKcComms          = "kc_comms"
+	RingbufMapKcInjectBuf      = "kc_inject_buf"
+	RingbufMapKcPids           = "kc_pids"
+	RingbufMapKcRings          = "kc_rings"
+	RingbufMapKcScratchMap     = "kc_scratch_map"
+	RingbufMapKcState          = "kc_state"
+	RingbufMapKcSysKeys        = "kc_sys_keys"
+	RingbufMapKcTpInfoMap      = "kc_tp_info_map"
+	RingbufMapKcWakeTs         = "kc_wake_ts"
+	RingbufProgKcInject        = "kc_inject"
+	RingbufProgKcSwitch        = "kc_switch"
+	RingbufProgKcSysEnter      = "kc_sys_enter"
+	RingbufProgKcSysExit       = "kc_sys_exit"
+	RingbufProgKcTracepoint    = "kc_tracepoint"
+	RingbufVarKcClock          = "kc_clock"
+	RingbufVarKcFilterCgroup   = "kc_filter_cgroup"
+	RingbufVarKcFilterComm     = "kc_filter_comm"
+	RingbufVarKcFilterPid      = "kc_filter_pid"
+	RingbufVarKcGlobal         = "kc_global"
+	RingbufVarKcHooks          = "kc_hooks"
+	RingbufVarKcPidBits        = "kc_pid_bits"
+	RingbufVarKcRunning        = "kc_running"
+	RingbufVarKcSelfTgid       = "kc_self_tgid"
+	RingbufVarKcSwitchId       = "kc_switch_id"
+	RingbufVarKcSwitchKey      = "kc_switch_key"
+	RingbufVarKcSwitchStateArg = "kc_switch_state_arg"
+	RingbufVarKcTaskBtf        = "kc_task_btf"
+	RingbufVarKcUseCookie      = "kc_use_cookie"
+	RingbufVarKcWakeupBytes    = "kc_wakeup_bytes"
+	RingbufVarKcWakeupMask     = "kc_wakeup_mask"
 )
 
 // LoadRingbuf returns the embedded CollectionSpec for Ringbuf.
@@ -140,6 +144,7 @@ type RingbufSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufProgramSpecs struct {
 	KcInject     *ebpf.ProgramSpec `ebpf:"kc_inject"`
+	KcSwitch     *ebpf.ProgramSpec `ebpf:"kc_switch"`
 	KcSysEnter   *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
 	KcSysExit    *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
 	KcTracepoint *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
@@ -165,19 +170,22 @@ type RingbufMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufVariableSpecs struct {
-	KcClock        *ebpf.VariableSpec `ebpf:"kc_clock"`
-	KcFilterCgroup *ebpf.VariableSpec `ebpf:"kc_filter_cgroup"`
-	KcFilterComm   *ebpf.VariableSpec `ebpf:"kc_filter_comm"`
-	KcFilterPid    *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
-	KcGlobal       *ebpf.VariableSpec `ebpf:"kc_global"`
-	KcHooks        *ebpf.VariableSpec `ebpf:"kc_hooks"`
-	KcPidBits      *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
-	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
-	KcSelfTgid     *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
-	KcTaskBtf      *ebpf.VariableSpec `ebpf:"kc_task_btf"`
-	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
-	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
-	KcWakeupMask   *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
+	KcClock          *ebpf.VariableSpec `ebpf:"kc_clock"`
+	KcFilterCgroup   *ebpf.VariableSpec `ebpf:"kc_filter_cgroup"`
+	KcFilterComm     *ebpf.VariableSpec `ebpf:"kc_filter_comm"`
+	KcFilterPid      *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
+	KcGlobal         *ebpf.VariableSpec `ebpf:"kc_global"`
+	KcHooks          *ebpf.VariableSpec `ebpf:"kc_hooks"`
+	KcPidBits        *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
+	KcRunning        *ebpf.VariableSpec `ebpf:"kc_running"`
+	KcSelfTgid       *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
+	KcSwitchId       *ebpf.VariableSpec `ebpf:"kc_switch_id"`
+	KcSwitchKey      *ebpf.VariableSpec `ebpf:"kc_switch_key"`
+	KcSwitchStateArg *ebpf.VariableSpec `ebpf:"kc_switch_state_arg"`
+	KcTaskBtf        *ebpf.VariableSpec `ebpf:"kc_task_btf"`
+	KcUseCookie      *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
+	KcWakeupBytes    *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask     *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
 }
 
 // RingbufObjects contains all objects after they have been loaded into the kernel.
@@ -231,19 +239,22 @@ func (m *RingbufMaps) Close() error {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufVariables struct {
-	KcClock        *ebpf.Variable `ebpf:"kc_clock"`
-	KcFilterCgroup *ebpf.Variable `ebpf:"kc_filter_cgroup"`
-	KcFilterComm   *ebpf.Variable `ebpf:"kc_filter_comm"`
-	KcFilterPid    *ebpf.Variable `ebpf:"kc_filter_pid"`
-	KcGlobal       *ebpf.Variable `ebpf:"kc_global"`
-	KcHooks        *ebpf.Variable `ebpf:"kc_hooks"`
-	KcPidBits      *ebpf.Variable `ebpf:"kc_pid_bits"`
-	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
-	KcSelfTgid     *ebpf.Variable `ebpf:"kc_self_tgid"`
-	KcTaskBtf      *ebpf.Variable `ebpf:"kc_task_btf"`
-	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
-	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
-	KcWakeupMask   *ebpf.Variable `ebpf:"kc_wakeup_mask"`
+	KcClock          *ebpf.Variable `ebpf:"kc_clock"`
+	KcFilterCgroup   *ebpf.Variable `ebpf:"kc_filter_cgroup"`
+	KcFilterComm     *ebpf.Variable `ebpf:"kc_filter_comm"`
+	KcFilterPid      *ebpf.Variable `ebpf:"kc_filter_pid"`
+	KcGlobal         *ebpf.Variable `ebpf:"kc_global"`
+	KcHooks          *ebpf.Variable `ebpf:"kc_hooks"`
+	KcPidBits        *ebpf.Variable `ebpf:"kc_pid_bits"`
+	KcRunning        *ebpf.Variable `ebpf:"kc_running"`
+	KcSelfTgid       *ebpf.Variable `ebpf:"kc_self_tgid"`
+	KcSwitchId       *ebpf.Variable `ebpf:"kc_switch_id"`
+	KcSwitchKey      *ebpf.Variable `ebpf:"kc_switch_key"`
+	KcSwitchStateArg *ebpf.Variable `ebpf:"kc_switch_state_arg"`
+	KcTaskBtf        *ebpf.Variable `ebpf:"kc_task_btf"`
+	KcUseCookie      *ebpf.Variable `ebpf:"kc_use_cookie"`
+	KcWakeupBytes    *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
+	KcWakeupMask     *ebpf.Variable `ebpf:"kc_wakeup_mask"`
 }
 
 // RingbufPrograms contains all programs after they have been loaded into the kernel.
@@ -251,6 +262,7 @@ type RingbufVariables struct {
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufPrograms struct {
 	KcInject     *ebpf.Program `ebpf:"kc_inject"`
+	KcSwitch     *ebpf.Program `ebpf:"kc_switch"`
 	KcSysEnter   *ebpf.Program `ebpf:"kc_sys_enter"`
 	KcSysExit    *ebpf.Program `ebpf:"kc_sys_exit"`
 	KcTracepoint *ebpf.Program `ebpf:"kc_tracepoint"`
@@ -259,6 +271,7 @@ type RingbufPrograms struct {
 func (p *RingbufPrograms) Close() error {
 	return _RingbufClose(
 		p.KcInject,
+		p.KcSwitch,
 		p.KcSysEnter,
 		p.KcSysExit,
 		p.KcTracepoint,
