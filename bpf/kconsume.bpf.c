@@ -649,7 +649,7 @@ static __always_inline long kc_switch_state(__u64 *ctx, struct task_struct *prev
 	})
 
 SEC("tp_btf/sched_switch")
-int kc_switch(__u64 *ctx)
+int kc_btf_switch(__u64 *ctx)
 {
 	struct task_struct *prev = (void *)ctx[1], *next = (void *)ctx[2];
 	struct kc_cpu_state *st;
@@ -669,7 +669,7 @@ int kc_switch(__u64 *ctx)
 		return 0;
 	r = bpf_ringbuf_reserve(ring, sizeof(*r) + 64, 0);
 	if (!r) {
-		st->lost++;
+		__sync_fetch_and_add(&st->lost, 1);
 		return 0;
 	}
 	/* The ring record: the trace record's offsets less KC_CUT. */
@@ -688,11 +688,108 @@ int kc_switch(__u64 *ctx)
 	r->cpu = cpu;
 	r->ts = kc_now();
 	/*
-	 * Plain adds: nothing on this CPU runs between the load and the store,
-	 * interrupts being off in __schedule.
+	 * Atomic adds: a classic tracepoint's program preempted on this CPU
+	 * (7.x runs them preemptible) may be between its load and store.
 	 */
-	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 0, 1));
-	st->emitted++;
+	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 1, 1));
+	__sync_fetch_and_add(&st->emitted, 1);
+	return 0;
+}
+
+/*
+ * sched:sched_waking, sched_wakeup and sched_wakeup_new from their BTF
+ * tracepoints, as kc_btf_switch: the record of sched_wakeup_template
+ * (include/trace/events/sched.h): comm, pid, prio, target_cpu, and on
+ * older kernels (5.10 among them) a success field, always 1, before
+ * target_cpu.
+ */
+
+/* Event keys and trace event ids of the three events; set before load. */
+const volatile __u32 kc_waking_key = 0, kc_waking_id = 0;
+const volatile __u32 kc_wakeup_key = 0, kc_wakeup_id = 0;
+const volatile __u32 kc_wakeup_new_key = 0, kc_wakeup_new_id = 0;
+
+/* The record has the success field (40 bytes instead of 36). */
+const volatile __u32 kc_wake_success = 0;
+
+/* task_struct before 5.16 (bcf9033e5449 moved cpu into thread_info). */
+struct task_struct___kc_cpu {
+	unsigned int cpu;
+} __attribute__((preserve_access_index));
+
+/* kc_task_cpu returns task_cpu(p). */
+static __always_inline __s32 kc_task_cpu(struct task_struct *p)
+{
+	if (bpf_core_field_exists(p->thread_info.cpu))
+		return p->thread_info.cpu;
+	return BPF_CORE_READ((struct task_struct___kc_cpu *)p, cpu);
+}
+
+/*
+ * kc_wake records the wakeup of p as event key with trace event id. It
+ * can run with interrupts on (try_to_wake_up of the current task), so
+ * it counts with atomic adds.
+ */
+static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
+{
+	__u32 cpu, idx, len = kc_wake_success ? 40 - KC_CUT : 36 - KC_CUT;
+	struct kc_cpu_state *st;
+	struct kc_rec *r;
+	void *ring, *d;
+
+	if (!kc_running || !kc_pass())
+		return;
+	cpu = bpf_get_smp_processor_id();
+	st = bpf_map_lookup_elem(&kc_state, &cpu);
+	if (!st || st->disabled)
+		return;
+	idx = kc_global ? 0 : cpu;
+	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	if (!ring)
+		return;
+	r = bpf_ringbuf_reserve(ring, sizeof(*r) + 40, 0);
+	if (!r) {
+		__sync_fetch_and_add(&st->lost, 1);
+		return;
+	}
+	d = r + 1;
+	kc_put_comm(d, 8 - KC_CUT, p);
+	kc_put(__s32, d, 24 - KC_CUT, p->pid);
+	kc_put(__s32, d, 28 - KC_CUT, p->prio);
+	if (kc_wake_success) {
+		kc_put(__s32, d, 32 - KC_CUT, 1);
+		kc_put(__s32, d, 36 - KC_CUT, kc_task_cpu(p));
+	} else {
+		kc_put(__s32, d, 32 - KC_CUT, kc_task_cpu(p));
+	}
+	/* common_pid is current's: the waker. */
+	kc_put_entry(d, id, bpf_get_current_pid_tgid());
+	r->key = key;
+	r->len = len;
+	r->cpu = cpu;
+	r->ts = kc_now();
+	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 1, 1));
+	__sync_fetch_and_add(&st->emitted, 1);
+}
+
+SEC("tp_btf/sched_waking")
+int kc_btf_waking(__u64 *ctx)
+{
+	kc_wake((void *)ctx[0], kc_waking_key, kc_waking_id);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup")
+int kc_btf_wakeup(__u64 *ctx)
+{
+	kc_wake((void *)ctx[0], kc_wakeup_key, kc_wakeup_id);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int kc_btf_wakeup_new(__u64 *ctx)
+{
+	kc_wake((void *)ctx[0], kc_wakeup_new_key, kc_wakeup_new_id);
 	return 0;
 }
 #endif

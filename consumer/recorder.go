@@ -40,12 +40,12 @@ type recorder struct {
 	links      []link.Link
 	running    *ebpf.Variable
 	stateMem   []byte
-	useCookie  bool     // event keys come from attach cookies
-	tpProgs    []string // the recorder copy attached for each event key
-	sysErr     error    // why syscall events are not on the raw syscall path
-	switchErr  error    // why sched_switch is not on the BTF path
-	kcSwitch   int      // the event key kc_switch records, or -1
-	switchKey  uint32   // wakeup_latency: sched_switch's key and info
+	useCookie  bool           // event keys come from attach cookies
+	tpProgs    []string       // the recorder copy attached for each event key
+	sysErr     error          // why syscall events are not on the raw syscall path
+	btfErr     error          // why an event is not on the BTF path
+	btfKeys    map[int]string // event key → the BTF program loaded for it
+	switchKey  uint32         // wakeup_latency: sched_switch's key and info
 	switchInfo gen.RingbufKcTpInfo
 	objects    []*object // users' programs (Config.Objects)
 	injectMu   sync.Mutex
@@ -59,12 +59,9 @@ type loadOpts struct {
 	spec  *ebpf.CollectionSpec
 	vars  map[string]any
 	hooks bool
-	small []uint32 // per event key: its record size when smallSize allows, or 0
-	sys   bool     // some event may take the raw syscall path (sysShape)
-	// switched: sched_switch is event key switchKey, with trace event id
-	// switchID, in the layout kc_switch builds (switchShape).
-	switched            bool
-	switchKey, switchID int
+	small []uint32          // per event key: its record size when smallSize allows, or 0
+	sys   bool              // some event may take the raw syscall path (sysShape)
+	btf   map[string]btfUse // by BTF program: the event it records (btfShape)
 }
 
 // smallSize returns the record size of f when the recorder can copy it
@@ -103,7 +100,7 @@ const (
 // wakeups armed, or the error of the step that failed, having released
 // what it made.
 func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *loadOpts) (_ *recorder, err error) {
-	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport, kcSwitch: -1}
+	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport, btfKeys: map[int]string{}}
 	defer func() {
 		if err != nil {
 			r.close()
@@ -170,11 +167,11 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 		}
 	}
-	if opts != nil && opts.switched {
-		r.setupSwitch(spec, set, opts.switchKey, opts.switchID)
-	} else {
-		r.setupSwitch(spec, set, -1, 0)
+	var uses map[string]btfUse
+	if opts != nil {
+		uses = opts.btf
 	}
+	r.setupBTF(spec, set, uses)
 	for name, v := range set {
 		vs := spec.Variables[name]
 		if vs == nil {
@@ -192,10 +189,10 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		dropRawSys(spec)
 		r.coll, err = ebpf.NewCollection(spec)
 	}
-	if err != nil && spec.Programs[gen.RingbufProgKcSwitch] != nil {
-		// So is the BTF sched_switch path.
-		r.switchErr = fmt.Errorf("loading: %w", err)
-		delete(spec.Programs, gen.RingbufProgKcSwitch)
+	if err != nil && len(r.btfKeys) > 0 {
+		// So is the BTF event path.
+		r.btfErr = fmt.Errorf("loading: %w", err)
+		r.dropBTF(spec)
 		r.coll, err = ebpf.NewCollection(spec)
 	}
 	if err != nil {
@@ -453,7 +450,7 @@ func (r *recorder) cpuDisabled(cpu int) bool {
 func (r *recorder) missed() (all, lost uint64) {
 	for name, p := range r.coll.Programs {
 		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
-		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") {
+		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !isBTFProg(name) {
 			continue
 		}
 		st, err := p.Stats()

@@ -103,15 +103,15 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats))}
+	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
 	for i, f := range formats {
 		opts.small[i] = smallSize(f)
 		if _, ok := sysShape(f); ok {
 			opts.sys = true
 		}
-		// wakeup_latency's hook rides on sched_switch's tracepoint program.
-		if !wake && switchShape(f) {
-			opts.switched, opts.switchKey, opts.switchID = true, i, int(f.ID)
+		// wakeup_latency's hooks ride on the tracepoint programs.
+		if e, l := btfShape(f); e != nil && !wake && !noBTFEvents {
+			opts.btf[e.prog] = btfUse{key: i, id: int(f.ID), layout: l}
 		}
 	}
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
@@ -354,8 +354,15 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 		switch {
 		case recorded && raw[i] != "":
 			s.rec.tpProgs = append(s.rec.tpProgs, raw[i])
-		case recorded && s.rec.attachSwitch(i):
-			s.rec.tpProgs = append(s.rec.tpProgs, gen.RingbufProgKcSwitch)
+		case recorded && s.rec.btfKeys[i] != "":
+			p := s.rec.attachBTF(i)
+			if p == "" {
+				if err := s.rec.attachTracepoint(f, i, recorded); err != nil {
+					return err
+				}
+				break
+			}
+			s.rec.tpProgs = append(s.rec.tpProgs, p)
 		default:
 			if err := s.rec.attachTracepoint(f, i, recorded); err != nil {
 				return err

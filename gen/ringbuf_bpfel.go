@@ -78,8 +78,11 @@ const (
 	RingbufMapKcSysKeys        = "kc_sys_keys"
 	RingbufMapKcTpInfoMap      = "kc_tp_info_map"
 	RingbufMapKcWakeTs         = "kc_wake_ts"
+	RingbufProgKcBtfSwitch     = "kc_btf_switch"
+	RingbufProgKcBtfWakeup     = "kc_btf_wakeup"
+	RingbufProgKcBtfWakeupNew  = "kc_btf_wakeup_new"
+	RingbufProgKcBtfWaking     = "kc_btf_waking"
 	RingbufProgKcInject        = "kc_inject"
-	RingbufProgKcSwitch        = "kc_switch"
 	RingbufProgKcSysEnter      = "kc_sys_enter"
 	RingbufProgKcSysExit       = "kc_sys_exit"
 	RingbufProgKcTracepoint    = "kc_tracepoint"
@@ -97,8 +100,15 @@ const (
 	RingbufVarKcSwitchStateArg = "kc_switch_state_arg"
 	RingbufVarKcTaskBtf        = "kc_task_btf"
 	RingbufVarKcUseCookie      = "kc_use_cookie"
+	RingbufVarKcWakeSuccess    = "kc_wake_success"
 	RingbufVarKcWakeupBytes    = "kc_wakeup_bytes"
+	RingbufVarKcWakeupId       = "kc_wakeup_id"
+	RingbufVarKcWakeupKey      = "kc_wakeup_key"
 	RingbufVarKcWakeupMask     = "kc_wakeup_mask"
+	RingbufVarKcWakeupNewId    = "kc_wakeup_new_id"
+	RingbufVarKcWakeupNewKey   = "kc_wakeup_new_key"
+	RingbufVarKcWakingId       = "kc_waking_id"
+	RingbufVarKcWakingKey      = "kc_waking_key"
 )
 
 // LoadRingbuf returns the embedded CollectionSpec for Ringbuf.
@@ -143,11 +153,14 @@ type RingbufSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufProgramSpecs struct {
-	KcInject     *ebpf.ProgramSpec `ebpf:"kc_inject"`
-	KcSwitch     *ebpf.ProgramSpec `ebpf:"kc_switch"`
-	KcSysEnter   *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
-	KcSysExit    *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
-	KcTracepoint *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
+	KcBtfSwitch    *ebpf.ProgramSpec `ebpf:"kc_btf_switch"`
+	KcBtfWakeup    *ebpf.ProgramSpec `ebpf:"kc_btf_wakeup"`
+	KcBtfWakeupNew *ebpf.ProgramSpec `ebpf:"kc_btf_wakeup_new"`
+	KcBtfWaking    *ebpf.ProgramSpec `ebpf:"kc_btf_waking"`
+	KcInject       *ebpf.ProgramSpec `ebpf:"kc_inject"`
+	KcSysEnter     *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
+	KcSysExit      *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
+	KcTracepoint   *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
 // RingbufMapSpecs contains maps before they are loaded into the kernel.
@@ -184,8 +197,15 @@ type RingbufVariableSpecs struct {
 	KcSwitchStateArg *ebpf.VariableSpec `ebpf:"kc_switch_state_arg"`
 	KcTaskBtf        *ebpf.VariableSpec `ebpf:"kc_task_btf"`
 	KcUseCookie      *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
+	KcWakeSuccess    *ebpf.VariableSpec `ebpf:"kc_wake_success"`
 	KcWakeupBytes    *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
+	KcWakeupId       *ebpf.VariableSpec `ebpf:"kc_wakeup_id"`
+	KcWakeupKey      *ebpf.VariableSpec `ebpf:"kc_wakeup_key"`
 	KcWakeupMask     *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
+	KcWakeupNewId    *ebpf.VariableSpec `ebpf:"kc_wakeup_new_id"`
+	KcWakeupNewKey   *ebpf.VariableSpec `ebpf:"kc_wakeup_new_key"`
+	KcWakingId       *ebpf.VariableSpec `ebpf:"kc_waking_id"`
+	KcWakingKey      *ebpf.VariableSpec `ebpf:"kc_waking_key"`
 }
 
 // RingbufObjects contains all objects after they have been loaded into the kernel.
@@ -253,25 +273,38 @@ type RingbufVariables struct {
 	KcSwitchStateArg *ebpf.Variable `ebpf:"kc_switch_state_arg"`
 	KcTaskBtf        *ebpf.Variable `ebpf:"kc_task_btf"`
 	KcUseCookie      *ebpf.Variable `ebpf:"kc_use_cookie"`
+	KcWakeSuccess    *ebpf.Variable `ebpf:"kc_wake_success"`
 	KcWakeupBytes    *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
+	KcWakeupId       *ebpf.Variable `ebpf:"kc_wakeup_id"`
+	KcWakeupKey      *ebpf.Variable `ebpf:"kc_wakeup_key"`
 	KcWakeupMask     *ebpf.Variable `ebpf:"kc_wakeup_mask"`
+	KcWakeupNewId    *ebpf.Variable `ebpf:"kc_wakeup_new_id"`
+	KcWakeupNewKey   *ebpf.Variable `ebpf:"kc_wakeup_new_key"`
+	KcWakingId       *ebpf.Variable `ebpf:"kc_waking_id"`
+	KcWakingKey      *ebpf.Variable `ebpf:"kc_waking_key"`
 }
 
 // RingbufPrograms contains all programs after they have been loaded into the kernel.
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufPrograms struct {
-	KcInject     *ebpf.Program `ebpf:"kc_inject"`
-	KcSwitch     *ebpf.Program `ebpf:"kc_switch"`
-	KcSysEnter   *ebpf.Program `ebpf:"kc_sys_enter"`
-	KcSysExit    *ebpf.Program `ebpf:"kc_sys_exit"`
-	KcTracepoint *ebpf.Program `ebpf:"kc_tracepoint"`
+	KcBtfSwitch    *ebpf.Program `ebpf:"kc_btf_switch"`
+	KcBtfWakeup    *ebpf.Program `ebpf:"kc_btf_wakeup"`
+	KcBtfWakeupNew *ebpf.Program `ebpf:"kc_btf_wakeup_new"`
+	KcBtfWaking    *ebpf.Program `ebpf:"kc_btf_waking"`
+	KcInject       *ebpf.Program `ebpf:"kc_inject"`
+	KcSysEnter     *ebpf.Program `ebpf:"kc_sys_enter"`
+	KcSysExit      *ebpf.Program `ebpf:"kc_sys_exit"`
+	KcTracepoint   *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
 func (p *RingbufPrograms) Close() error {
 	return _RingbufClose(
+		p.KcBtfSwitch,
+		p.KcBtfWakeup,
+		p.KcBtfWakeupNew,
+		p.KcBtfWaking,
 		p.KcInject,
-		p.KcSwitch,
 		p.KcSysEnter,
 		p.KcSysExit,
 		p.KcTracepoint,

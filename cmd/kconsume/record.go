@@ -226,8 +226,8 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
 		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
 	}
-	if _, why := s.SwitchPath(); why != nil {
-		fmt.Fprintf(stderr, "kconsume record: sched:sched_switch through its tracepoint: BTF path: %v\n", host.explain(why))
+	if _, why := s.BTFEvents(); why != nil {
+		fmt.Fprintf(stderr, "kconsume record: sched events through their tracepoints: BTF path: %v\n", host.explain(why))
 	}
 	if o.metrics != "" {
 		addr, stopMetrics, err := serveMetrics(o.metrics, h)

@@ -1,0 +1,229 @@
+package consumer
+
+import (
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
+)
+
+// The BTF event path records sched:sched_switch, sched_waking,
+// sched_wakeup and sched_wakeup_new with tp_btf programs of their own
+// (kc_btf_* in bpf/kconsume.bpf.c) that build the record from the
+// tracepoint's arguments, instead of through perf: no perf trace record
+// is built for them, and perf's bpf_prog_active guard, which drops an
+// event whenever another BPF program of the tracepoint or kprobe kind
+// holds the CPU (kernel/trace/bpf_trace.c:trace_call_bpf), does not
+// apply; a tp_btf program guards only against itself.
+
+// noBTFEvents keeps every event on its tracepoint, so tests can compare
+// both paths on one kernel.
+var noBTFEvents = false
+
+// btfEvent is an event a tp_btf program of the recorder builds: the
+// layouts it can build, as struct trace_event_raw_* lays them out, each
+// ending at its last field.
+type btfEvent struct {
+	name          string // in system sched
+	prog          string
+	keyVar, idVar string
+	layouts       [][]tracefs.Field
+}
+
+var (
+	// struct trace_event_raw_sched_switch (include/trace/events/sched.h),
+	// the same from Linux 4.x to 7.x.
+	switchLayout = []tracefs.Field{
+		{Name: "prev_comm", Offset: 8, Size: 16, ArrayLen: 16},
+		{Name: "prev_pid", Offset: 24, Size: 4, Signed: true},
+		{Name: "prev_prio", Offset: 28, Size: 4, Signed: true},
+		{Name: "prev_state", Offset: 32, Size: 8, Signed: true},
+		{Name: "next_comm", Offset: 40, Size: 16, ArrayLen: 16},
+		{Name: "next_pid", Offset: 56, Size: 4, Signed: true},
+		{Name: "next_prio", Offset: 60, Size: 4, Signed: true},
+	}
+	// struct trace_event_raw_sched_wakeup_template, and the same with
+	// success (always 1) before target_cpu, as 5.10 has it
+	// (kc_wake_success).
+	wakeLayouts = [][]tracefs.Field{{
+		{Name: "comm", Offset: 8, Size: 16, ArrayLen: 16},
+		{Name: "pid", Offset: 24, Size: 4, Signed: true},
+		{Name: "prio", Offset: 28, Size: 4, Signed: true},
+		{Name: "target_cpu", Offset: 32, Size: 4, Signed: true},
+	}, {
+		{Name: "comm", Offset: 8, Size: 16, ArrayLen: 16},
+		{Name: "pid", Offset: 24, Size: 4, Signed: true},
+		{Name: "prio", Offset: 28, Size: 4, Signed: true},
+		{Name: "success", Offset: 32, Size: 4, Signed: true},
+		{Name: "target_cpu", Offset: 36, Size: 4, Signed: true},
+	}}
+)
+
+var btfEvents = []btfEvent{
+	{"sched_switch", gen.RingbufProgKcBtfSwitch, gen.RingbufVarKcSwitchKey, gen.RingbufVarKcSwitchId, [][]tracefs.Field{switchLayout}},
+	{"sched_waking", gen.RingbufProgKcBtfWaking, gen.RingbufVarKcWakingKey, gen.RingbufVarKcWakingId, wakeLayouts},
+	{"sched_wakeup", gen.RingbufProgKcBtfWakeup, gen.RingbufVarKcWakeupKey, gen.RingbufVarKcWakeupId, wakeLayouts},
+	{"sched_wakeup_new", gen.RingbufProgKcBtfWakeupNew, gen.RingbufVarKcWakeupNewKey, gen.RingbufVarKcWakeupNewId, wakeLayouts},
+}
+
+// btfUse is an event a BTF program records: its key, its trace event id
+// and which of the program's layouts it has.
+type btfUse struct {
+	key, id, layout int
+}
+
+// btfShape returns the BTF program that builds f's record and which of
+// its layouts f has, or nil when none does.
+func btfShape(f *tracefs.Format) (*btfEvent, int) {
+	if f.System != "sched" || len(f.Skipped) != 0 {
+		return nil, 0
+	}
+	for i := range btfEvents {
+		e := &btfEvents[i]
+		if e.name != f.Name {
+			continue
+		}
+		for j, l := range e.layouts {
+			if sameFields(f, l) {
+				return e, j
+			}
+		}
+	}
+	return nil, 0
+}
+
+// sameFields reports whether f has exactly the fields of l, in order, and
+// nothing after the last one.
+func sameFields(f *tracefs.Format, l []tracefs.Field) bool {
+	last := l[len(l)-1]
+	if len(f.Fields) != len(l) || f.FixedSize() != last.Offset+last.Size {
+		return false
+	}
+	for i, w := range l {
+		g := f.Fields[i]
+		// Whether char is signed depends on the architecture and the
+		// kernel's version of the format: only the size counts there.
+		if g.Name != w.Name || g.Offset != w.Offset || g.Size != w.Size || g.ArrayLen != w.ArrayLen || g.Loc != tracefs.Inline ||
+			(w.ArrayLen == 0 && g.Signed != w.Signed) {
+			return false
+		}
+	}
+	return true
+}
+
+// switchStateArg reports whether the kernel's sched_switch tracepoint
+// passes prev_state as an argument (Linux 5.18+): its BTF prototype
+// btf_trace_sched_switch has five parameters (the first is the probe's
+// data) instead of four. It fails when the kernel has no BTF or the
+// prototype is neither.
+func switchStateArg() (bool, error) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return false, fmt.Errorf("kernel BTF: %w", err)
+	}
+	var td *btf.Typedef
+	if err := spec.TypeByName("btf_trace_sched_switch", &td); err != nil {
+		return false, fmt.Errorf("kernel BTF: %w", err)
+	}
+	ptr, ok := td.Type.(*btf.Pointer)
+	if !ok {
+		return false, fmt.Errorf("btf_trace_sched_switch is a %T, not a function pointer", td.Type)
+	}
+	proto, ok := ptr.Target.(*btf.FuncProto)
+	if !ok {
+		return false, fmt.Errorf("btf_trace_sched_switch points to a %T, not a function", ptr.Target)
+	}
+	switch n := len(proto.Params); n {
+	case 4:
+		return false, nil
+	case 5:
+		return true, nil
+	default:
+		return false, fmt.Errorf("btf_trace_sched_switch has %d parameters, want 4 or 5", n)
+	}
+}
+
+// setupBTF keeps in spec the BTF programs of uses (by program name) and
+// sets their variables in set; it removes the others, and all of them
+// on the perf transport. When the kernel cannot run one, it is removed
+// and r.btfErr says why.
+func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses map[string]btfUse) {
+	for _, e := range btfEvents {
+		if spec.Programs[e.prog] == nil {
+			continue
+		}
+		u, ok := uses[e.prog]
+		if !ok || r.transport != Ringbuf {
+			delete(spec.Programs, e.prog)
+			continue
+		}
+		if e.prog == gen.RingbufProgKcBtfSwitch {
+			arg, err := switchStateArg()
+			if err != nil {
+				r.btfErr = err
+				delete(spec.Programs, e.prog)
+				continue
+			}
+			set[gen.RingbufVarKcSwitchStateArg] = boolU32(arg)
+		} else {
+			set[gen.RingbufVarKcWakeSuccess] = uint32(u.layout)
+		}
+		set[e.keyVar] = uint32(u.key)
+		set[e.idVar] = uint32(u.id)
+		r.btfKeys[u.key] = e.prog
+	}
+}
+
+// dropBTF removes every BTF program from spec.
+func (r *recorder) dropBTF(spec *ebpf.CollectionSpec) {
+	for _, e := range btfEvents {
+		delete(spec.Programs, e.prog)
+	}
+	clear(r.btfKeys)
+}
+
+// attachBTF attaches the BTF program loaded for event key and returns
+// its name; or it returns "", saying why in r.btfErr, when none was
+// loaded for key or the kernel refuses it.
+func (r *recorder) attachBTF(key int) string {
+	name := r.btfKeys[key]
+	p := r.coll.Programs[name]
+	if p == nil {
+		return ""
+	}
+	l, err := link.AttachTracing(link.TracingOptions{Program: p})
+	if err != nil {
+		r.btfErr = fmt.Errorf("attaching %s: %w", name, err)
+		return ""
+	}
+	r.links = append(r.links, l)
+	return name
+}
+
+// isBTFProg reports whether name is one of the BTF event programs.
+func isBTFProg(name string) bool {
+	for _, e := range btfEvents {
+		if e.prog == name {
+			return true
+		}
+	}
+	return false
+}
+
+// BTFEvents returns the events recorded by the recorder's own tp_btf
+// programs (sched_switch, sched_waking, sched_wakeup, sched_wakeup_new)
+// and, when one was to be but the kernel refused, why. The path is not
+// tried for an event in a layout its program does not build, with
+// synthetic:wakeup_latency, or on the perf transport.
+func (s *Session) BTFEvents() (events []string, why error) {
+	for i, p := range s.rec.tpProgs[:len(s.events)] {
+		if isBTFProg(p) {
+			events = append(events, s.events[i].FullName())
+		}
+	}
+	return events, s.rec.btfErr
+}
