@@ -100,14 +100,19 @@ const volatile __u32 kc_use_cookie = 0;
 /* The loader replaces this 64-bit immediate by the event's key. */
 #define KC_KEY_PLACEHOLDER 0x6b634b4559ULL
 
-static __always_inline __u32 kc_event_key(void *ctx)
+static __always_inline __u32 kc_patched_key(void)
 {
 	__u64 key;
 
-	if (kc_use_cookie)
-		return bpf_get_attach_cookie(ctx);
 	asm volatile("%0 = 0x6b634b4559 ll" : "=r"(key));
 	return key;
+}
+
+static __always_inline __u32 kc_event_key(void *ctx)
+{
+	if (kc_use_cookie)
+		return bpf_get_attach_cookie(ctx);
+	return kc_patched_key();
 }
 
 /*
@@ -491,32 +496,24 @@ static __always_inline void kc_sys_fill(struct kc_sys_rec *r, __u32 words, struc
 		break;
 
 /*
- * kc_sys_record writes the syscall event for nr, if it is recorded: on
- * entry (exit 0) with the arguments in regs, on exit with ret. The record
- * is built in place in the ring, with no copy through the stack. These
- * programs can nest with kc_tracepoint on one CPU (a raw tracepoint
- * guards only against itself, kernel/trace/bpf_trace.c:__bpf_trace_run)
- * and run preemptibly on kernels with faultable syscall tracepoints, so
- * they count with atomic adds.
+ * kc_sys_emit writes the syscall event key, number nr, of the thread pid:
+ * on entry (exit 0) with the arguments in regs, on exit with ret, if the
+ * filters pass. The record is built in place in the ring, with no copy
+ * through the stack. Its callers can nest with kc_tracepoint on one CPU
+ * (a raw tracepoint or trampoline guards only against its own program,
+ * kernel/trace/bpf_trace.c:__bpf_trace_run) and run preemptibly on
+ * kernels with faultable syscall tracepoints, so it counts with atomic
+ * adds.
  */
-static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 exit, long ret)
+static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr, __u32 exit, long ret, __s32 pid)
 {
 	struct kc_sys_rec *r = NULL;
 	struct kc_cpu_state *st;
 	struct kc_tp_info *info;
-	__u32 slot, key, cpu, idx, size, *k;
-	__s32 pid;
+	__u32 cpu, idx, size;
 	void *ring;
 
-	if ((__u64)nr >= KC_SYS_MAX || !kc_running)
-		return;
-	slot = exit * KC_SYS_MAX + nr;
-	k = bpf_map_lookup_elem(&kc_sys_keys, &slot);
-	if (!k || !*k)
-		return;
-	key = *k - 1;
-	pid = kc_sys_task();
-	if (pid < 0 || !kc_pass())
+	if (!kc_pass())
 		return;
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	if (!info)
@@ -557,6 +554,27 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 e
 	__sync_fetch_and_add(&st->emitted, 1);
 }
 
+/*
+ * kc_sys_record writes the syscall event for nr, if it is recorded, as
+ * kc_sys_emit: the raw path's dispatch by syscall number.
+ */
+static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 exit, long ret)
+{
+	__u32 slot, *k;
+	__s32 pid;
+
+	if ((__u64)nr >= KC_SYS_MAX || !kc_running)
+		return;
+	slot = exit * KC_SYS_MAX + nr;
+	k = bpf_map_lookup_elem(&kc_sys_keys, &slot);
+	if (!k || !*k)
+		return;
+	pid = kc_sys_task();
+	if (pid < 0)
+		return;
+	kc_sys_emit(regs, *k - 1, nr, exit, ret, pid);
+}
+
 SEC("tp_btf/sys_enter")
 int kc_sys_enter(__u64 *ctx)
 {
@@ -571,6 +589,61 @@ int kc_sys_exit(__u64 *ctx)
 
 	/* trace_syscalls.c:ftrace_syscall_exit: the number is orig_ax. */
 	kc_sys_record(regs, regs->orig_ax, 1, (long)ctx[1]);
+	return 0;
+}
+
+/*
+ * The function path: one copy of kc_sys_fentry (entry events) or
+ * kc_sys_fexit (exit events) per recorded syscall event, attached to
+ * that syscall's x86_64 entry point, __x64_sys_NAME, which the loader
+ * names as the copy's target and whose event key and number it patches
+ * in. A syscall that is not recorded runs no BPF at all, and the one
+ * recorded skips the syscall tracepoints' slow path
+ * (SYSCALL_WORK_SYSCALL_TRACEPOINT) and the raw dispatch. The 32-bit
+ * syscalls and the x32 ones are left out, as the tracepoints leave them
+ * out: x32 calls share the x86_64 entry points and are told by their
+ * number's __X32_SYSCALL_BIT (arch/x86/include/uapi/asm/unistd.h),
+ * 32-bit ones by TS_COMPAT (kc_sys_task).
+ */
+#define KC_NR_PLACEHOLDER 0x6b634e5253ULL
+#define KC_X32_SYSCALL_BIT 0x40000000
+
+static __always_inline long kc_sys_nr(void)
+{
+	__u64 nr;
+
+	asm volatile("%0 = 0x6b634e5253 ll" : "=r"(nr));
+	return nr;
+}
+
+static __always_inline void kc_sys_fn(struct pt_regs *regs, __u32 exit, long ret)
+{
+	__s32 pid;
+
+	if (!kc_running || (regs->orig_ax & KC_X32_SYSCALL_BIT))
+		return;
+	/*
+	 * A syscall without arguments has one body for both ABIs
+	 * (__x64_sys_NAME and __ia32_sys_NAME alias __do_sys_NAME): the
+	 * thread's TS_COMPAT tells a 32-bit call.
+	 */
+	pid = kc_sys_task();
+	if (pid < 0)
+		return;
+	kc_sys_emit(regs, kc_patched_key(), kc_sys_nr(), exit, ret, pid);
+}
+
+SEC("fentry/__x64_sys_getpid")
+int kc_sys_fentry(__u64 *ctx)
+{
+	kc_sys_fn((struct pt_regs *)ctx[0], 0, 0);
+	return 0;
+}
+
+SEC("fexit/__x64_sys_getpid")
+int kc_sys_fexit(__u64 *ctx)
+{
+	kc_sys_fn((struct pt_regs *)ctx[0], 1, (long)ctx[1]);
 	return 0;
 }
 #endif

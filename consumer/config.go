@@ -65,8 +65,10 @@ func (c Clock) String() string {
 type Syscalls uint8
 
 const (
-	// SyscallsAuto takes the raw path where the kernel allows it (see
-	// SyscallsRaw), each event's tracepoint otherwise.
+	// SyscallsAuto takes the function path for up to FentryMax syscall
+	// events where the kernel allows it (see SyscallsFentry), else the
+	// raw path where the kernel allows it (see SyscallsRaw), each event's
+	// tracepoint otherwise.
 	SyscallsAuto Syscalls = iota
 	// SyscallsRaw records them from the kernel's raw sys_enter and
 	// sys_exit tracepoints (x86_64, BPF ring buffers, kernel BTF): cheaper
@@ -78,11 +80,27 @@ const (
 	// SyscallsTracepoint records each event through its own tracepoint,
 	// so syscalls that are not recorded cost nothing.
 	SyscallsTracepoint
+	// SyscallsFentry records each event from a program on its syscall's
+	// x86_64 entry point (fentry on __x64_sys_NAME, fexit for exit
+	// events; x86_64, BPF ring buffers, kernel BTF, a kernel that lets
+	// BPF attach to functions): syscalls that are not recorded run no
+	// BPF and skip the syscall tracepoints' slow path, and a recorded one
+	// skips the raw path's dispatch. One program is loaded and attached
+	// per event, so it suits a few events, not syscalls:*. New fails when
+	// the path cannot run; events it cannot build keep the raw path or
+	// their tracepoints.
+	SyscallsFentry
 )
 
-// String returns "auto", "raw" or "tracepoint", the CLI's names.
+// FentryMax is the most syscall events SyscallsAuto records on the
+// function path: each takes a program and a trampoline of its own.
+const FentryMax = 32
+
+// String returns "auto", "raw", "tracepoint" or "fentry", the CLI's names.
 func (y Syscalls) String() string {
 	switch y {
+	case SyscallsFentry:
+		return "fentry"
 	case SyscallsRaw:
 		return "raw"
 	case SyscallsTracepoint:
@@ -244,11 +262,14 @@ func (c *Config) Check() error {
 	if c.Clock > TAI {
 		return fmt.Errorf("%w: unknown clock %d", ErrConfig, c.Clock)
 	}
-	if c.Syscalls > SyscallsTracepoint {
+	if c.Syscalls > SyscallsFentry {
 		return fmt.Errorf("%w: unknown syscall path %d", ErrConfig, c.Syscalls)
 	}
 	if c.Syscalls == SyscallsRaw && c.Transport == Perf {
 		return fmt.Errorf("%w: the raw syscall path needs the ringbuf transport", ErrConfig)
+	}
+	if c.Syscalls == SyscallsFentry && c.Transport == Perf {
+		return fmt.Errorf("%w: the fentry syscall path needs the ringbuf transport", ErrConfig)
 	}
 	for _, p := range c.PIDs {
 		if p <= 0 {

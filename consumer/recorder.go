@@ -44,6 +44,8 @@ type recorder struct {
 	tpProgs    []string       // the recorder copy attached for each event key
 	sysErr     error          // why syscall events are not on the raw syscall path
 	btfErr     error          // why an event is not on the BTF path
+	fentry     map[int]string // event key → its fentry or fexit program copy
+	fentryErr  error          // why syscall events are not on the function path
 	btfKeys    map[int]string // event key → the BTF program loaded for it
 	switchKey  uint32         // wakeup_latency: sched_switch's key and info
 	switchInfo gen.RingbufKcTpInfo
@@ -62,6 +64,8 @@ type loadOpts struct {
 	small []uint32          // per event key: its record size when smallSize allows, or 0
 	sys   bool              // some event may take the raw syscall path (sysShape)
 	btf   map[string]btfUse // by BTF program: the event it records (btfShape)
+	// sysEvents are the syscall events the syscall programs can build.
+	sysEvents []sysEvent
 }
 
 // smallSize returns the record size of f when the recorder can copy it
@@ -85,11 +89,13 @@ func smallSize(f *tracefs.Format) uint32 {
 // kernel has attach cookies, so tests exercise both ways on one kernel.
 var noCookie = false
 
-// keyPlaceholder and sizePlaceholder are KC_KEY_PLACEHOLDER and
-// KC_SIZE_PLACEHOLDER of bpf/kconsume.bpf.c; smallMax is KC_SMALL_MAX.
+// keyPlaceholder, sizePlaceholder and nrPlaceholder are
+// KC_KEY_PLACEHOLDER, KC_SIZE_PLACEHOLDER and KC_NR_PLACEHOLDER of
+// bpf/kconsume.bpf.c; smallMax is KC_SMALL_MAX.
 const (
 	keyPlaceholder  = 0x6b634b4559
 	sizePlaceholder = 0x6b6353495a
+	nrPlaceholder   = 0x6b634e5253
 	smallMax        = 128
 )
 
@@ -100,7 +106,7 @@ const (
 // wakeups armed, or the error of the step that failed, having released
 // what it made.
 func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *loadOpts) (_ *recorder, err error) {
-	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport, btfKeys: map[int]string{}}
+	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport, btfKeys: map[int]string{}, fentry: map[int]string{}}
 	defer func() {
 		if err != nil {
 			r.close()
@@ -167,6 +173,18 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 		}
 	}
+	if spec.Programs[gen.RingbufProgKcSysFentry] != nil {
+		var evs []sysEvent
+		if opts != nil {
+			evs = opts.sysEvents
+		}
+		if err := r.fentryCopies(spec, evs); err != nil {
+			return nil, err
+		}
+		if len(r.fentry) > 0 {
+			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
+		}
+	}
 	var uses map[string]btfUse
 	if opts != nil {
 		uses = opts.btf
@@ -182,6 +200,15 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		}
 	}
 	r.coll, err = ebpf.NewCollection(spec)
+	if err != nil && len(r.fentry) > 0 && cfg.Syscalls == SyscallsFentry {
+		return nil, fmt.Errorf("fentry syscall path: loading the BPF recorder: %w", err)
+	}
+	if err != nil && len(r.fentry) > 0 {
+		// The function path is an optimisation too.
+		r.fentryErr = fmt.Errorf("loading: %w", err)
+		r.dropFentry(spec)
+		r.coll, err = ebpf.NewCollection(spec)
+	}
 	if err != nil && spec.Programs[gen.RingbufProgKcSysEnter] != nil && cfg.Syscalls != SyscallsRaw {
 		// The raw syscall path is an optimisation: a kernel that refuses
 		// it records syscall events through their tracepoints.
@@ -450,7 +477,7 @@ func (r *recorder) cpuDisabled(cpu int) bool {
 func (r *recorder) missed() (all, lost uint64) {
 	for name, p := range r.coll.Programs {
 		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
-		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !isBTFProg(name) {
+		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !strings.HasPrefix(name, fentryPrefix) && !isBTFProg(name) {
 			continue
 		}
 		st, err := p.Stats()

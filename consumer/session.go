@@ -106,8 +106,11 @@ func New(cfg Config) (*Session, error) {
 	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
 	for i, f := range formats {
 		opts.small[i] = smallSize(f)
-		if _, ok := sysShape(f); ok {
+		if exit, ok := sysShape(f); ok {
 			opts.sys = true
+			if nr, known := sysNr(f); known {
+				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: sysName(f)})
+			}
 		}
 		// wakeup_latency's hooks ride on the tracepoint programs.
 		if e, l := btfShape(f); e != nil && !wake && !noBTFEvents {
@@ -385,6 +388,18 @@ func (s *Session) RawSyscalls() (events []string, why error) {
 		}
 	}
 	return events, s.rec.sysErr
+}
+
+// FentrySyscalls returns the syscall events recorded through the
+// function path (Config.Syscalls SyscallsFentry) and, when the path
+// could have recorded some of the session's events but did not, why.
+func (s *Session) FentrySyscalls() (events []string, why error) {
+	for i, p := range s.rec.tpProgs[:len(s.events)] {
+		if strings.HasPrefix(p, fentryPrefix) {
+			events = append(events, s.events[i].FullName())
+		}
+	}
+	return events, s.rec.fentryErr
 }
 
 // Events returns the formats of the recorded tracepoints.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -96,25 +97,37 @@ func taskBTF() bool {
 	return features.HaveProgramHelper(ebpf.Kprobe, asm.FnGetCurrentTaskBtf) == nil
 }
 
-// rawSyscalls records through the raw syscall programs those of formats
-// (indexed by event key) that sysShape allows and whose syscall number
-// sysNr knows: it fills the dispatch map and attaches kc_sys_enter and
+// rawSyscalls records the syscall events of formats (indexed by event
+// key) that the syscall programs can build: through their function
+// programs where loaded (fentryCopies), through the raw syscall programs
+// for the others that sysShape allows and whose syscall number sysNr
+// knows, filling the dispatch map and attaching kc_sys_enter and
 // kc_sys_exit as needed. It returns, per event key, the program that
 // records the event, or "" for the events left to their tracepoints.
-// When something fails on the way, all of them are and r.sysErr says why;
-// with Config.Syscalls SyscallsRaw, that is the error returned instead.
+// When the function path fails to attach, its events take the raw path
+// and r.fentryErr says why; when the raw path fails, its events keep
+// their tracepoints and r.sysErr says why. With Config.Syscalls
+// SyscallsFentry or SyscallsRaw, that path's failure is the error
+// returned instead.
 func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	progs := make([]string, len(formats))
+	if err := r.attachFentry(progs); err != nil {
+		if r.cfg.Syscalls == SyscallsFentry {
+			return nil, fmt.Errorf("fentry syscall path: %w", err)
+		}
+		r.fentryErr = err
+	}
 	if r.coll.Programs[gen.RingbufProgKcSysEnter] == nil {
 		return progs, nil
 	}
 	keys := r.coll.Maps[gen.RingbufMapKcSysKeys]
 	var used [2]bool
 	var slots []uint32
+	var rawKeys []int
 	for i, f := range formats {
 		exit, ok := sysShape(f)
 		nr, known := sysNr(f)
-		if !ok || !known || nr < 0 || nr >= sysMax {
+		if progs[i] != "" || !ok || !known || nr < 0 || nr >= sysMax {
 			continue
 		}
 		slot := uint32(nr)
@@ -123,6 +136,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			slot += sysMax
 			progs[i] = gen.RingbufProgKcSysExit
 		}
+		rawKeys = append(rawKeys, i)
 		if err := keys.Put(slot, uint32(i+1)); err != nil {
 			r.sysErr = fmt.Errorf("dispatching %s: %w", f.FullName(), err)
 			break
@@ -152,10 +166,167 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 		if r.cfg.Syscalls == SyscallsRaw {
 			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)
 		}
-		return make([]string, len(formats)), nil
+		for _, i := range rawKeys {
+			progs[i] = ""
+		}
+		return progs, nil
 	}
 	r.links = append(r.links, links...)
 	return progs, nil
+}
+
+// sysEvent is a syscall event the syscall programs can build: its event
+// key, whether it is an exit event, the syscall's number and name.
+type sysEvent struct {
+	key  int
+	exit bool
+	nr   int32
+	name string
+}
+
+// sysName returns the syscall a syscall event f is about: "getpid" for
+// syscalls:sys_enter_getpid.
+func sysName(f *tracefs.Format) string {
+	if n, ok := strings.CutPrefix(f.Name, "sys_enter_"); ok {
+		return n
+	}
+	return strings.TrimPrefix(f.Name, "sys_exit_")
+}
+
+// fentryPrefix starts the names of the function path's program copies.
+const fentryPrefix = "kc_sysf_"
+
+// fentryPossible returns why the function path cannot record n syscall
+// events here, or nil.
+func (r *recorder) fentryPossible(n int) error {
+	switch {
+	case r.cfg.Syscalls == SyscallsRaw || r.cfg.Syscalls == SyscallsTracepoint:
+		return fmt.Errorf("turned off (syscalls: %s)", r.cfg.Syscalls)
+	case r.cfg.Syscalls == SyscallsAuto && n > FentryMax:
+		return fmt.Errorf("%d syscall events, more than the %d syscalls: auto puts on it", n, FentryMax)
+	case runtime.GOARCH != "amd64":
+		return fmt.Errorf("not on %s", runtime.GOARCH)
+	case r.transport != Ringbuf:
+		return errors.New("needs BPF ring buffers")
+	}
+	return nil
+}
+
+// fentryCopies puts in spec, for each of evs whose syscall function
+// __x64_sys_NAME the kernel's BTF has, a copy of kc_sys_fentry (entry
+// events) or kc_sys_fexit (exit events) attached to it, with the event's
+// key and syscall number patched in; it removes the two originals. When
+// the path cannot run, it adds none and r.fentryErr says why; with
+// Config.Syscalls SyscallsFentry that is the error returned, as is a
+// syscall event the path cannot record.
+func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error {
+	enter, exit := spec.Programs[gen.RingbufProgKcSysFentry], spec.Programs[gen.RingbufProgKcSysFexit]
+	delete(spec.Programs, gen.RingbufProgKcSysFentry)
+	delete(spec.Programs, gen.RingbufProgKcSysFexit)
+	if len(evs) == 0 {
+		return nil
+	}
+	fail := func(err error) error {
+		r.fentryErr = err
+		r.dropFentry(spec)
+		if r.cfg.Syscalls == SyscallsFentry {
+			return fmt.Errorf("%w: fentry syscall path: %w", ErrNotSupported, err)
+		}
+		return nil
+	}
+	if err := r.fentryPossible(len(evs)); err != nil {
+		return fail(err)
+	}
+	kspec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return fail(fmt.Errorf("kernel BTF: %w", err))
+	}
+	for _, e := range evs {
+		fn, err := sysFunc(kspec, e.name)
+		if err != nil {
+			if r.cfg.Syscalls == SyscallsFentry {
+				return fail(err)
+			}
+			r.fentryErr = err
+			continue
+		}
+		base := enter
+		if e.exit {
+			base = exit
+		}
+		name := fentryPrefix + strconv.Itoa(e.key)
+		ps, err := patchImm(base, name, keyPlaceholder, uint32(e.key))
+		if err == nil {
+			ps, err = patchImm(ps, name, nrPlaceholder, uint32(e.nr))
+		}
+		if err != nil {
+			return err
+		}
+		ps.AttachTo = fn
+		spec.Programs[name] = ps
+		r.fentry[e.key] = name
+	}
+	return nil
+}
+
+// sysFunc returns the function of the kernel's BTF kspec that the x86_64
+// syscall table calls for syscall name with the registers:
+// __x64_sys_NAME, or for a syscall without arguments __do_sys_NAME, of
+// which SYSCALL_DEFINE0 makes __x64_sys_NAME an alias that BTF does not
+// name (arch/x86/include/asm/syscall_wrapper.h, __SYS_STUB0).
+func sysFunc(kspec *btf.Spec, name string) (string, error) {
+	var f *btf.Func
+	x64 := "__x64_sys_" + name
+	err := kspec.TypeByName(x64, &f)
+	if err == nil {
+		return x64, nil
+	}
+	do := "__do_sys_" + name
+	if kspec.TypeByName(do, &f) == nil {
+		if p, ok := f.Type.(*btf.FuncProto); ok && len(p.Params) == 1 && isRegsPointer(p.Params[0].Type) {
+			return do, nil
+		}
+	}
+	return "", fmt.Errorf("syscall function %s: %w", x64, err)
+}
+
+// isRegsPointer reports whether t is a pointer to (const) struct pt_regs.
+func isRegsPointer(t btf.Type) bool {
+	p, ok := btf.As[*btf.Pointer](t)
+	if !ok {
+		return false
+	}
+	st, ok := btf.As[*btf.Struct](p.Target)
+	return ok && st.Name == "pt_regs"
+}
+
+// dropFentry removes the function path's program copies from spec.
+func (r *recorder) dropFentry(spec *ebpf.CollectionSpec) {
+	for _, name := range r.fentry {
+		delete(spec.Programs, name)
+	}
+	clear(r.fentry)
+}
+
+// attachFentry attaches the function path's program copies and sets
+// progs[key] to each one's name; when one fails, it detaches those it
+// attached, sets none and returns why.
+func (r *recorder) attachFentry(progs []string) error {
+	var links []link.Link
+	for key, name := range r.fentry {
+		l, err := link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
+		if err != nil {
+			for _, l := range links {
+				_ = l.Close()
+			}
+			clear(progs)
+			return fmt.Errorf("attaching %s to %s: %w", name, r.coll.Programs[name].String(), err)
+		}
+		links = append(links, l)
+		progs[key] = name
+	}
+	r.links = append(r.links, links...)
+	return nil
 }
 
 // sysNr returns the x86_64 syscall number of the syscall event f, from

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -261,4 +262,166 @@ func TestSyscallCompat(t *testing.T) {
 // off, and some hypervisors' guests, kill the caller with SIGSEGV.
 func int80Probe(t *testing.T) error {
 	return startChild(t, "int80", 1).finish()
+}
+
+// fentrySession starts a session recording events through the function
+// path for the child c, or skips the test where this machine's kernel
+// refuses fentry programs with EPERM: a security policy (an LSM), not a
+// missing feature, on our development VM.
+func fentrySession(t *testing.T, events []string, c *tracedChild) (*Session, string) {
+	t.Helper()
+	if !rawSysExpected(t) {
+		t.Skip("the fentry syscall path needs x86_64, Linux 5.8 and kernel BTF")
+	}
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	s, err := New(Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsFentry, Dir: dir})
+	if errors.Is(err, unix.EPERM) {
+		c.run(t)
+		t.Skipf("this kernel refuses fentry programs to root (a security policy of the machine): %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	got, why := s.FentrySyscalls()
+	if !slices.Equal(got, events) {
+		t.Fatalf("on the function path: %v, want %v (%v)", got, events, why)
+	}
+	return s, dir
+}
+
+// TestSyscallFentry: the function path (fentry on __x64_sys_NAME, fexit
+// for exit events) records the same records as the tracepoints, as
+// TestSyscallRaw checks them, and babeltrace2 reads them.
+func TestSyscallFentry(t *testing.T) {
+	const n = 2000
+	events := []string{"syscalls:sys_enter_close", "syscalls:sys_exit_close", "syscalls:sys_enter_mmap", "syscalls:sys_exit_mmap"}
+	c := startChild(t, "syscalls", n)
+	s, dir := fentrySession(t, events, c)
+	ids := map[string]uint32{}
+	for i, f := range s.Events() {
+		ids[f.FullName()] = f.ID
+		if s.w.direct[i] < 0 {
+			t.Errorf("%s: its layout is not direct: %+v", events[i], s.w.layouts[i].ops)
+		}
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.run(t)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	total, runtimeMmap := 0, false
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			t.Fatalf("%v in the trace", it.Kind)
+		}
+		total++
+		// As in TestSyscallRaw: the Go runtime's own anonymous mmaps.
+		switch it.Class.Name {
+		case "syscalls:sys_enter_mmap":
+			if fd := field(vals, "fd").Uint(0); fd < closeBase || fd >= closeBase+n {
+				runtimeMmap = true
+				return
+			}
+		case "syscalls:sys_exit_mmap":
+			if runtimeMmap {
+				runtimeMmap = false
+				return
+			}
+		}
+		line := it.Class.Name
+		for _, v := range vals {
+			if v.Field.Name != "common_pid" {
+				line += fmt.Sprintf(" %s=%d", v.Field.Name, v.Int(0))
+			} else if v.Int(0) != int64(c.tid) {
+				t.Fatalf("common_pid %d, want %d", v.Int(0), c.tid)
+			}
+		}
+		lines = append(lines, line)
+	})
+	if len(lines) != 4*n {
+		t.Fatalf("%d records, want %d", len(lines), 4*n)
+	}
+	head := func(ev string) string {
+		return fmt.Sprintf("%s common_type=%d __syscall_nr=", ev, ids[ev])
+	}
+	for i := 0; i < n; i++ {
+		want := []string{
+			head(events[0]) + fmt.Sprintf("%d fd=%d", unix.SYS_CLOSE, closeBase+i),
+			head(events[1]) + fmt.Sprintf("%d ret=%d", unix.SYS_CLOSE, -int(syscall.EBADF)),
+			head(events[2]) + fmt.Sprintf("%d addr=%d len=%d prot=%d flags=%d fd=%d off=%d",
+				unix.SYS_MMAP, mmapArgs(i, 0), mmapArgs(i, 1), mmapArgs(i, 2), mmapArgs(i, 3), mmapArgs(i, 4), mmapArgs(i, 5)),
+			head(events[3]) + fmt.Sprintf("%d ret=%d", unix.SYS_MMAP, -int(syscall.EBADF)),
+		}
+		for j, w := range want {
+			if got := lines[4*i+j]; got != w {
+				t.Fatalf("record %d: %q, want %q", 4*i+j, got, w)
+			}
+		}
+	}
+	bt, discards := testenv.RunBT2(t, dir)
+	if len(bt) != total || len(discards) != 0 {
+		t.Fatalf("babeltrace2 read %d events and %v discarded, our reader %d", len(bt), discards, total)
+	}
+}
+
+// TestSyscallFentryNoArgs: a syscall without arguments, whose x86_64
+// entry point is an alias BTF does not name, is recorded from the
+// function it aliases, on entry and exit.
+func TestSyscallFentryNoArgs(t *testing.T) {
+	const n = 1000
+	events := []string{"syscalls:sys_enter_getpid", "syscalls:sys_exit_getpid"}
+	c := startChild(t, "getpid", n)
+	s, dir := fentrySession(t, events, c)
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.run(t)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			t.Fatalf("%v in the trace", it.Kind)
+		}
+		counts[it.Class.Name]++
+		if nr := field(vals, "__syscall_nr").Int(0); nr != unix.SYS_GETPID {
+			t.Fatalf("%s: __syscall_nr %d", it.Class.Name, nr)
+		}
+		if it.Class.Name == events[1] {
+			if ret := field(vals, "ret").Int(0); ret != int64(c.cmd.Process.Pid) {
+				t.Fatalf("ret %d, want the child's pid %d", ret, c.cmd.Process.Pid)
+			}
+		}
+	})
+	if counts[events[0]] != n || counts[events[1]] != n {
+		t.Fatalf("recorded %v, want %d of each", counts, n)
+	}
+}
+
+// TestSyscallFentryCompat: on the function path too, 32-bit syscalls
+// are not syscall events (they enter through __ia32_sys_NAME).
+func TestSyscallFentryCompat(t *testing.T) {
+	if err := int80Probe(t); err != nil {
+		t.Skipf("the kernel runs no 32-bit syscalls here: a child's int $0x80 getpid: %v", err)
+	}
+	const n = 1000
+	c := startChild(t, "int80", n)
+	s, dir := fentrySession(t, []string{"syscalls:sys_enter_writev", "syscalls:sys_enter_getpid", "syscalls:sys_enter_close"}, c)
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.run(t)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	counts, lost := countEvents(t, dir)
+	if want := map[string]int{"syscalls:sys_enter_close": 1}; fmt.Sprint(counts) != fmt.Sprint(want) || lost != 0 {
+		t.Fatalf("recorded %v, %d lost; want %v", counts, lost, want)
+	}
 }

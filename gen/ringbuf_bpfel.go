@@ -85,6 +85,8 @@ const (
 	RingbufProgKcInject        = "kc_inject"
 	RingbufProgKcSysEnter      = "kc_sys_enter"
 	RingbufProgKcSysExit       = "kc_sys_exit"
+	RingbufProgKcSysFentry     = "kc_sys_fentry"
+	RingbufProgKcSysFexit      = "kc_sys_fexit"
 	RingbufProgKcTracepoint    = "kc_tracepoint"
 	RingbufVarKcClock          = "kc_clock"
 	RingbufVarKcFilterCgroup   = "kc_filter_cgroup"
@@ -160,6 +162,8 @@ type RingbufProgramSpecs struct {
 	KcInject       *ebpf.ProgramSpec `ebpf:"kc_inject"`
 	KcSysEnter     *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
 	KcSysExit      *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
+	KcSysFentry    *ebpf.ProgramSpec `ebpf:"kc_sys_fentry"`
+	KcSysFexit     *ebpf.ProgramSpec `ebpf:"kc_sys_fexit"`
 	KcTracepoint   *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
@@ -295,6 +299,8 @@ type RingbufPrograms struct {
 	KcInject       *ebpf.Program `ebpf:"kc_inject"`
 	KcSysEnter     *ebpf.Program `ebpf:"kc_sys_enter"`
 	KcSysExit      *ebpf.Program `ebpf:"kc_sys_exit"`
+	KcSysFentry    *ebpf.Program `ebpf:"kc_sys_fentry"`
+	KcSysFexit     *ebpf.Program `ebpf:"kc_sys_fexit"`
 	KcTracepoint   *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
@@ -307,6 +313,8 @@ func (p *RingbufPrograms) Close() error {
 		p.KcInject,
 		p.KcSysEnter,
 		p.KcSysExit,
+		p.KcSysFentry,
+		p.KcSysFexit,
 		p.KcTracepoint,
 	)
 }

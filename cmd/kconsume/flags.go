@@ -78,12 +78,12 @@ func parseTransport(t string) (consumer.Transport, error) {
 }
 
 func parseSyscalls(y string) (consumer.Syscalls, error) {
-	for _, v := range []consumer.Syscalls{consumer.SyscallsAuto, consumer.SyscallsRaw, consumer.SyscallsTracepoint} {
+	for _, v := range []consumer.Syscalls{consumer.SyscallsAuto, consumer.SyscallsRaw, consumer.SyscallsTracepoint, consumer.SyscallsFentry} {
 		if v.String() == y {
 			return v, nil
 		}
 	}
-	return 0, fmt.Errorf("--syscalls %q: want auto, raw or tracepoint", y)
+	return 0, fmt.Errorf("--syscalls %q: want auto, raw, tracepoint or fentry", y)
 }
 
 func parseClock(c string) (consumer.Clock, error) {

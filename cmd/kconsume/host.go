@@ -61,8 +61,8 @@ func (k kernel) check(cfg *consumer.Config) error {
 			why = "--transport ringbuf"
 		case cfg.Global:
 			why = "--global"
-		case cfg.Syscalls == consumer.SyscallsRaw:
-			why = "--syscalls raw"
+		case cfg.Syscalls == consumer.SyscallsRaw, cfg.Syscalls == consumer.SyscallsFentry:
+			why = "--syscalls " + cfg.Syscalls.String()
 		}
 		if why != "" {
 			return fmt.Errorf("%w: %s needs BPF ring buffers (BPF_MAP_TYPE_RINGBUF, Linux 5.8 with CONFIG_BPF_SYSCALL), which this kernel (%s) lacks; --transport auto uses perf buffers here: %w", consumer.ErrNotSupported, why, k.release, k.ringbuf)
@@ -71,8 +71,8 @@ func (k kernel) check(cfg *consumer.Config) error {
 	if k.btf {
 		return nil
 	}
-	if cfg.Syscalls == consumer.SyscallsRaw {
-		return fmt.Errorf("%w: --syscalls raw: %s", consumer.ErrNotSupported, k.noBTF())
+	if cfg.Syscalls == consumer.SyscallsRaw || cfg.Syscalls == consumer.SyscallsFentry {
+		return fmt.Errorf("%w: --syscalls %s: %s", consumer.ErrNotSupported, cfg.Syscalls, k.noBTF())
 	}
 	for i, spec := range cfg.Objects {
 		for _, p := range spec.Programs {

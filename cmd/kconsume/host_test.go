@@ -29,6 +29,7 @@ func TestKernelCheck(t *testing.T) {
 		{"old ringbuf", kernel{release: "5.4.0", btf: true, ringbuf: noRing}, consumer.Config{Transport: consumer.Ringbuf}, "--transport ringbuf needs BPF ring buffers (BPF_MAP_TYPE_RINGBUF, Linux 5.8 with CONFIG_BPF_SYSCALL), which this kernel (5.4.0) lacks"},
 		{"old global", kernel{release: "5.4.0", btf: true, ringbuf: noRing}, consumer.Config{Global: true}, "--global needs BPF ring buffers"},
 		{"no btf raw", kernel{release: "6.1.0"}, consumer.Config{Syscalls: consumer.SyscallsRaw}, "--syscalls raw: this kernel (6.1.0) has no BTF (/sys/kernel/btf/vmlinux is missing): it needs one built with CONFIG_DEBUG_INFO_BTF=y"},
+		{"no btf fentry", kernel{release: "6.1.0"}, consumer.Config{Syscalls: consumer.SyscallsFentry}, "--syscalls fentry: this kernel (6.1.0) has no BTF (/sys/kernel/btf/vmlinux is missing): it needs one built with CONFIG_DEBUG_INFO_BTF=y"},
 		{"no btf auto", kernel{release: "6.1.0"}, consumer.Config{}, ""},
 		{"no btf tp_btf object", kernel{release: "6.1.0"}, consumer.Config{Objects: []*ebpf.CollectionSpec{tpObj, btfObj}}, "BPF object 2: program on_fork (tp_btf): this kernel (6.1.0) has no BTF"},
 		{"no btf tracepoint object", kernel{release: "6.1.0"}, consumer.Config{Objects: []*ebpf.CollectionSpec{tpObj}}, ""},
