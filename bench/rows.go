@@ -134,6 +134,7 @@ func rows() []sectionRow {
 	for _, w := range []struct{ name, session, what string }{
 		{"getpid", "getpid", "(a) getpid, `-e syscalls:sys_enter_getpid`"},
 		{"rename", "rename", "(b) prctl(PR_SET_NAME), `-e task:task_rename` (two comm strings)"},
+		{"switch", "switch", "(b) a byte to a child and back through pipes, `-e sched:sched_switch` (two comm strings; 2 switches a round trip pinned, more unpinned)"},
 		{"pidfilter", "pidfilter", "(c) getpid, sys_enter_getpid rejected by a pid filter (kconsume `--pid 1`; `common_pid == 1` for the others)"},
 		{"untraced", "getpid", "untraced syscall: getppid while sys_enter_getpid is recorded"},
 	} {
@@ -143,7 +144,7 @@ func rows() []sectionRow {
 				fig: m("EventCost", k+"-untraced-ns-chunk"), label: "ns/call",
 				extra: []extra{{m("EventCost", k+"-untraced-ns"), "ns/call whole loop"}}})
 			for _, tool := range []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"} {
-				if tool == "kconsume-tp" && w.name == "rename" {
+				if tool == "kconsume-tp" && (w.name == "rename" || w.name == "switch") {
 					continue
 				}
 				name := tool

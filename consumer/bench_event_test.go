@@ -34,6 +34,7 @@ const eventLoadC = `#define _GNU_SOURCE
 #include <unistd.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 
 #define CHUNK 1000
 
@@ -54,9 +55,10 @@ int main(int argc, char **argv)
 {
 	long i, j, n, k;
 	double t0, t, *ch;
-	int mode;
+	int mode, p1[2], p2[2];
+	pid_t child = -1;
 	if (argc != 3 || (n = atol(argv[2])) < CHUNK) {
-		fprintf(stderr, "usage: %s getpid|getppid|rename N (N >= %d)\n", argv[0], CHUNK);
+		fprintf(stderr, "usage: %s getpid|getppid|rename|pingpong N (N >= %d)\n", argv[0], CHUNK);
 		return 2;
 	}
 	if (!strcmp(argv[1], "getpid"))
@@ -65,9 +67,24 @@ int main(int argc, char **argv)
 		mode = 1;
 	else if (!strcmp(argv[1], "rename"))
 		mode = 2;
+	else if (!strcmp(argv[1], "pingpong"))
+		mode = 3;
 	else {
 		fprintf(stderr, "unknown workload %s\n", argv[1]);
 		return 2;
+	}
+	if (mode == 3 && (pipe(p1) || pipe(p2) || (child = fork()) < 0)) {
+		perror("pingpong");
+		return 1;
+	}
+	if (mode == 3 && child == 0) {
+		/* Echo every byte back until the parent closes its end. */
+		char c;
+		close(p1[1]);
+		close(p2[0]);
+		while (read(p1[0], &c, 1) == 1 && write(p2[1], &c, 1) == 1)
+			;
+		_exit(0);
 	}
 	k = n / CHUNK;
 	ch = malloc(k * sizeof(*ch));
@@ -81,12 +98,21 @@ int main(int argc, char **argv)
 				syscall(SYS_getpid);
 			else if (mode == 1)
 				syscall(SYS_getppid);
-			else
+			else if (mode == 2)
 				prctl(PR_SET_NAME, (i & 1) ? "kcload-a" : "kcload-b", 0, 0, 0);
+			else {
+				char c = 'x';
+				if (write(p1[1], &c, 1) != 1 || read(p2[0], &c, 1) != 1)
+					return 1;
+			}
 		}
 		c = now();
 		ch[j] = (c - t) / CHUNK;
 		t = c;
+	}
+	if (mode == 3) {
+		close(p1[1]);
+		waitpid(child, NULL, 0);
 	}
 	qsort(ch, k, sizeof(*ch), cmp);
 	printf("%.3f %.3f\n", (t - t0) / (k * CHUNK), ch[k / 2]);
@@ -141,6 +167,12 @@ var eventSessions = []eventSession{
 	{name: "rename", event: "task:task_rename", runs: []eventRun{
 		{"rename-pinned", "rename", true}, {"rename-unpinned", "rename", false},
 	}},
+	// A byte sent to a child process and back through two pipes: two
+	// sched_switch events a round trip pinned to one CPU, more unpinned
+	// (each side's switches to and from the idle task).
+	{name: "switch", event: "sched:sched_switch", runs: []eventRun{
+		{"switch-pinned", "pingpong", true}, {"switch-unpinned", "pingpong", false},
+	}},
 	{name: "pidfilter", event: "syscalls:sys_enter_getpid", filter: true, runs: []eventRun{
 		{"pidfilter-pinned", "getpid", true}, {"pidfilter-unpinned", "getpid", false},
 	}},
@@ -157,7 +189,9 @@ var eventTools = []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"}
 // workloads of b.N calls (run with -benchtime Nx; N ≥ 100000, smaller
 // runs measure nothing): getpid with syscalls:sys_enter_getpid recorded
 // (a), prctl(PR_SET_NAME) with task:task_rename recorded, an event with
-// two comm strings (b), getpid with sys_enter_getpid recorded but only
+// two comm strings (b), a pipe round trip to a child with
+// sched:sched_switch recorded (b, a sched event: 2 switches a round trip
+// pinned), getpid with sys_enter_getpid recorded but only
 // for pid 1, so every event is rejected by the pid filter (c: kconsume
 // --pid 1, trace-cmd and perf with the filter common_pid == 1), and
 // getppid while only sys_enter_getpid is recorded (the untraced-syscall

@@ -47,10 +47,19 @@ func TestObjectSynth(t *testing.T) {
 	for _, tr := range transports(t) {
 		t.Run(tr.String(), func(t *testing.T) {
 			c := startChild(t, "getpid", n, "KC_CHILD_CPU=0")
+			// The user's program runs on the sys_enter_getpid tracepoint,
+			// after ours where ours is on the syscall tracepoints; the
+			// function path would stamp the event later, at the syscall
+			// function's entry.
+			sys := SyscallsAuto
+			if tr == Ringbuf && rawSysExpected(t) {
+				sys = SyscallsRaw
+			}
 			s, dir := newTestSession(t, Config{
 				Events:    []string{"syscalls:sys_enter_getpid"},
 				PIDs:      []int{c.tid},
 				Transport: tr,
+				Syscalls:  sys,
 				Objects:   []*ebpf.CollectionSpec{exampleSpec(t, tr, c.cmd.Process.Pid)},
 			})
 			if s.Synth("getpid_whole") == nil || s.Synth("getpid_piece") == nil || s.Synth(synth.Klog) == nil {
