@@ -416,10 +416,19 @@ func TestLTTngPriorities(t *testing.T) {
 		{"lttng", "--comm kcprio", 20 + nice},
 	} {
 		t.Run(strings.TrimSpace(tc.profile+" "+tc.filter), func(t *testing.T) {
-			// A recording the kernel skipped the recorder in (another BPF
-			// program ran on the CPU; seen on the 6.18 host) may lack a
-			// wakeup: record again, as TestLTTngFork does.
+			// A recording may lack a wakeup on our development VM (the
+			// 6.18 PVM guest): the kernel skipped the recorder (another
+			// BPF program ran on the CPU), or the wakeup came while the
+			// machine's own agent thread ran, where an ftrace instance
+			// beside kconsume sees wakeups that no BPF program does,
+			// tracepoint or tp_btf, and no counter counts (session 20's
+			// note). Record again, as TestLTTngFork does.
 			var out, o string
+			var lines []string
+			var counts map[string]int
+			short := func() bool {
+				return counts["sched_switch"] < sleeps || counts["sched_process_exit"] != 1 || tc.filter == "" && (counts["sched_waking"] < sleeps || counts["sched_wakeup"] < sleeps)
+			}
 			for try := 1; ; try++ {
 				out = filepath.Join(t.TempDir(), "kernel")
 				var code int
@@ -428,43 +437,42 @@ func TestLTTngPriorities(t *testing.T) {
 				if code != 0 {
 					t.Fatalf("record: %d\n%s", code, o)
 				}
-				if m := reSkipped.FindString(o); m == "" || try == 3 {
-					break
-				} else {
-					t.Logf("try %d: %s; recording again", try, m)
-				}
-			}
-			lines, _ := testenv.RunBT2(t, out)
-			counts := map[string]int{}
-			for _, l := range lines {
-				ev := ""
-				for _, e := range []string{"sched_switch", "sched_waking", "sched_wakeup", "sched_process_exit"} {
-					if strings.Contains(l, e+": ") {
-						ev = e
-					}
-				}
-				if ev == "" {
-					continue
-				}
-				if tc.profile == "lttng" && strings.Contains(l, "sched:") || tc.profile == "ftrace" && !strings.Contains(l, "sched:") {
-					t.Fatalf("profile %s, event named otherwise: %s", tc.profile, l)
-				}
-				if tc.filter != "" && ev == "sched_switch" && !rePrevPrio.MatchString(l) {
-					t.Errorf("--comm kcprio: a switch from another task was recorded: %s", l)
-				}
-				for _, re := range []*regexp.Regexp{rePrevPrio, reNextPrio, reTaskPrio} {
-					for _, m := range re.FindAllStringSubmatch(l, -1) {
-						if p, _ := strconv.Atoi(m[1]); p != tc.want {
-							t.Errorf("priority %d, want %d: %s", p, tc.want, l)
+				lines, _ = testenv.RunBT2(t, out)
+				counts = map[string]int{}
+				for _, l := range lines {
+					ev := ""
+					for _, e := range []string{"sched_switch", "sched_waking", "sched_wakeup", "sched_process_exit"} {
+						if strings.Contains(l, e+": ") {
+							ev = e
 						}
-						counts[ev]++
+					}
+					if ev == "" {
+						continue
+					}
+					if tc.profile == "lttng" && strings.Contains(l, "sched:") || tc.profile == "ftrace" && !strings.Contains(l, "sched:") {
+						t.Fatalf("profile %s, event named otherwise: %s", tc.profile, l)
+					}
+					if tc.filter != "" && ev == "sched_switch" && !rePrevPrio.MatchString(l) {
+						t.Errorf("--comm kcprio: a switch from another task was recorded: %s", l)
+					}
+					for _, re := range []*regexp.Regexp{rePrevPrio, reNextPrio, reTaskPrio} {
+						for _, m := range re.FindAllStringSubmatch(l, -1) {
+							if p, _ := strconv.Atoi(m[1]); p != tc.want {
+								t.Errorf("priority %d, want %d: %s", p, tc.want, l)
+							}
+							counts[ev]++
+						}
 					}
 				}
+				t.Logf("try %d: kcprio's priorities in %v", try, counts)
+				if !short() || try == 3 {
+					break
+				}
+				t.Logf("try %d: too few of kcprio's events (%s); recording again", try, reSkipped.FindString(o))
 			}
-			t.Logf("kcprio's priorities in %v", counts)
 			// Each sleep switches out and back in; the wakeups come from
 			// other tasks' contexts, which a comm filter leaves out.
-			if counts["sched_switch"] < sleeps || counts["sched_process_exit"] != 1 || tc.filter == "" && (counts["sched_waking"] < sleeps || counts["sched_wakeup"] < sleeps) {
+			if short() {
 				t.Errorf("too few of kcprio's events: %v (%d sleeps)\nrecord: %s", counts, sleeps, o)
 			}
 			if tc.profile != "lttng" || tc.filter != "" {
