@@ -165,6 +165,23 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 }
 
 #ifndef KC_PERF
+/*
+ * kc_cpu_ring returns the ring this CPU writes into, with this CPU's
+ * number in *cpu and its state in *st; or NULL when this CPU's buffer is
+ * stopped.
+ */
+static __always_inline void *kc_cpu_ring(__u32 *cpu, struct kc_cpu_state **st)
+{
+	__u32 idx;
+
+	*cpu = bpf_get_smp_processor_id();
+	*st = bpf_map_lookup_elem(&kc_state, cpu);
+	if (!*st || (*st)->disabled)
+		return NULL;
+	idx = kc_global ? 0 : *cpu;
+	return bpf_map_lookup_elem(&kc_rings, &idx);
+}
+
 /* Largest record kc_record_small writes: 16 words, 128 bytes. */
 #define KC_SMALL_MAX 128
 
@@ -240,16 +257,11 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 {
 	struct kc_cpu_state *st;
 	struct kc_rec *r = NULL;
-	__u32 cpu, idx;
 	void *ring, *d;
+	__u32 cpu;
 	__u64 ts;
 
-	cpu = bpf_get_smp_processor_id();
-	st = bpf_map_lookup_elem(&kc_state, &cpu);
-	if (!st || st->disabled)
-		return 0;
-	idx = kc_global ? 0 : cpu;
-	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	ring = kc_cpu_ring(&cpu, &st);
 	if (!ring)
 		return 0;
 	switch ((size - KC_CUT + 7) / 8) {
@@ -510,7 +522,7 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr
 	struct kc_sys_rec *r = NULL;
 	struct kc_cpu_state *st;
 	struct kc_tp_info *info;
-	__u32 cpu, idx, size;
+	__u32 cpu, size;
 	void *ring;
 
 	if (!kc_pass())
@@ -518,12 +530,7 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	if (!info)
 		return;
-	cpu = bpf_get_smp_processor_id();
-	st = bpf_map_lookup_elem(&kc_state, &cpu);
-	if (!st || st->disabled)
-		return;
-	idx = kc_global ? 0 : cpu;
-	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	ring = kc_cpu_ring(&cpu, &st);
 	if (!ring)
 		return;
 	/* 12 bytes without arguments (no padding then), else 16 + 8 per argument. */
@@ -727,17 +734,12 @@ int kc_btf_switch(__u64 *ctx)
 	struct task_struct *prev = (void *)ctx[1], *next = (void *)ctx[2];
 	struct kc_cpu_state *st;
 	struct kc_rec *r;
-	__u32 cpu, idx;
 	void *ring, *d;
+	__u32 cpu;
 
 	if (!kc_running || !kc_pass())
 		return 0;
-	cpu = bpf_get_smp_processor_id();
-	st = bpf_map_lookup_elem(&kc_state, &cpu);
-	if (!st || st->disabled)
-		return 0;
-	idx = kc_global ? 0 : cpu;
-	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	ring = kc_cpu_ring(&cpu, &st);
 	if (!ring)
 		return 0;
 	r = bpf_ringbuf_reserve(ring, sizeof(*r) + 64, 0);
@@ -805,19 +807,14 @@ static __always_inline __s32 kc_task_cpu(struct task_struct *p)
  */
 static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 {
-	__u32 cpu, idx, len = kc_wake_success ? 40 - KC_CUT : 36 - KC_CUT;
+	__u32 cpu, len = kc_wake_success ? 40 - KC_CUT : 36 - KC_CUT;
 	struct kc_cpu_state *st;
 	struct kc_rec *r;
 	void *ring, *d;
 
 	if (!kc_running || !kc_pass())
 		return;
-	cpu = bpf_get_smp_processor_id();
-	st = bpf_map_lookup_elem(&kc_state, &cpu);
-	if (!st || st->disabled)
-		return;
-	idx = kc_global ? 0 : cpu;
-	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	ring = kc_cpu_ring(&cpu, &st);
 	if (!ring)
 		return;
 	r = bpf_ringbuf_reserve(ring, sizeof(*r) + 40, 0);

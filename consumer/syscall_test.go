@@ -137,45 +137,7 @@ func TestSyscallRaw(t *testing.T) {
 		for _, cs := range st {
 			missed[k] += int(cs.Missed)
 		}
-		// The Go runtime of the child maps memory now and then (more
-		// under the race detector): an anonymous mmap, fd -1, and its
-		// exit are not the child's calls.
-		total, runtimeMmap := 0, false
-		walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
-			if it.Kind != relayfmt.EventItem {
-				t.Fatalf("raw %v: %v in the trace", raw, it.Kind)
-			}
-			total++
-			switch it.Class.Name {
-			case "syscalls:sys_enter_mmap":
-				if fd := field(vals, "fd").Uint(0); fd < closeBase || fd >= closeBase+n {
-					runtimeMmap = true
-					return
-				}
-			case "syscalls:sys_exit_mmap":
-				if runtimeMmap {
-					runtimeMmap = false
-					return
-				}
-			}
-			line := it.Class.Name
-			for _, v := range vals {
-				switch {
-				case v.Field.Name != "common_pid":
-					line += fmt.Sprintf(" %s=%d", v.Field.Name, v.Int(0))
-				case v.Int(0) != int64(c.tid):
-					t.Fatalf("raw %v: common_pid %d, want %d", raw, v.Int(0), c.tid)
-				}
-			}
-			runs[k] = append(runs[k], line)
-		})
-		if total != len(runs[k]) {
-			t.Logf("raw %v: %d records of the Go runtime's mmap calls left out", raw, total-len(runs[k]))
-		}
-		lines, discards := testenv.RunBT2(t, dir)
-		if len(lines) != total || len(discards) != 0 {
-			t.Fatalf("raw %v: babeltrace2 read %d events and %v discarded, our reader %d", raw, len(lines), discards, total)
-		}
+		runs[k] = childSyscalls(t, fmt.Sprintf("raw %v", raw), dir, c, n)
 	}
 	// A recorder run the kernel skipped is the only excuse for a missing
 	// record, and it is counted (Stats.Missed): with faultable syscall
@@ -209,6 +171,67 @@ func TestSyscallRaw(t *testing.T) {
 	}
 	// The values themselves, from a full trace (when both are full, they
 	// are equal).
+	checkChildSyscalls(t, runs[full], events, ids, n)
+}
+
+// childSyscalls returns the records in dir of the "syscalls" child c's n
+// rounds of calls, as lines "EVENT FIELD=VALUE ...", common_pid checked
+// and left out, having checked that babeltrace2 reads as many events as
+// our reader and no loss. what names the run in messages.
+func childSyscalls(t *testing.T, what, dir string, c *tracedChild, n int) []string {
+	t.Helper()
+	var lines []string
+	// The Go runtime of the child maps memory now and then (more under
+	// the race detector): an anonymous mmap, fd -1, and its exit are not
+	// the child's calls.
+	total, runtimeMmap := 0, false
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			t.Fatalf("%s: %v in the trace", what, it.Kind)
+		}
+		total++
+		switch it.Class.Name {
+		case "syscalls:sys_enter_mmap":
+			if fd := field(vals, "fd").Uint(0); fd < closeBase || fd >= closeBase+uint64(n) {
+				runtimeMmap = true
+				return
+			}
+		case "syscalls:sys_exit_mmap":
+			if runtimeMmap {
+				runtimeMmap = false
+				return
+			}
+		}
+		line := it.Class.Name
+		for _, v := range vals {
+			switch {
+			case v.Field.Name != "common_pid":
+				line += fmt.Sprintf(" %s=%d", v.Field.Name, v.Int(0))
+			case v.Int(0) != int64(c.tid):
+				t.Fatalf("%s: common_pid %d, want %d", what, v.Int(0), c.tid)
+			}
+		}
+		lines = append(lines, line)
+	})
+	if total != len(lines) {
+		t.Logf("%s: %d records of the Go runtime's mmap calls left out", what, total-len(lines))
+	}
+	bt, discards := testenv.RunBT2(t, dir)
+	if len(bt) != total || len(discards) != 0 {
+		t.Fatalf("%s: babeltrace2 read %d events and %v discarded, our reader %d", what, len(bt), discards, total)
+	}
+	return lines
+}
+
+// checkChildSyscalls checks that lines (childSyscalls) are the records
+// of the "syscalls" child's n rounds of close and mmap, each entered and
+// exited (events in that order), with the values the child passed and
+// the errors it got; ids are the events' trace ids.
+func checkChildSyscalls(t *testing.T, lines, events []string, ids map[string]uint32, n int) {
+	t.Helper()
+	if len(lines) != 4*n {
+		t.Fatalf("%d records, want %d", len(lines), 4*n)
+	}
 	head := func(ev string) string {
 		return fmt.Sprintf("%s common_type=%d __syscall_nr=", ev, ids[ev])
 	}
@@ -221,7 +244,7 @@ func TestSyscallRaw(t *testing.T) {
 			head(events[3]) + fmt.Sprintf("%d ret=%d", unix.SYS_MMAP, -int(syscall.EBADF)),
 		}
 		for j, w := range want {
-			if got := runs[full][4*i+j]; got != w {
+			if got := lines[4*i+j]; got != w {
 				t.Fatalf("record %d: %q, want %q", 4*i+j, got, w)
 			}
 		}
@@ -313,60 +336,7 @@ func TestSyscallFentry(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	var lines []string
-	total, runtimeMmap := 0, false
-	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
-		if it.Kind != relayfmt.EventItem {
-			t.Fatalf("%v in the trace", it.Kind)
-		}
-		total++
-		// As in TestSyscallRaw: the Go runtime's own anonymous mmaps.
-		switch it.Class.Name {
-		case "syscalls:sys_enter_mmap":
-			if fd := field(vals, "fd").Uint(0); fd < closeBase || fd >= closeBase+n {
-				runtimeMmap = true
-				return
-			}
-		case "syscalls:sys_exit_mmap":
-			if runtimeMmap {
-				runtimeMmap = false
-				return
-			}
-		}
-		line := it.Class.Name
-		for _, v := range vals {
-			if v.Field.Name != "common_pid" {
-				line += fmt.Sprintf(" %s=%d", v.Field.Name, v.Int(0))
-			} else if v.Int(0) != int64(c.tid) {
-				t.Fatalf("common_pid %d, want %d", v.Int(0), c.tid)
-			}
-		}
-		lines = append(lines, line)
-	})
-	if len(lines) != 4*n {
-		t.Fatalf("%d records, want %d", len(lines), 4*n)
-	}
-	head := func(ev string) string {
-		return fmt.Sprintf("%s common_type=%d __syscall_nr=", ev, ids[ev])
-	}
-	for i := 0; i < n; i++ {
-		want := []string{
-			head(events[0]) + fmt.Sprintf("%d fd=%d", unix.SYS_CLOSE, closeBase+i),
-			head(events[1]) + fmt.Sprintf("%d ret=%d", unix.SYS_CLOSE, -int(syscall.EBADF)),
-			head(events[2]) + fmt.Sprintf("%d addr=%d len=%d prot=%d flags=%d fd=%d off=%d",
-				unix.SYS_MMAP, mmapArgs(i, 0), mmapArgs(i, 1), mmapArgs(i, 2), mmapArgs(i, 3), mmapArgs(i, 4), mmapArgs(i, 5)),
-			head(events[3]) + fmt.Sprintf("%d ret=%d", unix.SYS_MMAP, -int(syscall.EBADF)),
-		}
-		for j, w := range want {
-			if got := lines[4*i+j]; got != w {
-				t.Fatalf("record %d: %q, want %q", 4*i+j, got, w)
-			}
-		}
-	}
-	bt, discards := testenv.RunBT2(t, dir)
-	if len(bt) != total || len(discards) != 0 {
-		t.Fatalf("babeltrace2 read %d events and %v discarded, our reader %d", len(bt), discards, total)
-	}
+	checkChildSyscalls(t, childSyscalls(t, "fentry", dir, c, n), events, ids, n)
 }
 
 // TestSyscallFentryNoArgs: a syscall without arguments, whose x86_64
