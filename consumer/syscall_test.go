@@ -251,32 +251,45 @@ func checkChildSyscalls(t *testing.T, lines, events []string, ids map[string]uin
 	}
 }
 
-// TestSyscallCompat: 32-bit syscalls are not syscall events, as with the
-// tracepoints; their numbers mean other x86_64 syscalls (20 is writev).
+// TestSyscallCompat: 32-bit syscalls are not syscall events, on the raw
+// path and the function path, as with the tracepoints; their numbers
+// mean other x86_64 syscalls (20 is writev), and a syscall without
+// arguments has one function for both ABIs.
 func TestSyscallCompat(t *testing.T) {
 	testenv.RequireRoot(t)
 	if !rawSysExpected(t) {
-		t.Skip("the raw syscall path needs x86_64, Linux 5.8 and kernel BTF")
+		t.Skip("the raw and fentry syscall paths need x86_64, Linux 5.8 and kernel BTF")
 	}
 	if err := int80Probe(t); err != nil {
 		t.Skipf("the kernel runs no 32-bit syscalls here: a child's int $0x80 getpid: %v", err)
 	}
 	const n = 1000
-	c := startChild(t, "int80", n)
-	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_writev", "syscalls:sys_enter_getpid", "syscalls:sys_enter_close"}, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
-	if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
-		t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.sysErr)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c.run(t)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	counts, lost := countEvents(t, dir)
-	if want := map[string]int{"syscalls:sys_enter_close": 1}; fmt.Sprint(counts) != fmt.Sprint(want) || lost != 0 {
-		t.Fatalf("recorded %v, %d lost; want %v", counts, lost, want)
+	events := []string{"syscalls:sys_enter_writev", "syscalls:sys_enter_getpid", "syscalls:sys_enter_close"}
+	for _, path := range []Syscalls{SyscallsRaw, SyscallsFentry} {
+		t.Run(path.String(), func(t *testing.T) {
+			c := startChild(t, "int80", n)
+			var s *Session
+			var dir string
+			if path == SyscallsFentry {
+				s, dir = fentrySession(t, events, c)
+			} else {
+				s, dir = newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
+				if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
+					t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.sysErr)
+				}
+			}
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			c.run(t)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			counts, lost := countEvents(t, dir)
+			if want := map[string]int{"syscalls:sys_enter_close": 1}; fmt.Sprint(counts) != fmt.Sprint(want) || lost != 0 {
+				t.Fatalf("recorded %v, %d lost; want %v", counts, lost, want)
+			}
+		})
 	}
 }
 
@@ -371,27 +384,5 @@ func TestSyscallFentryNoArgs(t *testing.T) {
 	})
 	if counts[events[0]] != n || counts[events[1]] != n {
 		t.Fatalf("recorded %v, want %d of each", counts, n)
-	}
-}
-
-// TestSyscallFentryCompat: on the function path too, 32-bit syscalls
-// are not syscall events (they enter through __ia32_sys_NAME).
-func TestSyscallFentryCompat(t *testing.T) {
-	if err := int80Probe(t); err != nil {
-		t.Skipf("the kernel runs no 32-bit syscalls here: a child's int $0x80 getpid: %v", err)
-	}
-	const n = 1000
-	c := startChild(t, "int80", n)
-	s, dir := fentrySession(t, []string{"syscalls:sys_enter_writev", "syscalls:sys_enter_getpid", "syscalls:sys_enter_close"}, c)
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c.run(t)
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	counts, lost := countEvents(t, dir)
-	if want := map[string]int{"syscalls:sys_enter_close": 1}; fmt.Sprint(counts) != fmt.Sprint(want) || lost != 0 {
-		t.Fatalf("recorded %v, %d lost; want %v", counts, lost, want)
 	}
 }
