@@ -241,6 +241,7 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 	if err != nil {
 		return fail(fmt.Errorf("kernel BTF: %w", err))
 	}
+	probed := false
 	for _, e := range evs {
 		fn, err := sysFunc(kspec, e.name)
 		if err != nil {
@@ -249,6 +250,12 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 			}
 			r.fentryErr = err
 			continue
+		}
+		if !probed {
+			if err := fentryProbe(fn); err != nil {
+				return fail(fmt.Errorf("an empty program on %s: %w", fn, err))
+			}
+			probed = true
 		}
 		base := enter
 		if e.exit {
@@ -267,6 +274,25 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 		r.fentry[e.key] = name
 	}
 	return nil
+}
+
+// fentryProbe loads an empty fentry program on fn and returns the
+// kernel's error, if any: some kernels refuse fentry programs (this
+// project's development VM answers EPERM to root), and a probe costs
+// less than loading the recorder twice.
+func fentryProbe(fn string) error {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "kc_fentry_probe",
+		Type:         ebpf.Tracing,
+		AttachType:   ebpf.AttachTraceFEntry,
+		AttachTo:     fn,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return err
+	}
+	return p.Close()
 }
 
 // sysFunc returns the function of the kernel's BTF kspec that the x86_64
