@@ -182,6 +182,22 @@ static __always_inline void *kc_cpu_ring(__u32 *cpu, struct kc_cpu_state **st)
 	return bpf_map_lookup_elem(&kc_rings, &idx);
 }
 
+/*
+ * kc_submit_atomic stamps r, a record of len payload bytes, as event key
+ * from cpu, submits it to ring and counts it in st with atomic adds: for
+ * programs that can run preemptibly or nest with another of ours on the
+ * CPU (raw and BTF tracepoints, trampolines).
+ */
+static __always_inline void kc_submit_atomic(void *ring, struct kc_rec *r, struct kc_cpu_state *st, __u32 key, __u32 len, __u32 cpu)
+{
+	r->key = key;
+	r->len = len;
+	r->cpu = cpu;
+	r->ts = kc_now();
+	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 1, 1));
+	__sync_fetch_and_add(&st->emitted, 1);
+}
+
 /* Largest record kc_record_small writes: 16 words, 128 bytes. */
 #define KC_SMALL_MAX 128
 
@@ -553,12 +569,7 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr
 		return;
 	}
 	kc_put_entry(r->data, info->id, pid);
-	r->hdr.key = key;
-	r->hdr.len = size;
-	r->hdr.cpu = cpu;
-	r->hdr.ts = kc_now();
-	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 1, 1));
-	__sync_fetch_and_add(&st->emitted, 1);
+	kc_submit_atomic(ring, &r->hdr, st, key, size, cpu);
 }
 
 /*
@@ -758,16 +769,11 @@ int kc_btf_switch(__u64 *ctx)
 	kc_put(__s32, d, 60 - KC_CUT, next->prio);
 	/* common_pid is current's: the task switched out. */
 	kc_put_entry(d, kc_switch_id, prev->pid);
-	r->key = kc_switch_key;
-	r->len = 64 - KC_CUT;
-	r->cpu = cpu;
-	r->ts = kc_now();
 	/*
 	 * Atomic adds: a classic tracepoint's program preempted on this CPU
 	 * (7.x runs them preemptible) may be between its load and store.
 	 */
-	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 1, 1));
-	__sync_fetch_and_add(&st->emitted, 1);
+	kc_submit_atomic(ring, r, st, kc_switch_key, 64 - KC_CUT, cpu);
 	return 0;
 }
 
@@ -834,12 +840,7 @@ static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 	}
 	/* common_pid is current's: the waker. */
 	kc_put_entry(d, id, bpf_get_current_pid_tgid());
-	r->key = key;
-	r->len = len;
-	r->cpu = cpu;
-	r->ts = kc_now();
-	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 1, 1));
-	__sync_fetch_and_add(&st->emitted, 1);
+	kc_submit_atomic(ring, r, st, key, len, cpu);
 }
 
 SEC("tp_btf/sched_waking")

@@ -148,16 +148,16 @@ func switchStateArg() (bool, error) {
 }
 
 // setupBTF keeps in spec the BTF programs of uses (by program name) and
-// sets their variables in set; it removes the others, and all of them
-// on the perf transport. When the kernel cannot run one, it is removed
-// and r.btfErr says why.
+// sets their variables in set; it removes the others (the perf object
+// has none). When the kernel cannot run one, it is removed and r.btfErr
+// says why.
 func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses map[string]btfUse) {
 	for _, e := range btfEvents {
 		if spec.Programs[e.prog] == nil {
 			continue
 		}
 		u, ok := uses[e.prog]
-		if !ok || r.transport != Ringbuf {
+		if !ok {
 			delete(spec.Programs, e.prog)
 			continue
 		}

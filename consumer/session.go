@@ -354,22 +354,19 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 		if err := info.Put(uint32(i), ti); err != nil {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
 		}
-		switch {
-		case recorded && raw[i] != "":
-			s.rec.tpProgs = append(s.rec.tpProgs, raw[i])
-		case recorded && s.rec.btfKeys[i] != "":
-			p := s.rec.attachBTF(i)
-			if p == "" {
-				if err := s.rec.attachTracepoint(f, i, recorded); err != nil {
-					return err
-				}
-				break
-			}
+		// The syscall programs or a BTF program record the event where
+		// they were loaded and attach; its tracepoint otherwise.
+		var p string
+		if recorded {
+			p = raw[i]
+		}
+		if recorded && p == "" && s.rec.btfKeys[i] != "" {
+			p = s.rec.attachBTF(i)
+		}
+		if p != "" {
 			s.rec.tpProgs = append(s.rec.tpProgs, p)
-		default:
-			if err := s.rec.attachTracepoint(f, i, recorded); err != nil {
-				return err
-			}
+		} else if err := s.rec.attachTracepoint(f, i, recorded); err != nil {
+			return err
 		}
 		if recorded {
 			s.events = append(s.events, f)
