@@ -54,7 +54,9 @@ struct kc_cpu_state {
 	__u32 armed;    /* KC_ARM_* bits the consumer sets before it sleeps */
 	__u64 wakeups;  /* forced wakeups of the consumer */
 	__u64 woke_at;  /* CLOCK_MONOTONIC of the last forced wakeup: how late the consumer ran */
-	__u64 pad[3];
+	__u64 prod;     /* kc_area: this ring's producer position (the writers') */
+	__u64 cons;     /* kc_area: this ring's consumer position (the consumer's) */
+	__u64 pad[1];
 };
 
 /*
@@ -141,6 +143,101 @@ struct {
 
 #ifndef KC_PERF
 /*
+ * kc_area holds the recorder's own rings, when the loader sets kc_area_on
+ * (x86_64, 5.12+ for BPF_CMPXCHG): one ring per CPU of kc_area_kmask + 1
+ * elements of kc_area_esize bytes, adjacent in the map's memory, which the
+ * consumer maps and reads in place. A BPF ring buffer takes a spinlock
+ * with interrupts off for every reservation and another atomic for every
+ * commit (kernel/bpf/ringbuf.c); here a record costs one compare-and-swap
+ * of the ring's producer position, kept in the ring's kc_state slot with
+ * the consumer position, which is also the fill to wake the consumer at.
+ *
+ * A record is an 8-byte header, then its payload, padded to 8 bytes: the
+ * header holds the payload length (bits 0-29; KC_AREA_DISC marks padding
+ * to skip) and, in the upper word, the lap of the ring the record was
+ * written in, position >> kc_area_lshift. It is stored last: on x86 the
+ * stores before it are seen first (TSO), and a header of an earlier lap
+ * tells the consumer the record is not written yet, so nothing is ever
+ * cleared. A record never crosses an element's end, which keeps every
+ * store inside the element the verifier knows: a record that would is
+ * preceded by padding up to the next element. The BPF ring buffer of the
+ * CPU (kc_rings) then only carries the wakeups, a doorbell.
+ */
+const volatile __u32 kc_area_on = 0;
+const volatile __u64 kc_area_esize = 1 << 16; /* bytes per element: a power of two */
+const volatile __u32 kc_area_eshift = 16;     /* log2(kc_area_esize) */
+const volatile __u32 kc_area_kmask = 0;       /* elements per ring, less one */
+const volatile __u64 kc_area_rsize = 1 << 16; /* bytes per ring */
+const volatile __u32 kc_area_lshift = 16;     /* log2(kc_area_rsize) */
+
+#define KC_AREA_HDR 8
+#define KC_AREA_DISC (1U << 30) /* as BPF_RINGBUF_DISCARD_BIT */
+/* The largest record: a scratch record of kc_output. */
+#define KC_AREA_MAX (KC_AREA_HDR + sizeof(struct kc_rec) + KC_MAX_PAYLOAD)
+/* Compare-and-swap attempts before a reservation counts as lost: only programs nesting on the CPU race. */
+#define KC_AREA_TRIES 3
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, 8); /* set to kc_area_esize at load */
+	__uint(max_entries, 1); /* set to the CPUs times the elements per ring at load */
+} kc_area SEC(".maps");
+
+/*
+ * kc_area_reserve reserves a record of size payload bytes, padded to 8,
+ * in ring idx, whose positions are in ps; max is a constant bound on
+ * KC_AREA_HDR + the padded size, which the verifier needs. It returns the
+ * record's header, with its position in *pos, or NULL when the ring is
+ * full or the reservation lost its races: the caller counts that as
+ * lost.
+ */
+static __always_inline __u64 *kc_area_reserve(__u32 idx, struct kc_cpu_state *ps, __u32 size, __u32 max, __u64 *pos)
+{
+	__u64 old, at, off, pad, end;
+	__u32 elem;
+	void *e;
+	int i;
+
+	for (i = 0; i < KC_AREA_TRIES; i++) {
+		old = *(volatile __u64 *)&ps->prod;
+		off = old & (kc_area_esize - 1);
+		pad = off > kc_area_esize - max ? kc_area_esize - off : 0;
+		end = old + pad + KC_AREA_HDR + ((size + 7) & ~7);
+		if (end - *(volatile __u64 *)&ps->cons > kc_area_rsize)
+			return NULL;
+		if (__sync_val_compare_and_swap(&ps->prod, old, end) == old)
+			goto won;
+	}
+	return NULL;
+won:
+	if (pad) {
+		elem = idx * (kc_area_kmask + 1) + ((old >> kc_area_eshift) & kc_area_kmask);
+		e = bpf_map_lookup_elem(&kc_area, &elem);
+		/* off + pad is the element's end, so off is below it by 8 or more. */
+		if (e && off <= kc_area_esize - KC_AREA_HDR)
+			*(volatile __u64 *)(e + off) = ((old >> kc_area_lshift) << 32) | KC_AREA_DISC | (pad - KC_AREA_HDR);
+	}
+	at = old + pad;
+	elem = idx * (kc_area_kmask + 1) + ((at >> kc_area_eshift) & kc_area_kmask);
+	e = bpf_map_lookup_elem(&kc_area, &elem);
+	off = at & (kc_area_esize - 1);
+	/* Never taken: at starts an element or fits before its end. */
+	if (!e || off > kc_area_esize - max)
+		return NULL;
+	*pos = at;
+	return e + off;
+}
+
+/* kc_area_commit publishes the record of size payload bytes at hdr, position pos. */
+static __always_inline void kc_area_commit(__u64 *hdr, __u64 pos, __u32 size)
+{
+	asm volatile("" ::: "memory");
+	*(volatile __u64 *)hdr = ((pos >> kc_area_lshift) << 32) | size;
+}
+
+/*
  * kc_wakeup_flags returns the submit flags for the caller's record:
  * wake the consumer once it has drained and gone to sleep (armed) and the
  * unread data reaches the watermark (KC_ARM_FILL), or, when it asked for
@@ -164,6 +261,18 @@ struct {
  * hand the wakeup back with kc_wakeup_unused, or the sleeping drainer
  * would sleep on.
  */
+/* kc_wake_taken disarms st for a wakeup the caller is about to force, and counts it. */
+static __always_inline void kc_wake_taken(struct kc_cpu_state *st, int atomic)
+{
+	/* Racing writers may both wake it: one spare wakeup, no harm. */
+	st->armed = 0;
+	st->woke_at = bpf_ktime_get_ns();
+	if (atomic)
+		__sync_fetch_and_add(&st->wakeups, 1);
+	else
+		st->wakeups++;
+}
+
 static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 pending, struct kc_cpu_state *st, int atomic, int sampled)
 {
 	__u32 armed = st->armed;
@@ -179,13 +288,7 @@ static __always_inline __u64 kc_wakeup_flags(void *ring, __u64 pending, struct k
 	if (bpf_ringbuf_query(ring, BPF_RB_AVAIL_DATA) + pending < kc_wakeup_bytes)
 		return BPF_RB_NO_WAKEUP;
 wake:
-	/* Racing writers may both wake it: one spare wakeup, no harm. */
-	st->armed = 0;
-	st->woke_at = bpf_ktime_get_ns();
-	if (atomic)
-		__sync_fetch_and_add(&st->wakeups, 1);
-	else
-		st->wakeups++;
+	kc_wake_taken(st, atomic);
 	return BPF_RB_FORCE_WAKEUP;
 }
 
@@ -199,6 +302,29 @@ static __always_inline void kc_wakeup_unused(struct kc_cpu_state *st, __u64 flag
 		__sync_fetch_and_add(&st->wakeups, -1);
 	else
 		st->wakeups--;
+}
+
+/*
+ * kc_area_wake wakes the consumer of a kc_area ring as kc_wakeup_flags
+ * decides, when the writer of slot st has left the ring's producer
+ * position at end (ps holds the ring's positions), by a record on the
+ * ring's doorbell, the BPF ring buffer ring. Testing the fill needs no
+ * helper call here, so every record tests it.
+ */
+static __always_inline void kc_area_wake(void *ring, struct kc_cpu_state *st, struct kc_cpu_state *ps, __u64 end, int atomic)
+{
+	__u32 armed = st->armed;
+
+	if (!armed)
+		return;
+	if ((armed & KC_ARM_DATA) && (__u32)(bpf_get_current_pid_tgid() >> 32) != kc_self_tgid)
+		goto wake;
+	if (!(armed & KC_ARM_FILL) || end - *(volatile __u64 *)&ps->cons < kc_wakeup_bytes)
+		return;
+wake:
+	kc_wake_taken(st, atomic);
+	if (bpf_ringbuf_output(ring, &end, sizeof(end), BPF_RB_FORCE_WAKEUP))
+		kc_wakeup_unused(st, BPF_RB_FORCE_WAKEUP, atomic);
 }
 #endif
 
@@ -251,6 +377,23 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 
 	if (!ring)
 		return -2; /* -ENOENT: no ring for this CPU */
+	if (kc_area_on) {
+		struct kc_cpu_state *ps = bpf_map_lookup_elem(&kc_state, &idx);
+		__u64 *h, pos;
+
+		if (!ps)
+			return -2;
+		barrier_var(size);
+		if (size > sizeof(struct kc_rec) + KC_PAYLOAD_MASK)
+			return -7; /* -E2BIG: kc_emit_at's callers mask the payload */
+		h = kc_area_reserve(idx, ps, size, KC_AREA_MAX, &pos);
+		if (!h)
+			return -11; /* -EAGAIN: ring full, as bpf_ringbuf_output */
+		bpf_probe_read_kernel(h + 1, size, s);
+		kc_area_commit(h, pos, size);
+		kc_area_wake(ring, st, ps, pos + KC_AREA_HDR + ((size + 7) & ~7), atomic);
+		return 0;
+	}
 	flags = kc_wakeup_flags(ring, size + 8, st, atomic, 0);
 	err = bpf_ringbuf_output(ring, s, size, flags);
 	if (err)

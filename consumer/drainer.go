@@ -87,9 +87,12 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 		if err != nil {
 			return nil, err
 		}
-		r, err := newRingbuf(m.FD(), cfg.RingSize)
+		r, err := newRingbuf(m.FD(), rec.ringSize())
 		if err != nil {
 			return nil, err
+		}
+		if rec.area {
+			st.bell, r = r, rec.newAreaRing(i)
 		}
 		st.src, st.data = r, r.data
 		if err := d.poll.Add(m.FD(), int32(i)); err != nil {
@@ -382,6 +385,9 @@ func (d *drainer) cutoff() uint64 {
 // an eighth of the wakeup watermark or more.
 func (d *drainer) drainAll(cutoff uint64) (more bool) {
 	for _, st := range d.streams {
+		if st.bell != nil {
+			st.bell.skipAll() // what rang it is what the drain reads
+		}
 		st.src.drain(d.w, d.loss, st, cutoff)
 		if st.src.waiting() >= d.watermark/8 {
 			more = true
@@ -408,6 +414,9 @@ func (d *drainer) placeMissed() {
 func (d *drainer) close() {
 	for _, st := range d.streams {
 		st.src.close()
+		if st.bell != nil {
+			st.bell.close()
+		}
 	}
 	if d.perf != nil {
 		d.perf.close()

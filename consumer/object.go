@@ -78,7 +78,7 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 			return fmt.Errorf("%w: built for the perf transport (-DKC_PERF), the session uses ring buffers", ErrConfig)
 		}
 		m.MaxEntries = uint32(r.ncpu)
-		m.InnerMap.MaxEntries = uint32(r.cfg.RingSize)
+		m.InnerMap.MaxEntries = uint32(r.ringSize())
 		rep[gen.ExampleMapKcRings] = r.coll.Maps[gen.RingbufMapKcRings]
 	} else {
 		m := spec.Maps[gen.ExamplePerfMapKcPerf]
@@ -98,6 +98,11 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 	}
 	if r.transport == Ringbuf {
 		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)
+	}
+	if r.area {
+		// areaUsable checked that the object has kc_area.
+		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea)
+		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]
 	}
 	var names []string
 	for name := range spec.Variables {

@@ -50,6 +50,9 @@ type recorder struct {
 	switchKey  uint32         // wakeup_latency: sched_switch's key and info
 	switchInfo gen.RingbufKcTpInfo
 	objects    []*object // users' programs (Config.Objects)
+	area       bool      // the programs write into kc_area rings (area.go)
+	areaErr    error     // why they do not
+	areaMem    []byte    // kc_area, mapped
 	injectMu   sync.Mutex
 	injectRec  *gen.RingbufKcInjectRec
 }
@@ -146,10 +149,19 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 			return nil, err
 		}
 	}
+	if opts != nil && opts.spec != nil {
+		r.areaErr = errors.New("another producer writes the BPF ring buffers")
+	} else {
+		r.areaErr = areaUsable(cfg, ncpu, transport, cfg.Objects)
+		r.area = r.areaErr == nil
+	}
+	if r.area {
+		setupArea(spec, set, cfg, ncpu, gen.RingbufMapKcArea)
+	}
 	if transport == Ringbuf {
 		rings := spec.Maps[gen.RingbufMapKcRings]
 		rings.MaxEntries = uint32(ncpu)
-		rings.InnerMap.MaxEntries = uint32(cfg.RingSize)
+		rings.InnerMap.MaxEntries = uint32(r.ringSize())
 		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
 		set[gen.RingbufVarKcWakeupMask] = wakeupMask(cfg, ncpu)
 	} else {
@@ -222,8 +234,22 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		r.dropBTF(spec)
 		r.coll, err = ebpf.NewCollection(spec)
 	}
+	if err != nil && r.area {
+		// The own rings are an optimisation too.
+		r.area, r.areaErr = false, fmt.Errorf("loading: %w", err)
+		spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(cfg.RingSize)
+		if err := spec.Variables[gen.RingbufVarKcAreaOn].Set(uint32(0)); err != nil {
+			return nil, fmt.Errorf("setting %s: %w", gen.RingbufVarKcAreaOn, err)
+		}
+		r.coll, err = ebpf.NewCollection(spec)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("loading the BPF recorder: %w", err)
+	}
+	if r.area {
+		if err := r.mapArea(); err != nil {
+			return nil, err
+		}
 	}
 	r.running = r.coll.Variables[gen.RingbufVarKcRunning]
 	state := r.coll.Maps[gen.RingbufMapKcState]
@@ -492,10 +518,19 @@ func (r *recorder) missed() (all, lost uint64) {
 	return all, lost
 }
 
+// ringSize returns the size of the BPF ring buffers: the rings, or with
+// kc_area the doorbells.
+func (r *recorder) ringSize() int {
+	if r.area {
+		return bellSize
+	}
+	return r.cfg.RingSize
+}
+
 // newRing creates the BPF ring buffer of stream i and puts it in the
 // recorder's array of rings; it returns the map.
 func (r *recorder) newRing(i int) (*ebpf.Map, error) {
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: fmt.Sprintf("kc_ring%d", i), Type: ebpf.RingBuf, MaxEntries: uint32(r.cfg.RingSize)})
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: fmt.Sprintf("kc_ring%d", i), Type: ebpf.RingBuf, MaxEntries: uint32(r.ringSize())})
 	if err != nil {
 		return nil, fmt.Errorf("ring buffer %d: %w", i, err)
 	}
@@ -623,6 +658,10 @@ func (r *recorder) close() {
 	if r.stateMem != nil {
 		_ = unix.Munmap(r.stateMem)
 		r.stateMem = nil
+	}
+	if r.areaMem != nil {
+		_ = unix.Munmap(r.areaMem)
+		r.areaMem = nil
 	}
 	if r.coll != nil {
 		r.coll.Close()

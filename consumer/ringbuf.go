@@ -15,6 +15,9 @@ const (
 	rbBusy   = 1 << 31
 	rbDisc   = 1 << 30
 	rbHdrLen = 8
+	// areaLapMask selects the lap in a kc_area record's header (its
+	// upper word; bpf/kconsume.h: kc_area_commit).
+	areaLapMask = 0xffffffff << 32
 )
 
 // ringbuf is one BPF ring buffer mapped into this process, read in place.
@@ -22,16 +25,26 @@ const (
 // first page (the only one user space may write), the producer position on
 // the second, then the data area mapped twice in a row so a record that
 // wraps is still contiguous.
+//
+// It reads a kc_area ring too (area.go), whose records have the same
+// 8-byte header and never wrap: there a record is finished when its
+// header holds the lap the ring's walk is in (vmask and lapShift select
+// it), where a BPF ring buffer clears the busy bit.
 type ringbuf struct {
-	fd      int
-	size    uint64 // data area bytes, a power of two
-	mask    uint64
-	consMem []byte
-	prodMem []byte
-	consPos *uint64
-	prodPos *uint64
-	data    []byte // 2*size bytes
-	cons    uint64 // local copy of the consumer position
+	fd       int
+	size     uint64 // data area bytes, a power of two
+	mask     uint64
+	consMem  []byte
+	prodMem  []byte
+	consPos  *uint64
+	prodPos  *uint64
+	data     []byte // 2*size bytes; size bytes of a kc_area ring
+	cons     uint64 // local copy of the consumer position
+	vmask    uint64 // header bits that tell a finished record
+	lapShift uint   // position >> lapShift is the lap (64: none)
+	area     bool
+	seen     uint64 // the position past the furthest record read
+	got      uint64 // records read, discarded ones not counted, each once
 }
 
 // newRingbuf maps the ring buffer map fd with a data area of size bytes.
@@ -58,29 +71,48 @@ func newRingbuf(fd int, size int) (*ringbuf, error) {
 		consPos: (*uint64)(unsafe.Pointer(&cons[0])),
 		prodPos: (*uint64)(unsafe.Pointer(&prod[0])),
 		data:    prod[page:],
+		vmask:   rbBusy,
+		// A shift by 64 gives 0 in Go: no lap to compare.
+		lapShift: 64,
 	}
 	r.cons = atomic.LoadUint64(r.consPos)
+	r.seen = r.cons
 	return r, nil
 }
 
 // next returns where the record at the local consumer position (r.cons,
 // its ring position) starts in data and its length, and moves past it;
 // ok is false when the ring holds no finished record. A discarded record
-// (bpf_ringbuf_discard) comes back with skip set. The producer publishes with a release store of the header
-// after the data (bpf_ringbuf_commit), so the acquire load of the header
-// orders the reads of the data after it.
+// (bpf_ringbuf_discard, or a kc_area ring's padding) comes back with
+// skip set; a header whose length reaches past the data comes back with
+// n 0, which the callers count as undecodable. The producer publishes
+// with a release store of the header after the data (bpf_ringbuf_commit;
+// kc_area_commit), so the acquire load of the header orders the reads of
+// the data after it.
 func (r *ringbuf) next(prod uint64) (off, n uint32, skip, ok bool) {
 	if r.cons >= prod {
 		return
 	}
 	o := r.cons & r.mask
-	hdr := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.data[o])))
-	if hdr&rbBusy != 0 {
+	hdr := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.data[o])))
+	if (hdr^(r.cons>>r.lapShift<<32))&r.vmask != 0 {
 		return
 	}
-	n = hdr &^ (rbBusy | rbDisc)
-	r.cons += (uint64(n) + rbHdrLen + 7) &^ 7
-	return uint32(o + rbHdrLen), n, hdr&rbDisc != 0, true
+	n = uint32(hdr) &^ (rbBusy | rbDisc)
+	skip = hdr&rbDisc != 0
+	end := r.cons + (uint64(n)+rbHdrLen+7)&^7
+	if r.cons >= r.seen {
+		// Walks go back over records (rollback): count each once.
+		r.seen = end
+		if !skip {
+			r.got++
+		}
+	}
+	r.cons = end
+	if o+rbHdrLen+uint64(n) > uint64(len(r.data)) {
+		n = 0
+	}
+	return uint32(o + rbHdrLen), n, skip, true
 }
 
 // producer returns the producer position (acquire).
@@ -112,6 +144,10 @@ func (r *ringbuf) skipAll() {
 }
 
 func (r *ringbuf) close() {
+	if r.area {
+		r.data = nil // the recorder's mapping
+		return
+	}
 	if r.consMem != nil {
 		_ = unix.Munmap(r.consMem)
 		_ = unix.Munmap(r.prodMem)

@@ -399,6 +399,11 @@ func (s *Session) FentrySyscalls() (events []string, why error) {
 	return events, s.rec.fentryErr
 }
 
+// OwnRings returns nil when the recorder's programs write into its own
+// rings (kc_area, area.go), or why they write into BPF ring buffers or
+// perf buffers.
+func (s *Session) OwnRings() error { return s.rec.areaErr }
+
 // Events returns the formats of the recorded tracepoints.
 func (s *Session) Events() []*tracefs.Format { return s.events }
 

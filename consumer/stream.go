@@ -50,9 +50,10 @@ type source interface {
 // stream is one output stream (a buffer of the channel) and the state of
 // draining its source into it.
 type stream struct {
-	idx         int    // buffer index in the channel (the CPU; 0 in global mode)
-	src         source // never nil
-	data        []byte // the source's data area, where entries point
+	idx         int      // buffer index in the channel (the CPU; 0 in global mode)
+	src         source   // never nil
+	bell        *ringbuf // a kc_area ring's doorbell, or nil
+	data        []byte   // the source's data area, where entries point
 	wrap        *[2][]byte
 	win         *window
 	scratch     []byte

@@ -21,7 +21,9 @@ type BenchKcCpuState struct {
 	Armed    uint32
 	Wakeups  uint64
 	WokeAt   uint64
-	Pad      [3]uint64
+	Prod     uint64
+	Cons     uint64
+	Pad      [1]uint64
 }
 
 type BenchKcScratch struct {
@@ -40,10 +42,17 @@ type BenchKcScratch struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	BenchMapKcArea        = "kc_area"
 	BenchMapKcRings       = "kc_rings"
 	BenchMapKcScratchMap  = "kc_scratch_map"
 	BenchMapKcState       = "kc_state"
 	BenchProgKcBench      = "kc_bench"
+	BenchVarKcAreaEshift  = "kc_area_eshift"
+	BenchVarKcAreaEsize   = "kc_area_esize"
+	BenchVarKcAreaKmask   = "kc_area_kmask"
+	BenchVarKcAreaLshift  = "kc_area_lshift"
+	BenchVarKcAreaOn      = "kc_area_on"
+	BenchVarKcAreaRsize   = "kc_area_rsize"
 	BenchVarKcBenchKey    = "kc_bench_key"
 	BenchVarKcBenchLen    = "kc_bench_len"
 	BenchVarKcBenchN      = "kc_bench_n"
@@ -105,6 +114,7 @@ type BenchProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BenchMapSpecs struct {
+	KcArea       *ebpf.MapSpec `ebpf:"kc_area"`
 	KcRings      *ebpf.MapSpec `ebpf:"kc_rings"`
 	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
 	KcState      *ebpf.MapSpec `ebpf:"kc_state"`
@@ -114,6 +124,12 @@ type BenchMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BenchVariableSpecs struct {
+	KcAreaEshift  *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
+	KcAreaEsize   *ebpf.VariableSpec `ebpf:"kc_area_esize"`
+	KcAreaKmask   *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
+	KcAreaLshift  *ebpf.VariableSpec `ebpf:"kc_area_lshift"`
+	KcAreaOn      *ebpf.VariableSpec `ebpf:"kc_area_on"`
+	KcAreaRsize   *ebpf.VariableSpec `ebpf:"kc_area_rsize"`
 	KcBenchKey    *ebpf.VariableSpec `ebpf:"kc_bench_key"`
 	KcBenchLen    *ebpf.VariableSpec `ebpf:"kc_bench_len"`
 	KcBenchN      *ebpf.VariableSpec `ebpf:"kc_bench_n"`
@@ -146,6 +162,7 @@ func (o *BenchObjects) Close() error {
 //
 // It can be passed to LoadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BenchMaps struct {
+	KcArea       *ebpf.Map `ebpf:"kc_area"`
 	KcRings      *ebpf.Map `ebpf:"kc_rings"`
 	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
 	KcState      *ebpf.Map `ebpf:"kc_state"`
@@ -153,6 +170,7 @@ type BenchMaps struct {
 
 func (m *BenchMaps) Close() error {
 	return _BenchClose(
+		m.KcArea,
 		m.KcRings,
 		m.KcScratchMap,
 		m.KcState,
@@ -163,6 +181,12 @@ func (m *BenchMaps) Close() error {
 //
 // It can be passed to LoadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BenchVariables struct {
+	KcAreaEshift  *ebpf.Variable `ebpf:"kc_area_eshift"`
+	KcAreaEsize   *ebpf.Variable `ebpf:"kc_area_esize"`
+	KcAreaKmask   *ebpf.Variable `ebpf:"kc_area_kmask"`
+	KcAreaLshift  *ebpf.Variable `ebpf:"kc_area_lshift"`
+	KcAreaOn      *ebpf.Variable `ebpf:"kc_area_on"`
+	KcAreaRsize   *ebpf.Variable `ebpf:"kc_area_rsize"`
 	KcBenchKey    *ebpf.Variable `ebpf:"kc_bench_key"`
 	KcBenchLen    *ebpf.Variable `ebpf:"kc_bench_len"`
 	KcBenchN      *ebpf.Variable `ebpf:"kc_bench_n"`

@@ -21,7 +21,9 @@ type ExampleKcCpuState struct {
 	Armed    uint32
 	Wakeups  uint64
 	WokeAt   uint64
-	Pad      [3]uint64
+	Prod     uint64
+	Cons     uint64
+	Pad      [1]uint64
 }
 
 type ExampleKcScratch struct {
@@ -40,6 +42,7 @@ type ExampleKcScratch struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	ExampleMapKcArea           = "kc_area"
 	ExampleMapKcRings          = "kc_rings"
 	ExampleMapKcScratchMap     = "kc_scratch_map"
 	ExampleMapKcState          = "kc_state"
@@ -48,6 +51,12 @@ const (
 	ExampleProgGetpidEvents    = "getpid_events"
 	ExampleProgGetpidKlog      = "getpid_klog"
 	ExampleVarCalls            = "calls"
+	ExampleVarKcAreaEshift     = "kc_area_eshift"
+	ExampleVarKcAreaEsize      = "kc_area_esize"
+	ExampleVarKcAreaKmask      = "kc_area_kmask"
+	ExampleVarKcAreaLshift     = "kc_area_lshift"
+	ExampleVarKcAreaOn         = "kc_area_on"
+	ExampleVarKcAreaRsize      = "kc_area_rsize"
 	ExampleVarKcClock          = "kc_clock"
 	ExampleVarKcDefGetpidPiece = "kc_def_getpid_piece"
 	ExampleVarKcDefGetpidWhole = "kc_def_getpid_whole"
@@ -114,6 +123,7 @@ type ExampleProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type ExampleMapSpecs struct {
+	KcArea         *ebpf.MapSpec `ebpf:"kc_area"`
 	KcRings        *ebpf.MapSpec `ebpf:"kc_rings"`
 	KcScratchMap   *ebpf.MapSpec `ebpf:"kc_scratch_map"`
 	KcState        *ebpf.MapSpec `ebpf:"kc_state"`
@@ -126,6 +136,12 @@ type ExampleMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ExampleVariableSpecs struct {
 	Calls            *ebpf.VariableSpec `ebpf:"calls"`
+	KcAreaEshift     *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
+	KcAreaEsize      *ebpf.VariableSpec `ebpf:"kc_area_esize"`
+	KcAreaKmask      *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
+	KcAreaLshift     *ebpf.VariableSpec `ebpf:"kc_area_lshift"`
+	KcAreaOn         *ebpf.VariableSpec `ebpf:"kc_area_on"`
+	KcAreaRsize      *ebpf.VariableSpec `ebpf:"kc_area_rsize"`
 	KcClock          *ebpf.VariableSpec `ebpf:"kc_clock"`
 	KcDefGetpidPiece *ebpf.VariableSpec `ebpf:"kc_def_getpid_piece"`
 	KcDefGetpidWhole *ebpf.VariableSpec `ebpf:"kc_def_getpid_whole"`
@@ -162,6 +178,7 @@ func (o *ExampleObjects) Close() error {
 //
 // It can be passed to LoadExampleObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ExampleMaps struct {
+	KcArea         *ebpf.Map `ebpf:"kc_area"`
 	KcRings        *ebpf.Map `ebpf:"kc_rings"`
 	KcScratchMap   *ebpf.Map `ebpf:"kc_scratch_map"`
 	KcState        *ebpf.Map `ebpf:"kc_state"`
@@ -171,6 +188,7 @@ type ExampleMaps struct {
 
 func (m *ExampleMaps) Close() error {
 	return _ExampleClose(
+		m.KcArea,
 		m.KcRings,
 		m.KcScratchMap,
 		m.KcState,
@@ -184,6 +202,12 @@ func (m *ExampleMaps) Close() error {
 // It can be passed to LoadExampleObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ExampleVariables struct {
 	Calls            *ebpf.Variable `ebpf:"calls"`
+	KcAreaEshift     *ebpf.Variable `ebpf:"kc_area_eshift"`
+	KcAreaEsize      *ebpf.Variable `ebpf:"kc_area_esize"`
+	KcAreaKmask      *ebpf.Variable `ebpf:"kc_area_kmask"`
+	KcAreaLshift     *ebpf.Variable `ebpf:"kc_area_lshift"`
+	KcAreaOn         *ebpf.Variable `ebpf:"kc_area_on"`
+	KcAreaRsize      *ebpf.Variable `ebpf:"kc_area_rsize"`
 	KcClock          *ebpf.Variable `ebpf:"kc_clock"`
 	KcDefGetpidPiece *ebpf.Variable `ebpf:"kc_def_getpid_piece"`
 	KcDefGetpidWhole *ebpf.Variable `ebpf:"kc_def_getpid_whole"`

@@ -21,7 +21,9 @@ type ExamplePerfKcCpuState struct {
 	Armed    uint32
 	Wakeups  uint64
 	WokeAt   uint64
-	Pad      [3]uint64
+	Prod     uint64
+	Cons     uint64
+	Pad      [1]uint64
 }
 
 type ExamplePerfKcScratch struct {

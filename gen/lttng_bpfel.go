@@ -21,7 +21,9 @@ type LTTngKcCpuState struct {
 	Armed    uint32
 	Wakeups  uint64
 	WokeAt   uint64
-	Pad      [3]uint64
+	Prod     uint64
+	Cons     uint64
+	Pad      [1]uint64
 }
 
 type LTTngKcScratch struct {
@@ -40,12 +42,19 @@ type LTTngKcScratch struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	LTTngMapKcArea                     = "kc_area"
 	LTTngMapKcRings                    = "kc_rings"
 	LTTngMapKcScratchMap               = "kc_scratch_map"
 	LTTngMapKcState                    = "kc_state"
 	LTTngMapKcSynthDepth               = "kc_synth_depth"
 	LTTngMapKcSynthScratch             = "kc_synth_scratch"
 	LTTngProgLttngSchedProcessFork     = "lttng_sched_process_fork"
+	LTTngVarKcAreaEshift               = "kc_area_eshift"
+	LTTngVarKcAreaEsize                = "kc_area_esize"
+	LTTngVarKcAreaKmask                = "kc_area_kmask"
+	LTTngVarKcAreaLshift               = "kc_area_lshift"
+	LTTngVarKcAreaOn                   = "kc_area_on"
+	LTTngVarKcAreaRsize                = "kc_area_rsize"
 	LTTngVarKcClock                    = "kc_clock"
 	LTTngVarKcDefKlog                  = "kc_def_klog"
 	LTTngVarKcDefLttngSchedProcessFork = "kc_def_lttng_sched_process_fork"
@@ -108,6 +117,7 @@ type LTTngProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LTTngMapSpecs struct {
+	KcArea         *ebpf.MapSpec `ebpf:"kc_area"`
 	KcRings        *ebpf.MapSpec `ebpf:"kc_rings"`
 	KcScratchMap   *ebpf.MapSpec `ebpf:"kc_scratch_map"`
 	KcState        *ebpf.MapSpec `ebpf:"kc_state"`
@@ -119,6 +129,12 @@ type LTTngMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LTTngVariableSpecs struct {
+	KcAreaEshift               *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
+	KcAreaEsize                *ebpf.VariableSpec `ebpf:"kc_area_esize"`
+	KcAreaKmask                *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
+	KcAreaLshift               *ebpf.VariableSpec `ebpf:"kc_area_lshift"`
+	KcAreaOn                   *ebpf.VariableSpec `ebpf:"kc_area_on"`
+	KcAreaRsize                *ebpf.VariableSpec `ebpf:"kc_area_rsize"`
 	KcClock                    *ebpf.VariableSpec `ebpf:"kc_clock"`
 	KcDefKlog                  *ebpf.VariableSpec `ebpf:"kc_def_klog"`
 	KcDefLttngSchedProcessFork *ebpf.VariableSpec `ebpf:"kc_def_lttng_sched_process_fork"`
@@ -152,6 +168,7 @@ func (o *LTTngObjects) Close() error {
 //
 // It can be passed to LoadLTTngObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LTTngMaps struct {
+	KcArea         *ebpf.Map `ebpf:"kc_area"`
 	KcRings        *ebpf.Map `ebpf:"kc_rings"`
 	KcScratchMap   *ebpf.Map `ebpf:"kc_scratch_map"`
 	KcState        *ebpf.Map `ebpf:"kc_state"`
@@ -161,6 +178,7 @@ type LTTngMaps struct {
 
 func (m *LTTngMaps) Close() error {
 	return _LTTngClose(
+		m.KcArea,
 		m.KcRings,
 		m.KcScratchMap,
 		m.KcState,
@@ -173,6 +191,12 @@ func (m *LTTngMaps) Close() error {
 //
 // It can be passed to LoadLTTngObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LTTngVariables struct {
+	KcAreaEshift               *ebpf.Variable `ebpf:"kc_area_eshift"`
+	KcAreaEsize                *ebpf.Variable `ebpf:"kc_area_esize"`
+	KcAreaKmask                *ebpf.Variable `ebpf:"kc_area_kmask"`
+	KcAreaLshift               *ebpf.Variable `ebpf:"kc_area_lshift"`
+	KcAreaOn                   *ebpf.Variable `ebpf:"kc_area_on"`
+	KcAreaRsize                *ebpf.Variable `ebpf:"kc_area_rsize"`
 	KcClock                    *ebpf.Variable `ebpf:"kc_clock"`
 	KcDefKlog                  *ebpf.Variable `ebpf:"kc_def_klog"`
 	KcDefLttngSchedProcessFork *ebpf.Variable `ebpf:"kc_def_lttng_sched_process_fork"`

@@ -26,7 +26,9 @@ type RingbufKcCpuState struct {
 	Armed    uint32
 	Wakeups  uint64
 	WokeAt   uint64
-	Pad      [3]uint64
+	Prod     uint64
+	Cons     uint64
+	Pad      [1]uint64
 }
 
 type RingbufKcInjectRec struct {
@@ -68,6 +70,7 @@ type RingbufKcTpInfo struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	RingbufMapKcArea           = "kc_area"
 	RingbufMapKcCgroup         = "kc_cgroup"
 	RingbufMapKcComms          = "kc_comms"
 	RingbufMapKcInjectBuf      = "kc_inject_buf"
@@ -88,6 +91,12 @@ const (
 	RingbufProgKcSysFentry     = "kc_sys_fentry"
 	RingbufProgKcSysFexit      = "kc_sys_fexit"
 	RingbufProgKcTracepoint    = "kc_tracepoint"
+	RingbufVarKcAreaEshift     = "kc_area_eshift"
+	RingbufVarKcAreaEsize      = "kc_area_esize"
+	RingbufVarKcAreaKmask      = "kc_area_kmask"
+	RingbufVarKcAreaLshift     = "kc_area_lshift"
+	RingbufVarKcAreaOn         = "kc_area_on"
+	RingbufVarKcAreaRsize      = "kc_area_rsize"
 	RingbufVarKcClock          = "kc_clock"
 	RingbufVarKcFilterCgroup   = "kc_filter_cgroup"
 	RingbufVarKcFilterComm     = "kc_filter_comm"
@@ -171,6 +180,7 @@ type RingbufProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufMapSpecs struct {
+	KcArea       *ebpf.MapSpec `ebpf:"kc_area"`
 	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
 	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
@@ -187,6 +197,12 @@ type RingbufMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufVariableSpecs struct {
+	KcAreaEshift     *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
+	KcAreaEsize      *ebpf.VariableSpec `ebpf:"kc_area_esize"`
+	KcAreaKmask      *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
+	KcAreaLshift     *ebpf.VariableSpec `ebpf:"kc_area_lshift"`
+	KcAreaOn         *ebpf.VariableSpec `ebpf:"kc_area_on"`
+	KcAreaRsize      *ebpf.VariableSpec `ebpf:"kc_area_rsize"`
 	KcClock          *ebpf.VariableSpec `ebpf:"kc_clock"`
 	KcFilterCgroup   *ebpf.VariableSpec `ebpf:"kc_filter_cgroup"`
 	KcFilterComm     *ebpf.VariableSpec `ebpf:"kc_filter_comm"`
@@ -232,6 +248,7 @@ func (o *RingbufObjects) Close() error {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufMaps struct {
+	KcArea       *ebpf.Map `ebpf:"kc_area"`
 	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.Map `ebpf:"kc_comms"`
 	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
@@ -246,6 +263,7 @@ type RingbufMaps struct {
 
 func (m *RingbufMaps) Close() error {
 	return _RingbufClose(
+		m.KcArea,
 		m.KcCgroup,
 		m.KcComms,
 		m.KcInjectBuf,
@@ -263,6 +281,12 @@ func (m *RingbufMaps) Close() error {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufVariables struct {
+	KcAreaEshift     *ebpf.Variable `ebpf:"kc_area_eshift"`
+	KcAreaEsize      *ebpf.Variable `ebpf:"kc_area_esize"`
+	KcAreaKmask      *ebpf.Variable `ebpf:"kc_area_kmask"`
+	KcAreaLshift     *ebpf.Variable `ebpf:"kc_area_lshift"`
+	KcAreaOn         *ebpf.Variable `ebpf:"kc_area_on"`
+	KcAreaRsize      *ebpf.Variable `ebpf:"kc_area_rsize"`
 	KcClock          *ebpf.Variable `ebpf:"kc_clock"`
 	KcFilterCgroup   *ebpf.Variable `ebpf:"kc_filter_cgroup"`
 	KcFilterComm     *ebpf.Variable `ebpf:"kc_filter_comm"`

@@ -226,6 +226,9 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
 		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
 	}
+	if why := s.OwnRings(); why != nil && s.Transport() == consumer.Ringbuf && !cfg.Global {
+		fmt.Fprintf(stderr, "kconsume record: records through BPF ring buffers: own rings: %v\n", host.explain(why))
+	}
 	if _, why := s.BTFEvents(); why != nil {
 		fmt.Fprintf(stderr, "kconsume record: sched events through their tracepoints: BTF path: %v\n", host.explain(why))
 	}

@@ -1,0 +1,151 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"runtime"
+	"sync/atomic"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/gen"
+)
+
+// The recorder's own rings (kc_area in bpf/kconsume.h): per CPU, a ring
+// of Config.RingSize bytes in an mmapable BPF array, in elements of at
+// most areaMaxElem bytes, which the programs reserve in with one
+// compare-and-swap of a position in kc_state and the drainer reads in
+// place as it reads a BPF ring buffer. A BPF ring buffer's reservation
+// takes a spinlock with interrupts off, and its commit another atomic
+// operation (kernel/bpf/ringbuf.c): on a virtual machine whose interrupt
+// flag is paravirtualised that was the largest part of a record's cost
+// (BenchmarkRecorderFloor). The CPU's BPF ring buffer stays, one page,
+// as the doorbell the writers wake the drainer through.
+
+const (
+	// areaMaxElem is the largest element: an array's value is at most
+	// KMALLOC_MAX_SIZE, 4 MiB (kernel/bpf/arraymap.c:
+	// array_map_alloc_check), and the elements' size is a power of two.
+	areaMaxElem = 2 << 20
+	// areaMinRing is the smallest ring: an element must hold the largest
+	// record (KC_AREA_MAX) many times over.
+	areaMinRing = 64 << 10
+	// areaMaxMap bounds the whole array (array_map_alloc refuses sizes
+	// near 4 GiB on older kernels).
+	areaMaxMap = 2 << 30
+	// bellSize is a doorbell ring's size: a wakeup is a 16-byte record
+	// and the drainer empties it on every pass.
+	bellSize = 4096
+)
+
+// noArea makes sessions write into BPF ring buffers even where the
+// kernel takes kc_area, so that tests cover both on one kernel
+// (KC_NO_AREA=1 in the environment sets it too).
+var noArea = os.Getenv("KC_NO_AREA") == "1"
+
+// areaShape returns the element size and count of a ring of size bytes.
+func areaShape(size int) (elem, count int) {
+	elem = min(size, areaMaxElem)
+	return elem, size / elem
+}
+
+// areaUsable returns nil when a session of cfg on ncpu CPUs can record
+// into kc_area rings, or why not. objects are the users' programs, which
+// must be built with a kc_synth.h that has kc_area.
+func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.CollectionSpec) error {
+	switch {
+	case noArea:
+		return errors.New("turned off (KC_NO_AREA)")
+	case transport != Ringbuf:
+		return errors.New("needs BPF ring buffers for its doorbells")
+	case cfg.Global:
+		return errors.New("one ring of all CPUs (--global) is a BPF ring buffer")
+	case runtime.GOARCH != "amd64":
+		// The writers publish a record with a plain store after its
+		// data, which only x86's store order makes a release.
+		return fmt.Errorf("publishing records needs x86 store order, not %s", runtime.GOARCH)
+	case cfg.RingSize < areaMinRing:
+		return fmt.Errorf("ring size %d is below %d", cfg.RingSize, areaMinRing)
+	case uint64(ncpu)*uint64(cfg.RingSize) > areaMaxMap:
+		return fmt.Errorf("%d rings of %d bytes exceed %d", ncpu, cfg.RingSize, areaMaxMap)
+	}
+	for i, spec := range objects {
+		if spec.Maps[gen.RingbufMapKcArea] == nil {
+			return fmt.Errorf("BPF object %d was built with a kc_synth.h without kc_area", i+1)
+		}
+	}
+	return haveCmpxchg()
+}
+
+// haveCmpxchg returns nil when the kernel runs BPF_CMPXCHG (5.12+), or
+// the verifier's refusal.
+func haveCmpxchg() error {
+	insns := asm.Instructions{
+		asm.Mov.Imm(asm.R0, 0),
+		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),
+		asm.Mov.Reg(asm.R1, asm.RFP),
+		asm.Add.Imm(asm.R1, -8),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Mov.Imm(asm.R2, 1),
+		// r0 = cmpxchg_64(r1 + 0, r0, r2)
+		asm.CmpXchg.Mem(asm.R1, asm.R2, asm.DWord, 0),
+		asm.Mov.Imm(asm.R0, 0),
+		asm.Return(),
+	}
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SocketFilter, License: "GPL", Instructions: insns})
+	if err != nil {
+		return fmt.Errorf("the kernel refuses BPF_CMPXCHG (5.12+): %w", err)
+	}
+	return p.Close()
+}
+
+// setupArea sizes kc_area in spec and sets the variables that turn it on,
+// in set, for a session of cfg on ncpu CPUs.
+func setupArea(spec *ebpf.CollectionSpec, set map[string]any, cfg Config, ncpu int, prefix string) {
+	elem, count := areaShape(cfg.RingSize)
+	m := spec.Maps[prefix]
+	m.ValueSize = uint32(elem)
+	m.MaxEntries = uint32(ncpu * count)
+	set[gen.RingbufVarKcAreaOn] = uint32(1)
+	set[gen.RingbufVarKcAreaEsize] = uint64(elem)
+	set[gen.RingbufVarKcAreaEshift] = uint32(bits.TrailingZeros(uint(elem)))
+	set[gen.RingbufVarKcAreaKmask] = uint32(count - 1)
+	set[gen.RingbufVarKcAreaRsize] = uint64(cfg.RingSize)
+	set[gen.RingbufVarKcAreaLshift] = uint32(bits.TrailingZeros(uint(cfg.RingSize)))
+}
+
+// mapArea maps the loaded kc_area: every CPU's ring, adjacent.
+func (r *recorder) mapArea() error {
+	m := r.coll.Maps[gen.RingbufMapKcArea]
+	mem, err := unix.Mmap(m.FD(), 0, r.ncpu*r.cfg.RingSize, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mapping kc_area: %w", err)
+	}
+	r.areaMem = mem
+	return nil
+}
+
+// newAreaRing returns the reader of stream i's kc_area ring: its bytes,
+// and its positions in i's slot of kc_state.
+func (r *recorder) newAreaRing(i int) *ringbuf {
+	size := uint64(r.cfg.RingSize)
+	cs := r.cpuState(i)
+	rb := &ringbuf{
+		fd:       -1,
+		size:     size,
+		mask:     size - 1,
+		consPos:  &cs.Cons,
+		prodPos:  &cs.Prod,
+		data:     r.areaMem[uint64(i)*size : uint64(i+1)*size : uint64(i+1)*size],
+		vmask:    areaLapMask,
+		lapShift: uint(bits.TrailingZeros64(size)),
+		area:     true,
+	}
+	rb.cons = atomic.LoadUint64(rb.consPos)
+	rb.seen = rb.cons
+	return rb
+}

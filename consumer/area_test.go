@@ -1,0 +1,107 @@
+package consumer
+
+import (
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+)
+
+// areaExpected reports whether sessions should write into kc_area rings
+// here: x86_64 kernels with BPF_CMPXCHG (5.12+). A kernel that should
+// and does not fails t.
+func areaExpected(t *testing.T) bool {
+	t.Helper()
+	if runtime.GOARCH != "amd64" || !kernelAtLeast(t, 5, 12) {
+		return false
+	}
+	if err := haveCmpxchg(); err != nil {
+		t.Fatalf("5.12+ kernel without BPF_CMPXCHG: %v", err)
+	}
+	return true
+}
+
+// TestOwnRings records a child's exact number of getpid calls through
+// kc_area rings: small ones, which the records go round hundreds of times
+// and where the writers pad to an element's end often, one of several
+// elements, and a BPF ring buffer for comparison. What the rings could not
+// take must be counted, event for event, and babeltrace2 must read what
+// was written.
+func TestOwnRings(t *testing.T) {
+	testenv.RequireRoot(t)
+	const n = 200000
+	cases := []struct {
+		name  string
+		ring  int
+		elems int // kc_area elements per ring; 0: a BPF ring buffer
+	}{
+		{"64KiB", 64 << 10, 1},
+		{"8MiB", 8 << 20, 4},
+		{"bpf-ringbuf", 64 << 10, 0},
+	}
+	want := areaExpected(t)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.elems == 0 {
+				noArea = true
+				defer func() { noArea = false }()
+			}
+			c := startChild(t, "getpid", n)
+			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, RingSize: tc.ring})
+			used := s.OwnRings() == nil
+			if tc.elems > 0 && used != want {
+				t.Fatalf("own rings used: %v, want %v (%v)", used, want, s.OwnRings())
+			}
+			if tc.elems == 0 && used {
+				t.Fatal("own rings used with KC_NO_AREA")
+			}
+			if used {
+				if _, k := areaShape(tc.ring); k != tc.elems {
+					t.Fatalf("%d elements per ring, want %d", k, tc.elems)
+				}
+			}
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			c.run(t)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			st, err := s.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var emitted, kernelLost, missed uint64
+			for _, c := range st {
+				emitted += c.Emitted
+				kernelLost += c.KernelLost
+				missed += c.Missed
+			}
+			counts, lost := countEvents(t, dir)
+			rec := counts["syscalls:sys_enter_getpid"]
+			t.Logf("%d recorded, %d lost in the kernel, %d runs missed; emitted %d", rec, kernelLost, missed, emitted)
+			if uint64(rec) != emitted || lost != kernelLost || uint64(rec)+lost > n || uint64(rec)+lost+missed < n {
+				t.Fatalf("our reader: %d events and %d lost; the recorder: %d emitted, %d lost, %d missed; want %d in all", rec, lost, emitted, kernelLost, missed, n)
+			}
+			lines, discards := testenv.RunBT2(t, dir)
+			got := 0
+			for _, l := range lines {
+				if strings.Contains(l, "syscalls:sys_enter_getpid:") && strings.Contains(l, "common_pid = "+strconv.Itoa(c.tid)) {
+					got++
+				}
+			}
+			var btLost uint64
+			for _, d := range discards {
+				if d.Kind != "events" {
+					t.Fatalf("babeltrace2 reports discarded %s", d.Kind)
+				}
+				btLost += uint64(d.Count)
+			}
+			if got != rec || len(lines) != rec || btLost != lost {
+				t.Fatalf("babeltrace2: %d matching of %d lines, %d discarded; want %d and %d", got, len(lines), btLost, rec, lost)
+			}
+		})
+	}
+}
