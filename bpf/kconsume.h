@@ -155,10 +155,11 @@ struct {
  * A record is an 8-byte header, then its payload, padded to 8 bytes: the
  * header holds the payload length (bits 0-29; KC_AREA_DISC marks padding
  * to skip) and, in the upper word, the lap of the ring the record was
- * written in, position >> kc_area_lshift. It is stored last: on x86 the
- * stores before it are seen first (TSO), and a header of an earlier lap
- * tells the consumer the record is not written yet, so nothing is ever
- * cleared. A record never crosses an element's end, which keeps every
+ * written in plus one, (position >> kc_area_lshift) + 1, so that the
+ * zeroes of memory never written are no record of the first lap. It is
+ * stored last: on x86 the stores before it are seen first (TSO), and a
+ * header of an earlier lap tells the consumer the record is not written
+ * yet, so nothing is ever cleared. A record never crosses an element's end, which keeps every
  * store inside the element the verifier knows: a record that would is
  * preceded by padding up to the next element. The BPF ring buffer of the
  * CPU (kc_rings) then only carries the wakeups, a doorbell.
@@ -184,6 +185,12 @@ struct {
 	__uint(value_size, 8); /* set to kc_area_esize at load */
 	__uint(max_entries, 1); /* set to the CPUs times the elements per ring at load */
 } kc_area SEC(".maps");
+
+/* kc_area_lap returns the upper word of a header at position pos. */
+static __always_inline __u64 kc_area_lap(__u64 pos)
+{
+	return ((pos >> kc_area_lshift) + 1) << 32;
+}
 
 /*
  * kc_area_reserve reserves a record of size payload bytes, padded to 8,
@@ -217,7 +224,7 @@ won:
 		e = bpf_map_lookup_elem(&kc_area, &elem);
 		/* off + pad is the element's end, so off is below it by 8 or more. */
 		if (e && off <= kc_area_esize - KC_AREA_HDR)
-			*(volatile __u64 *)(e + off) = ((old >> kc_area_lshift) << 32) | KC_AREA_DISC | (pad - KC_AREA_HDR);
+			*(volatile __u64 *)(e + off) = kc_area_lap(old) | KC_AREA_DISC | (pad - KC_AREA_HDR);
 	}
 	at = old + pad;
 	elem = idx * (kc_area_kmask + 1) + ((at >> kc_area_eshift) & kc_area_kmask);
@@ -234,7 +241,7 @@ won:
 static __always_inline void kc_area_commit(__u64 *hdr, __u64 pos, __u32 size)
 {
 	asm volatile("" ::: "memory");
-	*(volatile __u64 *)hdr = ((pos >> kc_area_lshift) << 32) | size;
+	*(volatile __u64 *)hdr = kc_area_lap(pos) | size;
 }
 
 /*

@@ -103,6 +103,22 @@ func haveCmpxchg() error {
 	return p.Close()
 }
 
+// stripArea replaces the compare-and-swap instructions of kc_area's
+// writers in spec's programs, dead code when kc_area_on is 0, by a move:
+// kernels before 5.12 refuse any atomic instruction with an immediate,
+// reached or not (kernel/bpf/verifier.c:resolve_pseudo_ldimm64 checks
+// every instruction's reserved fields before the walk).
+func stripArea(spec *ebpf.CollectionSpec) {
+	for _, p := range spec.Programs {
+		for i := range p.Instructions {
+			ins := &p.Instructions[i]
+			if ins.OpCode.Class() == asm.StXClass && ins.OpCode.Mode() == asm.AtomicMode && ins.OpCode.AtomicOp() == asm.CmpXchg {
+				*ins = asm.Mov.Imm(asm.R0, 0).WithMetadata(ins.Metadata)
+			}
+		}
+	}
+}
+
 // setupArea sizes kc_area in spec and sets the variables that turn it on,
 // in set, for a session of cfg on ncpu CPUs.
 func setupArea(spec *ebpf.CollectionSpec, set map[string]any, cfg Config, ncpu int, prefix string) {

@@ -103,6 +103,8 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 		// areaUsable checked that the object has kc_area.
 		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea)
 		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]
+	} else {
+		stripArea(spec)
 	}
 	var names []string
 	for name := range spec.Variables {

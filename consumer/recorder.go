@@ -157,6 +157,8 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 	}
 	if r.area {
 		setupArea(spec, set, cfg, ncpu, gen.RingbufMapKcArea)
+	} else {
+		stripArea(spec)
 	}
 	if transport == Ringbuf {
 		rings := spec.Maps[gen.RingbufMapKcRings]
@@ -241,6 +243,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		if err := spec.Variables[gen.RingbufVarKcAreaOn].Set(uint32(0)); err != nil {
 			return nil, fmt.Errorf("setting %s: %w", gen.RingbufVarKcAreaOn, err)
 		}
+		stripArea(spec)
 		r.coll, err = ebpf.NewCollection(spec)
 	}
 	if err != nil {

@@ -28,8 +28,8 @@ const (
 //
 // It reads a kc_area ring too (area.go), whose records have the same
 // 8-byte header and never wrap: there a record is finished when its
-// header holds the lap the ring's walk is in (vmask and lapShift select
-// it), where a BPF ring buffer clears the busy bit.
+// header holds the lap the ring's walk is in, plus one (vmask and
+// lapShift select it), where a BPF ring buffer clears the busy bit.
 type ringbuf struct {
 	fd       int
 	size     uint64 // data area bytes, a power of two
@@ -95,7 +95,7 @@ func (r *ringbuf) next(prod uint64) (off, n uint32, skip, ok bool) {
 	}
 	o := r.cons & r.mask
 	hdr := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.data[o])))
-	if (hdr^(r.cons>>r.lapShift<<32))&r.vmask != 0 {
+	if (hdr^(r.cons>>r.lapShift+1)<<32)&r.vmask != 0 {
 		return
 	}
 	n = uint32(hdr) &^ (rbBusy | rbDisc)
