@@ -62,17 +62,7 @@ func TestOwnRings(t *testing.T) {
 					t.Fatalf("%d elements per ring, want %d", k, tc.elems)
 				}
 			}
-			if err := s.Start(); err != nil {
-				t.Fatal(err)
-			}
-			c.run(t)
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-			st, err := s.Stats()
-			if err != nil {
-				t.Fatal(err)
-			}
+			st := recordChild(t, s, c)
 			var emitted, kernelLost, missed uint64
 			for _, c := range st {
 				emitted += c.Emitted

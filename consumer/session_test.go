@@ -153,6 +153,23 @@ func (c *tracedChild) finish() error {
 	return c.cmd.Wait()
 }
 
+// recordChild starts s, runs c's load, closes s and returns its stats.
+func recordChild(t *testing.T, s *Session, c *tracedChild) []CPUStats {
+	t.Helper()
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.run(t)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 // newTestSession starts a session into a fresh directory; Close runs at
 // cleanup if the test did not close it.
 func newTestSession(t *testing.T, cfg Config) (*Session, string) {

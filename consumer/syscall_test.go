@@ -123,18 +123,7 @@ func TestSyscallRaw(t *testing.T) {
 				t.Errorf("%s: recorded raw, but its layout is not direct: %+v", events[i], s.w.layouts[i].ops)
 			}
 		}
-		if err := s.Start(); err != nil {
-			t.Fatal(err)
-		}
-		c.run(t)
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		st, err := s.Stats()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, cs := range st {
+		for _, cs := range recordChild(t, s, c) {
 			missed[k] += int(cs.Missed)
 		}
 		runs[k] = childSyscalls(t, fmt.Sprintf("raw %v", raw), dir, c, n)
