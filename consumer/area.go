@@ -82,8 +82,20 @@ func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.Colle
 }
 
 // haveCmpxchg returns nil when the kernel runs BPF_CMPXCHG (5.12+), or
-// the verifier's refusal.
+// why not. The release is checked first: Debian's 5.10 loads the probe
+// below and then refuses the recorder ("BPF_STX uses reserved fields").
 func haveCmpxchg() error {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return fmt.Errorf("uname: %w", err)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor); err != nil {
+		return fmt.Errorf("kernel release %q: %w", unix.ByteSliceToString(u.Release[:]), err)
+	}
+	if major < 5 || major == 5 && minor < 12 {
+		return fmt.Errorf("BPF_CMPXCHG needs Linux 5.12, this is %d.%d", major, minor)
+	}
 	insns := asm.Instructions{
 		asm.Mov.Imm(asm.R0, 0),
 		asm.StoreMem(asm.RFP, -8, asm.R0, asm.DWord),

@@ -214,6 +214,17 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		}
 	}
 	r.coll, err = ebpf.NewCollection(spec)
+	if err != nil && r.area {
+		// The own rings are an optimisation, and the newest code: the
+		// first to go when the kernel refuses the recorder.
+		r.area, r.areaErr = false, fmt.Errorf("loading: %w", err)
+		spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(cfg.RingSize)
+		if err := spec.Variables[gen.RingbufVarKcAreaOn].Set(uint32(0)); err != nil {
+			return nil, fmt.Errorf("setting %s: %w", gen.RingbufVarKcAreaOn, err)
+		}
+		stripArea(spec)
+		r.coll, err = ebpf.NewCollection(spec)
+	}
 	if err != nil && len(r.fentry) > 0 && cfg.Syscalls == SyscallsFentry {
 		return nil, fmt.Errorf("fentry syscall path: loading the BPF recorder: %w", err)
 	}
@@ -234,16 +245,6 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		// So is the BTF event path.
 		r.btfErr = fmt.Errorf("loading: %w", err)
 		r.dropBTF(spec)
-		r.coll, err = ebpf.NewCollection(spec)
-	}
-	if err != nil && r.area {
-		// The own rings are an optimisation too.
-		r.area, r.areaErr = false, fmt.Errorf("loading: %w", err)
-		spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(cfg.RingSize)
-		if err := spec.Variables[gen.RingbufVarKcAreaOn].Set(uint32(0)); err != nil {
-			return nil, fmt.Errorf("setting %s: %w", gen.RingbufVarKcAreaOn, err)
-		}
-		stripArea(spec)
 		r.coll, err = ebpf.NewCollection(spec)
 	}
 	if err != nil {
