@@ -99,13 +99,8 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 	if r.transport == Ringbuf {
 		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)
 	}
-	if r.area {
-		// areaUsable checked that the object has kc_area.
-		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea)
-		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]
-	} else {
-		stripArea(spec)
-	}
+	// Sessions with objects never use own rings (areaUsable).
+	stripArea(spec)
 	var names []string
 	for name := range spec.Variables {
 		if ev, ok := strings.CutPrefix(name, keyVarPrefix); ok {
