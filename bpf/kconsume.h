@@ -202,7 +202,7 @@ static __always_inline __u64 kc_area_lap(__u64 pos)
  */
 static __always_inline __u64 *kc_area_reserve(__u32 idx, struct kc_cpu_state *ps, __u32 size, __u32 max, __u64 *pos)
 {
-	__u64 old, at, off, pad, end;
+	__u64 old, at, off, pad, end, lim;
 	__u32 elem;
 	void *e;
 	int i;
@@ -222,16 +222,27 @@ won:
 	if (pad) {
 		elem = idx * (kc_area_kmask + 1) + ((old >> kc_area_eshift) & kc_area_kmask);
 		e = bpf_map_lookup_elem(&kc_area, &elem);
-		/* off + pad is the element's end, so off is below it by 8 or more. */
-		if (e && off <= kc_area_esize - KC_AREA_HDR)
-			*(volatile __u64 *)(e + off) = kc_area_lap(old) | KC_AREA_DISC | (pad - KC_AREA_HDR);
+		/*
+		 * off is a multiple of 8 below the element's end: the mask
+		 * changes nothing but tells the verifier (6.1's does not learn
+		 * it from a comparison here).
+		 */
+		if (e)
+			*(volatile __u64 *)(e + (off & (kc_area_esize - KC_AREA_HDR))) = kc_area_lap(old) | KC_AREA_DISC | (pad - KC_AREA_HDR);
 	}
 	at = old + pad;
 	elem = idx * (kc_area_kmask + 1) + ((at >> kc_area_eshift) & kc_area_kmask);
 	e = bpf_map_lookup_elem(&kc_area, &elem);
 	off = at & (kc_area_esize - 1);
-	/* Never taken: at starts an element or fits before its end. */
-	if (!e || off > kc_area_esize - max)
+	lim = kc_area_esize - max;
+	/*
+	 * Never taken: at starts an element or fits before its end. Both
+	 * sides stay in registers, so that the verifier bounds off by a
+	 * comparison with a constant, which older ones need.
+	 */
+	barrier_var(lim);
+	barrier_var(off);
+	if (!e || off > lim)
 		return NULL;
 	*pos = at;
 	return e + off;

@@ -72,10 +72,11 @@ func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.Colle
 		return fmt.Errorf("ring size %d is below %d", cfg.RingSize, areaMinRing)
 	case uint64(ncpu)*uint64(cfg.RingSize) > areaMaxMap:
 		return fmt.Errorf("%d rings of %d bytes exceed %d", ncpu, cfg.RingSize, areaMaxMap)
-	case len(objects) > 0:
-		// The 6.1 verifier could not bound kc_output's stores in a
-		// user's object (TestObjectErrors in the 6.1 guest).
-		return errors.New("users' BPF objects write BPF ring buffers")
+	}
+	for i, spec := range objects {
+		if spec.Maps[gen.RingbufMapKcArea] == nil {
+			return fmt.Errorf("BPF object %d was built with a kc_synth.h without kc_area", i+1)
+		}
 	}
 	return haveCmpxchg()
 }

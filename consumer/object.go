@@ -99,8 +99,13 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 	if r.transport == Ringbuf {
 		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)
 	}
-	// Sessions with objects never use own rings (areaUsable).
-	stripArea(spec)
+	if r.area {
+		// areaUsable checked that the object has kc_area.
+		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea)
+		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]
+	} else {
+		stripArea(spec)
+	}
 	var names []string
 	for name := range spec.Variables {
 		if ev, ok := strings.CutPrefix(name, keyVarPrefix); ok {
