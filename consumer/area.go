@@ -174,6 +174,5 @@ func (r *recorder) newAreaRing(i int) *ringbuf {
 		area:     true,
 	}
 	rb.cons = atomic.LoadUint64(rb.consPos)
-	rb.seen = rb.cons
 	return rb
 }

@@ -43,8 +43,7 @@ type ringbuf struct {
 	vmask    uint64 // header bits that tell a finished record
 	lapShift uint   // position >> lapShift is the lap (64: none)
 	area     bool
-	seen     uint64 // the position past the furthest record read
-	got      uint64 // records read, discarded ones not counted, each once
+	got      uint64 // records read, discarded ones not counted; rewind takes back
 }
 
 // newRingbuf maps the ring buffer map fd with a data area of size bytes.
@@ -76,7 +75,6 @@ func newRingbuf(fd int, size int) (*ringbuf, error) {
 		lapShift: 64,
 	}
 	r.cons = atomic.LoadUint64(r.consPos)
-	r.seen = r.cons
 	return r, nil
 }
 
@@ -100,19 +98,25 @@ func (r *ringbuf) next(prod uint64) (off, n uint32, skip, ok bool) {
 	}
 	n = uint32(hdr) &^ (rbBusy | rbDisc)
 	skip = hdr&rbDisc != 0
-	end := r.cons + (uint64(n)+rbHdrLen+7)&^7
-	if r.cons >= r.seen {
-		// Walks go back over records (rollback): count each once.
-		r.seen = end
-		if !skip {
-			r.got++
-		}
-	}
-	r.cons = end
+	r.cons += (uint64(n) + rbHdrLen + 7) &^ 7
+	r.got += uint64(^uint32(hdr)>>30) & 1 // not discarded (rbDisc)
 	if o+rbHdrLen+uint64(n) > uint64(len(r.data)) {
 		n = 0
 	}
 	return uint32(o + rbHdrLen), n, skip, true
+}
+
+// rewind moves the walk back to pos, a record boundary it passed, and
+// takes the records between out of got, so that each record read counts
+// once however often a walk goes over it (rollback). The headers are
+// still there: the ring is released only up to where a walk may return.
+func (r *ringbuf) rewind(pos uint64) {
+	for p := pos; p < r.cons; {
+		hdr := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.data[p&r.mask])))
+		r.got -= uint64(^uint32(hdr)>>30) & 1
+		p += (uint64(uint32(hdr)&^(rbBusy|rbDisc)) + rbHdrLen + 7) &^ 7
+	}
+	r.cons = pos
 }
 
 // producer returns the producer position (acquire).

@@ -113,13 +113,13 @@ func (w *writer) walkOnce(st *stream, r *ringbuf, prod uint64) (why int, late ui
 			continue
 		}
 		if n < uint32(recHdrLen) || uint64(n) > r.size {
-			r.cons = pos
+			r.rewind(pos)
 			return onceOther, 0
 		}
 		rec := kcRec(data[off : off+n : off+n])
 		ts := rec.ts()
 		if ts < run.LastTS() {
-			r.cons = pos
+			r.rewind(pos)
 			return onceLate, ts
 		}
 		if cps.left <= 0 {
@@ -127,7 +127,7 @@ func (w *writer) walkOnce(st *stream, r *ringbuf, prod uint64) (why int, late ui
 			cps.push(checkpoint{mark: w.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
 		if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(ts, key, payload)) && !cc.putCopied(w, &run, ts, key, rec) && !w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, &run) {
-			r.cons = pos
+			r.rewind(pos)
 			return onceOther, 0
 		}
 		cps.left--
@@ -149,19 +149,19 @@ func (w *writer) walkWrite(st *stream, r *ringbuf, prod uint64) (why int, late u
 			continue
 		}
 		if n < uint32(recHdrLen) || uint64(n) > r.size {
-			r.cons = pos
+			r.rewind(pos)
 			return onceOther, 0
 		}
 		ts := binary.LittleEndian.Uint64(data[off:])
 		if ts < last {
-			r.cons = pos
+			r.rewind(pos)
 			return onceLate, ts
 		}
 		if cps.left <= 0 {
 			cps.push(checkpoint{mark: w.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
 		if !w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, nil) {
-			r.cons = pos
+			r.rewind(pos)
 			return onceOther, 0
 		}
 		last = ts
@@ -195,7 +195,8 @@ func (w *writer) rollback(st *stream, r *ringbuf, late, pos uint64) bool {
 				w.emit(st, e) // a loss notice: not in the ring to walk again
 			}
 		}
-		r.cons, st.replayEnd = cp.pos, pos+1
+		r.rewind(cp.pos)
+		st.replayEnd = pos + 1
 		win.newest, win.reordered = cp.mark.TS(), cp.reordered
 		cps.truncate(i)
 		st.rollbacks++
