@@ -182,30 +182,37 @@ static __always_inline void *kc_cpu_ring(__u32 *cpu, struct kc_cpu_state **st)
 	return bpf_map_lookup_elem(&kc_rings, &idx);
 }
 
+/* struct kc_resv is a reservation of kc_reserve: its size, and with kc_area its position. */
+struct kc_resv {
+	__u64 pos;
+	__u32 size;
+};
+
 /*
  * kc_reserve reserves a ring record of size bytes (a constant of the
  * caller), struct kc_rec included, in this CPU's ring: the BPF ring
- * buffer ring, or its kc_area ring, whose positions are in st, then with
- * the record's position in *pos. It returns NULL when the ring is full.
+ * buffer ring, or its kc_area ring, whose positions are in st. It
+ * returns NULL when the ring is full, and the reservation in *res.
  */
-static __always_inline struct kc_rec *kc_reserve(void *ring, struct kc_cpu_state *st, __u32 cpu, __u32 size, __u64 *pos)
+static __always_inline struct kc_rec *kc_reserve(void *ring, struct kc_cpu_state *st, __u32 cpu, __u32 size, struct kc_resv *res)
 {
 	__u64 *h;
 
+	res->size = size;
 	if (!kc_area_on)
 		return bpf_ringbuf_reserve(ring, size, 0);
-	h = kc_area_reserve(cpu, st, size, KC_AREA_HDR + ((size + 7) & ~7), pos);
+	h = kc_area_reserve(cpu, st, size, KC_AREA_HDR + ((size + 7) & ~7), &res->pos);
 	return h ? (void *)(h + 1) : NULL;
 }
 
 /*
- * kc_submit stamps r, reserved by kc_reserve with size bytes at pos, as a
- * record of len payload bytes of event key from cpu, submits it and
- * counts it in st, with atomic adds for programs that can run
- * preemptibly or nest with another of ours on the CPU (raw and BTF
- * tracepoints, trampolines). It returns the timestamp.
+ * kc_submit stamps r, reserved by kc_reserve as res, as a record of len
+ * payload bytes of event key from cpu, submits it and counts it in st,
+ * with atomic adds for programs that can run preemptibly or nest with
+ * another of ours on the CPU (raw and BTF tracepoints, trampolines). It
+ * returns the timestamp.
  */
-static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_cpu_state *st, __u32 key, __u32 len, __u32 cpu, __u32 size, __u64 pos, int atomic)
+static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_cpu_state *st, __u32 key, __u32 len, __u32 cpu, struct kc_resv *res, int atomic)
 {
 	__u64 ts;
 
@@ -216,8 +223,8 @@ static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_c
 	r->ts = ts;
 	if (kc_area_on) {
 		/* The consumer counts the records it reads: no atomic here. */
-		kc_area_commit((__u64 *)r - 1, pos, size);
-		kc_area_wake(ring, st, st, pos + KC_AREA_HDR + ((size + 7) & ~7), atomic);
+		kc_area_commit((__u64 *)r - 1, res->pos, res->size);
+		kc_area_wake(ring, st, st, res->pos + KC_AREA_HDR + ((res->size + 7) & ~7), atomic);
 		return ts;
 	}
 	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, atomic, 1));
@@ -284,7 +291,7 @@ static __always_inline __u32 kc_small_size(void)
 
 #define KC_RESERVE(n)                                                             \
 	case n:                                                                   \
-		r = kc_reserve(ring, st, cpu, sizeof(struct kc_rec) + 8 * (n), &pos); \
+		r = kc_reserve(ring, st, cpu, sizeof(struct kc_rec) + 8 * (n), &res); \
 		break;
 
 /*
@@ -303,7 +310,7 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 {
 	struct kc_cpu_state *st;
 	struct kc_rec *r = NULL;
-	__u64 pos = 0;
+	struct kc_resv res = {};
 	void *ring, *d;
 	__u32 cpu;
 
@@ -349,7 +356,7 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	kc_word(d, ctx, size, 14);
 	kc_word(d, ctx, size, 15);
 	kc_put_entry(d, info->id, bpf_get_current_pid_tgid());
-	return kc_submit(ring, r, st, key, size - KC_CUT, cpu, sizeof(struct kc_rec) + 8 * ((size - KC_CUT + 7) / 8), pos, 0);
+	return kc_submit(ring, r, st, key, size - KC_CUT, cpu, &res, 0);
 }
 #endif
 
@@ -541,7 +548,7 @@ static __always_inline void kc_sys_fill(struct kc_sys_rec *r, __u32 words, struc
  */
 #define KC_SYS_RESERVE(w)                                                         \
 	case w:                                                                   \
-		r = (void *)kc_reserve(ring, st, cpu, sizeof(struct kc_rec) + 8 * (w), &pos); \
+		r = (void *)kc_reserve(ring, st, cpu, sizeof(struct kc_rec) + 8 * (w), &res); \
 		if (r)                                                            \
 			kc_sys_fill(r, w, regs, nr, exit, ret);                   \
 		break;
@@ -562,7 +569,7 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr
 	struct kc_cpu_state *st;
 	struct kc_tp_info *info;
 	__u32 cpu, size;
-	__u64 pos = 0;
+	struct kc_resv res = {};
 	void *ring;
 
 	if (!kc_pass())
@@ -593,7 +600,7 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr
 		return;
 	}
 	kc_put_entry(r->data, info->id, pid);
-	kc_submit(ring, &r->hdr, st, key, size, cpu, sizeof(struct kc_rec) + 8 * ((size + 7) / 8), pos, 1);
+	kc_submit(ring, &r->hdr, st, key, size, cpu, &res, 1);
 }
 
 /*
@@ -769,7 +776,7 @@ int kc_btf_switch(__u64 *ctx)
 	struct task_struct *prev = (void *)ctx[1], *next = (void *)ctx[2];
 	struct kc_cpu_state *st;
 	struct kc_rec *r;
-	__u64 pos = 0;
+	struct kc_resv res = {};
 	void *ring, *d;
 	__u32 cpu;
 
@@ -778,7 +785,7 @@ int kc_btf_switch(__u64 *ctx)
 	ring = kc_cpu_ring(&cpu, &st);
 	if (!ring)
 		return 0;
-	r = kc_reserve(ring, st, cpu, sizeof(*r) + 64, &pos);
+	r = kc_reserve(ring, st, cpu, sizeof(*r) + 64, &res);
 	if (!r) {
 		__sync_fetch_and_add(&st->lost, 1);
 		return 0;
@@ -798,7 +805,7 @@ int kc_btf_switch(__u64 *ctx)
 	 * Atomic adds: a classic tracepoint's program preempted on this CPU
 	 * (7.x runs them preemptible) may be between its load and store.
 	 */
-	kc_submit(ring, r, st, kc_switch_key, 64 - KC_CUT, cpu, sizeof(*r) + 64, pos, 1);
+	kc_submit(ring, r, st, kc_switch_key, 64 - KC_CUT, cpu, &res, 1);
 	return 0;
 }
 
@@ -841,7 +848,7 @@ static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 	__u32 cpu, len = kc_wake_success ? 40 - KC_CUT : 36 - KC_CUT;
 	struct kc_cpu_state *st;
 	struct kc_rec *r;
-	__u64 pos = 0;
+	struct kc_resv res = {};
 	void *ring, *d;
 
 	if (!kc_running || !kc_pass())
@@ -849,7 +856,7 @@ static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 	ring = kc_cpu_ring(&cpu, &st);
 	if (!ring)
 		return;
-	r = kc_reserve(ring, st, cpu, sizeof(*r) + 40, &pos);
+	r = kc_reserve(ring, st, cpu, sizeof(*r) + 40, &res);
 	if (!r) {
 		__sync_fetch_and_add(&st->lost, 1);
 		return;
@@ -866,7 +873,7 @@ static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 	}
 	/* common_pid is current's: the waker. */
 	kc_put_entry(d, id, bpf_get_current_pid_tgid());
-	kc_submit(ring, r, st, key, len, cpu, sizeof(*r) + 40, pos, 1);
+	kc_submit(ring, r, st, key, len, cpu, &res, 1);
 }
 
 SEC("tp_btf/sched_waking")
