@@ -896,6 +896,99 @@ int kc_btf_wakeup_new(__u64 *ctx)
 	kc_wake((void *)ctx[0], kc_wakeup_new_key, kc_wakeup_new_id);
 	return 0;
 }
+
+/*
+ * task:task_rename from its BTF tracepoint, as kc_btf_switch: the record
+ * TP_fast_assign builds (include/trace/events/task.h): pid, the old comm
+ * (a memcpy of task->comm, still the old name when the tracepoint runs in
+ * __set_task_comm), the new one (strlcpy, strscpy from 6.6: the string
+ * and its NUL) and task->signal->oom_score_adj. pid is the task renamed,
+ * which need not be current (a write to /proc/PID/comm); common_pid is
+ * current's. Linux 6.14 to 6.17 had no pid field (e3f6a42272e0, reverted
+ * in 7.0 and 6.18.y): kc_rename_pid is 0 there and the fields start at 8.
+ */
+const volatile __u32 kc_rename_key = 0, kc_rename_id = 0;
+const volatile __u32 kc_rename_pid = 1;
+
+/* KC_ONES and KC_HIGHS are 0x01 and 0x80 in every byte of a word. */
+#define KC_ONES 0x0101010101010101ULL
+#define KC_HIGHS 0x8080808080808080ULL
+
+/*
+ * kc_nul_flags returns 0 when the word w holds no NUL byte, else a word
+ * whose lowest set bit is bit 7 of w's first NUL byte (Hacker's Delight
+ * 6-1: the lowest flag is exact, those above it need not be).
+ */
+static __always_inline __u64 kc_nul_flags(__u64 w)
+{
+	return (w - KC_ONES) & ~w & KC_HIGHS;
+}
+
+/*
+ * kc_put_str16 writes at d + off the string at the kernel address src as
+ * strscpy into 16 bytes writes it (at most 15 bytes and a NUL), with
+ * zeroes after the NUL where the kernel leaves what the buffer held. It
+ * reads 16 bytes at once, one helper call that costs less than the byte
+ * loop of bpf_probe_read_kernel_str, which it falls back to where those
+ * 16 bytes are not all readable (a short string before an unmapped
+ * page).
+ */
+static __always_inline void kc_put_str16(void *d, __u32 off, const char *src)
+{
+	__u64 w[2], z;
+
+	if (bpf_probe_read_kernel(w, sizeof(w), src)) {
+		kc_put(__u64, d, off, 0);
+		kc_put(__u64, d, off + 8, 0);
+		bpf_probe_read_kernel_str(d + off, 16, src);
+		return;
+	}
+	/* Byte 15 is the NUL of a name of 15 bytes or more. */
+	w[1] &= ~0ULL >> 8;
+	z = kc_nul_flags(w[0]);
+	if (z) {
+		/* Keep the bytes below the first NUL: (lowest flag >> 7) - 1. */
+		w[0] &= ((z & -z) >> 7) - 1;
+		w[1] = 0;
+	} else {
+		z = kc_nul_flags(w[1]);
+		w[1] &= ((z & -z) >> 7) - 1;
+	}
+	kc_put(__u64, d, off, w[0]);
+	kc_put(__u64, d, off + 8, w[1]);
+}
+
+SEC("tp_btf/task_rename")
+int kc_btf_rename(__u64 *ctx)
+{
+	struct task_struct *task = (void *)ctx[0];
+	const char *comm = (void *)ctx[1];
+	__u32 cpu, at = kc_rename_pid ? 12 - KC_CUT : 8 - KC_CUT;
+	struct kc_cpu_state *st;
+	struct kc_rec *r;
+	struct kc_resv res = {};
+	void *ring, *d;
+
+	if (!kc_running || !kc_pass())
+		return 0;
+	ring = kc_cpu_ring(&cpu, &st);
+	if (!ring)
+		return 0;
+	r = kc_reserve(ring, st, cpu, sizeof(*r) + 48, &res);
+	if (!r) {
+		__sync_fetch_and_add(&st->lost, 1);
+		return 0;
+	}
+	d = r + 1;
+	if (kc_rename_pid)
+		kc_put(__s32, d, 8 - KC_CUT, task->pid);
+	kc_put_comm(d, at, task);
+	kc_put_str16(d, at + 16, comm);
+	kc_put(__s16, d, at + 32, task->signal->oom_score_adj);
+	kc_put_entry(d, kc_rename_id, bpf_get_current_pid_tgid());
+	kc_submit(ring, r, st, kc_rename_key, at + 34, cpu, &res, 1);
+	return 0;
+}
 #endif
 
 /*

@@ -12,7 +12,8 @@ import (
 )
 
 // The BTF event path records sched:sched_switch, sched_waking,
-// sched_wakeup and sched_wakeup_new with tp_btf programs of their own
+// sched_wakeup, sched_wakeup_new and task:task_rename with tp_btf
+// programs of their own
 // (kc_btf_* in bpf/kconsume.bpf.c) that build the record from the
 // tracepoint's arguments, instead of through perf: no perf trace record
 // is built for them, and perf's bpf_prog_active guard, which drops an
@@ -28,10 +29,13 @@ var noBTFEvents = false
 // layouts it can build, as struct trace_event_raw_* lays them out, each
 // ending at its last field.
 type btfEvent struct {
-	name          string // in system sched
+	system, name  string
 	prog          string
 	keyVar, idVar string
-	layouts       [][]tracefs.Field
+	// layoutVar, when set, is the program's variable that gets the index
+	// of the layout the running kernel has.
+	layoutVar string
+	layouts   [][]tracefs.Field
 }
 
 var (
@@ -61,13 +65,27 @@ var (
 		{Name: "success", Offset: 32, Size: 4, Signed: true},
 		{Name: "target_cpu", Offset: 36, Size: 4, Signed: true},
 	}}
+	// struct trace_event_raw_task_rename (include/trace/events/task.h)
+	// without pid, as Linux 6.14 to 6.17 have it, and with it, as before
+	// and since (kc_rename_pid).
+	renameLayouts = [][]tracefs.Field{{
+		{Name: "oldcomm", Offset: 8, Size: 16, ArrayLen: 16},
+		{Name: "newcomm", Offset: 24, Size: 16, ArrayLen: 16},
+		{Name: "oom_score_adj", Offset: 40, Size: 2, Signed: true},
+	}, {
+		{Name: "pid", Offset: 8, Size: 4, Signed: true},
+		{Name: "oldcomm", Offset: 12, Size: 16, ArrayLen: 16},
+		{Name: "newcomm", Offset: 28, Size: 16, ArrayLen: 16},
+		{Name: "oom_score_adj", Offset: 44, Size: 2, Signed: true},
+	}}
 )
 
 var btfEvents = []btfEvent{
-	{"sched_switch", gen.RingbufProgKcBtfSwitch, gen.RingbufVarKcSwitchKey, gen.RingbufVarKcSwitchId, [][]tracefs.Field{switchLayout}},
-	{"sched_waking", gen.RingbufProgKcBtfWaking, gen.RingbufVarKcWakingKey, gen.RingbufVarKcWakingId, wakeLayouts},
-	{"sched_wakeup", gen.RingbufProgKcBtfWakeup, gen.RingbufVarKcWakeupKey, gen.RingbufVarKcWakeupId, wakeLayouts},
-	{"sched_wakeup_new", gen.RingbufProgKcBtfWakeupNew, gen.RingbufVarKcWakeupNewKey, gen.RingbufVarKcWakeupNewId, wakeLayouts},
+	{"sched", "sched_switch", gen.RingbufProgKcBtfSwitch, gen.RingbufVarKcSwitchKey, gen.RingbufVarKcSwitchId, "", [][]tracefs.Field{switchLayout}},
+	{"sched", "sched_waking", gen.RingbufProgKcBtfWaking, gen.RingbufVarKcWakingKey, gen.RingbufVarKcWakingId, gen.RingbufVarKcWakeSuccess, wakeLayouts},
+	{"sched", "sched_wakeup", gen.RingbufProgKcBtfWakeup, gen.RingbufVarKcWakeupKey, gen.RingbufVarKcWakeupId, gen.RingbufVarKcWakeSuccess, wakeLayouts},
+	{"sched", "sched_wakeup_new", gen.RingbufProgKcBtfWakeupNew, gen.RingbufVarKcWakeupNewKey, gen.RingbufVarKcWakeupNewId, gen.RingbufVarKcWakeSuccess, wakeLayouts},
+	{"task", "task_rename", gen.RingbufProgKcBtfRename, gen.RingbufVarKcRenameKey, gen.RingbufVarKcRenameId, gen.RingbufVarKcRenamePid, renameLayouts},
 }
 
 // btfUse is an event a BTF program records: its key, its trace event id
@@ -79,12 +97,12 @@ type btfUse struct {
 // btfShape returns the BTF program that builds f's record and which of
 // its layouts f has, or nil when none does.
 func btfShape(f *tracefs.Format) (*btfEvent, int) {
-	if f.System != "sched" || len(f.Skipped) != 0 {
+	if len(f.Skipped) != 0 {
 		return nil, 0
 	}
 	for i := range btfEvents {
 		e := &btfEvents[i]
-		if e.name != f.Name {
+		if e.system != f.System || e.name != f.Name {
 			continue
 		}
 		for j, l := range e.layouts {
@@ -169,8 +187,9 @@ func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses 
 				continue
 			}
 			set[gen.RingbufVarKcSwitchStateArg] = boolU32(arg)
-		} else {
-			set[gen.RingbufVarKcWakeSuccess] = uint32(u.layout)
+		}
+		if e.layoutVar != "" {
+			set[e.layoutVar] = uint32(u.layout)
 		}
 		set[e.keyVar] = uint32(u.key)
 		set[e.idVar] = uint32(u.id)
@@ -215,7 +234,8 @@ func isBTFProg(name string) bool {
 }
 
 // BTFEvents returns the events recorded by the recorder's own tp_btf
-// programs (sched_switch, sched_waking, sched_wakeup, sched_wakeup_new)
+// programs (sched_switch, sched_waking, sched_wakeup, sched_wakeup_new,
+// task_rename)
 // and, when one was to be but the kernel refused, why. The path is not
 // tried for an event in a layout its program does not build, with
 // synthetic:wakeup_latency, or on the perf transport.

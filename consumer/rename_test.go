@@ -2,12 +2,22 @@ package consumer
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
+	"golang.org/x/sys/unix"
 )
 
 // renameComm is the NUL-terminated name the "rename" child gives itself
@@ -15,24 +25,46 @@ import (
 func renameComm(i int) []byte { return []byte(fmt.Sprintf("kc-rn-%d\x00", i)) }
 
 // TestTaskRename: task:task_rename, a 46-byte record (two comm strings
-// and a trailing short), goes straight into the ring by the recorder copy
-// of its size where there are cookies and ring buffers, and every field
-// of every call of a child comes out as the kernel gave it.
+// and a trailing short), goes into the ring by the recorder's tp_btf
+// program where there are BPF ring buffers, by the recorder copy of its
+// size on its tracepoint (KC_NO_BTF's path) where there are cookies too,
+// and every field of every call of a child comes out as the kernel gave
+// it on each path.
 func TestTaskRename(t *testing.T) {
 	const n = 2000
+	type path struct {
+		tr    Transport
+		noBTF bool
+	}
+	paths := []path{}
 	for _, tr := range transports(t) {
-		t.Run(tr.String(), func(t *testing.T) {
+		paths = append(paths, path{tr, false})
+		if tr == Ringbuf {
+			paths = append(paths, path{tr, true})
+		}
+	}
+	for _, p := range paths {
+		name := p.tr.String()
+		if p.noBTF {
+			name += "/tracepoint"
+		}
+		t.Run(name, func(t *testing.T) {
+			noBTFEvents = p.noBTF
+			defer func() { noBTFEvents = false }()
 			c := startChild(t, "rename", n)
-			s, dir := newTestSession(t, Config{Events: []string{"task:task_rename"}, PIDs: []int{c.tid}, Transport: tr})
+			s, dir := newTestSession(t, Config{Events: []string{"task:task_rename"}, PIDs: []int{c.tid}, Transport: p.tr})
 			want := "kc_tp_0"
 			switch {
-			case s.rec.useCookie && tr == Ringbuf:
+			case p.tr == Ringbuf && !p.noBTF:
+				want = gen.RingbufProgKcBtfRename
+			case s.rec.useCookie && p.tr == Ringbuf:
 				want = "kc_tp_s46"
 			case s.rec.useCookie:
 				want = "kc_tracepoint"
 			}
 			if s.rec.tpProgs[0] != want {
-				t.Fatalf("recorded by %s, want %s", s.rec.tpProgs[0], want)
+				_, why := s.BTFEvents()
+				t.Fatalf("recorded by %s, want %s (BTF path: %v)", s.rec.tpProgs[0], want, why)
 			}
 			// Not 0, so a trailing short left out reads wrong.
 			adjf := fmt.Sprintf("/proc/%d/oom_score_adj", c.tid)
@@ -85,4 +117,170 @@ func TestTaskRename(t *testing.T) {
 			}
 		})
 	}
+}
+
+// renameText renders a task_rename event of ours as ftrace's text output
+// prints it (print_fmt), with pid only where the format has it.
+func renameText(vals []relayfmt.Value, withPid bool) string {
+	str := func(f string) string { return string(field(vals, f).Text()) }
+	pid := ""
+	if withPid {
+		pid = fmt.Sprintf("pid=%d ", field(vals, "pid").Int(0))
+	}
+	return fmt.Sprintf("%d task_rename: %soldcomm=%s newcomm=%s oom_score_adj=%d",
+		field(vals, "common_pid").Int(0), pid, str("oldcomm"), str("newcomm"), field(vals, "oom_score_adj").Int(0))
+}
+
+var renameLine = regexp.MustCompile(`^\s*.*-(\d+)\s+\[\d+\].*? (task_rename: .*newcomm=kc-rn.*)$`)
+
+// TestTaskRenameMatchFtrace: task_rename recorded by the recorder's tp_btf
+// program equals what the kernel's own event writes into an ftrace
+// instance recording at the same time, for the three ways a task gets a
+// name: an exec whose file name is longer than a comm (cut to 15 bytes),
+// a write to its own /proc/self/comm (with an oom_score_adj set), and a
+// write to a sibling thread's comm (pid is not common_pid).
+func TestTaskRenameMatchFtrace(t *testing.T) {
+	testenv.RequireRoot(t)
+	if _, err := chooseTransport(Ringbuf); err != nil {
+		if kernelAtLeast(t, 5, 8) {
+			t.Fatalf("kernel 5.8+ without BPF ring buffers: %v", err)
+		}
+		t.Skipf("kernel before 5.8: no BPF ring buffers, so no BTF event path: %v", err)
+	}
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	format, err := fs.Format(tracefs.Event{System: "task", Name: "task_rename"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withPid := slices.ContainsFunc(format.Fields, func(f tracefs.Field) bool { return f.Name == "pid" })
+	inst := filepath.Join(fs.Root, "instances", fmt.Sprintf("kc-rename-%d", os.Getpid()))
+	if err := os.Mkdir(inst, 0o755); err != nil {
+		t.Fatalf("creating an ftrace instance: %v", err)
+	}
+	enable := func(v string) error {
+		return os.WriteFile(filepath.Join(inst, "events/task/task_rename/enable"), []byte(v), 0)
+	}
+	t.Cleanup(func() {
+		_ = enable("0")
+		if err := os.Remove(inst); err != nil {
+			t.Errorf("removing the ftrace instance: %v", err)
+		}
+	})
+	s, dir := newTestSession(t, Config{Events: []string{"task:task_rename"}, Transport: Ringbuf})
+	if got, why := s.BTFEvents(); len(got) != 1 {
+		t.Fatalf("task_rename is not on the BTF path: %v", why)
+	}
+	if err := enable("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// A file name longer than a comm, exec'd: the kernel names the task
+	// after its first 15 bytes.
+	long := filepath.Join(t.TempDir(), "kc-rn-exec-with-a-long-name")
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(sh, long); err != nil {
+		t.Fatal(err)
+	}
+	// The shell names itself once its oom_score_adj is set.
+	c := exec.Command(long, "-c", "read -r _; printf kc-rn-self > /proc/self/comm")
+	stdin, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", c.Process.Pid), []byte("321"), 0); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel takes a write to the comm of a thread of the writer's
+	// own process only (fs/proc/base.c:comm_write): one of the test's
+	// threads names another.
+	runtime.LockOSThread()
+	self := unix.Gettid()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sibling := 0
+	for _, e := range tasks {
+		if tid, err := strconv.Atoi(e.Name()); err == nil && tid != self && tid != os.Getpid() {
+			sibling = tid
+			break
+		}
+	}
+	if sibling == 0 {
+		t.Fatalf("no other thread than %d and %d in %v", self, os.Getpid(), tasks)
+	}
+	commf := fmt.Sprintf("/proc/self/task/%d/comm", sibling)
+	oldName, err := os.ReadFile(commf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = os.WriteFile(commf, []byte("kc-rn-sibling"), 0)
+	if err == nil {
+		err = os.WriteFile(commf, oldName, 0)
+	}
+	runtime.UnlockOSThread()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := enable("0"); err != nil {
+		t.Fatal(err)
+	}
+	var ours []string
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			t.Fatalf("%v in the trace", it.Kind)
+		}
+		if strings.HasPrefix(string(field(vals, "newcomm").Text()), "kc-rn") {
+			ours = append(ours, renameText(vals, withPid))
+		}
+	})
+	text, err := os.ReadFile(filepath.Join(inst, "trace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var theirs []string
+	for _, line := range strings.Split(string(text), "\n") {
+		if m := renameLine.FindStringSubmatch(line); m != nil {
+			theirs = append(theirs, m[1]+" "+m[2])
+		}
+	}
+	want := []string{"kc-rn-exec-with", "kc-rn-sibling", "kc-rn-self"}
+	if len(ours) != len(want) {
+		t.Fatalf("%d renames recorded, want %d (%v): %q", len(ours), len(want), want, ours)
+	}
+	for i, w := range want {
+		if !strings.Contains(ours[i], " newcomm="+w+" ") {
+			t.Errorf("rename %d: %q, want newcomm %s", i, ours[i], w)
+		}
+	}
+	if !strings.HasPrefix(ours[1], fmt.Sprint(self)+" ") || withPid && !strings.Contains(ours[1], fmt.Sprintf(" pid=%d ", sibling)) {
+		t.Errorf("thread %d's rename of thread %d: %q, want that common_pid and pid", self, sibling, ours[1])
+	}
+	if !strings.HasSuffix(ours[2], "oom_score_adj=321") {
+		t.Errorf("the shell's rename: %q, want oom_score_adj 321", ours[2])
+	}
+	if !slices.Equal(ours, theirs) {
+		t.Fatalf("ours and ftrace's differ:\nours   %q\nftrace %q", ours, theirs)
+	}
+	t.Logf("%d renames equal ftrace's: %q", len(ours), ours)
 }

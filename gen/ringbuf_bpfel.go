@@ -81,6 +81,7 @@ const (
 	RingbufMapKcSysKeys        = "kc_sys_keys"
 	RingbufMapKcTpInfoMap      = "kc_tp_info_map"
 	RingbufMapKcWakeTs         = "kc_wake_ts"
+	RingbufProgKcBtfRename     = "kc_btf_rename"
 	RingbufProgKcBtfSwitch     = "kc_btf_switch"
 	RingbufProgKcBtfWakeup     = "kc_btf_wakeup"
 	RingbufProgKcBtfWakeupNew  = "kc_btf_wakeup_new"
@@ -104,6 +105,9 @@ const (
 	RingbufVarKcGlobal         = "kc_global"
 	RingbufVarKcHooks          = "kc_hooks"
 	RingbufVarKcPidBits        = "kc_pid_bits"
+	RingbufVarKcRenameId       = "kc_rename_id"
+	RingbufVarKcRenameKey      = "kc_rename_key"
+	RingbufVarKcRenamePid      = "kc_rename_pid"
 	RingbufVarKcRunning        = "kc_running"
 	RingbufVarKcSelfTgid       = "kc_self_tgid"
 	RingbufVarKcSwitchId       = "kc_switch_id"
@@ -164,6 +168,7 @@ type RingbufSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufProgramSpecs struct {
+	KcBtfRename    *ebpf.ProgramSpec `ebpf:"kc_btf_rename"`
 	KcBtfSwitch    *ebpf.ProgramSpec `ebpf:"kc_btf_switch"`
 	KcBtfWakeup    *ebpf.ProgramSpec `ebpf:"kc_btf_wakeup"`
 	KcBtfWakeupNew *ebpf.ProgramSpec `ebpf:"kc_btf_wakeup_new"`
@@ -210,6 +215,9 @@ type RingbufVariableSpecs struct {
 	KcGlobal         *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcHooks          *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcPidBits        *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
+	KcRenameId       *ebpf.VariableSpec `ebpf:"kc_rename_id"`
+	KcRenameKey      *ebpf.VariableSpec `ebpf:"kc_rename_key"`
+	KcRenamePid      *ebpf.VariableSpec `ebpf:"kc_rename_pid"`
 	KcRunning        *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcSelfTgid       *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcSwitchId       *ebpf.VariableSpec `ebpf:"kc_switch_id"`
@@ -294,6 +302,9 @@ type RingbufVariables struct {
 	KcGlobal         *ebpf.Variable `ebpf:"kc_global"`
 	KcHooks          *ebpf.Variable `ebpf:"kc_hooks"`
 	KcPidBits        *ebpf.Variable `ebpf:"kc_pid_bits"`
+	KcRenameId       *ebpf.Variable `ebpf:"kc_rename_id"`
+	KcRenameKey      *ebpf.Variable `ebpf:"kc_rename_key"`
+	KcRenamePid      *ebpf.Variable `ebpf:"kc_rename_pid"`
 	KcRunning        *ebpf.Variable `ebpf:"kc_running"`
 	KcSelfTgid       *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcSwitchId       *ebpf.Variable `ebpf:"kc_switch_id"`
@@ -316,6 +327,7 @@ type RingbufVariables struct {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufPrograms struct {
+	KcBtfRename    *ebpf.Program `ebpf:"kc_btf_rename"`
 	KcBtfSwitch    *ebpf.Program `ebpf:"kc_btf_switch"`
 	KcBtfWakeup    *ebpf.Program `ebpf:"kc_btf_wakeup"`
 	KcBtfWakeupNew *ebpf.Program `ebpf:"kc_btf_wakeup_new"`
@@ -330,6 +342,7 @@ type RingbufPrograms struct {
 
 func (p *RingbufPrograms) Close() error {
 	return _RingbufClose(
+		p.KcBtfRename,
 		p.KcBtfSwitch,
 		p.KcBtfWakeup,
 		p.KcBtfWakeupNew,
