@@ -228,8 +228,8 @@ func (d *drainer) loop() {
 			// A command woke us before the deadline: keep waiting.
 			more = false
 		default:
-			// A ring still holding a good part of a watermark is drained
-			// again at once: no new crossing would wake us for it.
+			// A ring still holding a watermark (with a latency bound, a
+			// good part of one) is drained again at once (drainAll).
 			more = d.drainAll(d.cutoff())
 			if fromRing || timeout > 0 && !command {
 				select {
@@ -382,14 +382,32 @@ func (d *drainer) cutoff() uint64 {
 
 // drainAll drains every stream's source and writes out the waiting
 // records stamped before cutoff. It reports whether a source still holds
-// an eighth of the wakeup watermark or more.
+// the wakeup watermark or more, or with a latency bound an eighth of it:
+// then the drainer drains again at once instead of sleeping.
+//
+// Without a bound, what is left below the watermark waits for the
+// writers to wake the drainer at the watermark, as they do whenever the
+// unread data reaches it while the drainer sleeps (kc_area_wake,
+// kc_wakeup_flags test the fill, not a crossing; perf wakes after a
+// watermark's more data). Draining again at an eighth, as it once did,
+// kept the drainer spinning over small batches under a saturating load:
+// at nice -20 it took the CPU from the traced tasks, with a 1 MiB ring
+// (--memory 1408K) hackbench ran 0.77 to 0.88 s instead of 0.50 to 0.63,
+// and the rings, drained in pieces while the producers outran it, lost
+// up to a third of the events instead of none (BENCHMARKS.md, session 22).
+// With a bound, records left behind by a drain would otherwise wait past
+// it for the next record of another process.
 func (d *drainer) drainAll(cutoff uint64) (more bool) {
+	again := d.watermark
+	if d.latency > 0 {
+		again /= 8
+	}
 	for _, st := range d.streams {
 		if st.bell != nil {
 			st.bell.skipAll() // what rang it is what the drain reads
 		}
 		st.src.drain(d.w, d.loss, st, cutoff)
-		if st.src.waiting() >= d.watermark/8 {
+		if st.src.waiting() >= again {
 			more = true
 		}
 	}
