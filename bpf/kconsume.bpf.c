@@ -770,6 +770,28 @@ static __always_inline long kc_switch_state(__u64 *ctx, struct task_struct *prev
 		kc_put(__u64, d, (off) + 8, *(__u64 *)&(t)->comm[8]);             \
 	})
 
+/*
+ * kc_btf_begin starts a BTF program's record: it passes the gate and the
+ * filters and reserves a record of size payload bytes (a constant) in
+ * this CPU's ring. It returns the record, with the ring, this CPU and its
+ * state in *ring, *cpu and *st, or NULL when there is none to write (a
+ * full ring's record counted as lost).
+ */
+static __always_inline struct kc_rec *kc_btf_begin(__u32 size, void **ring, __u32 *cpu, struct kc_cpu_state **st, struct kc_resv *res)
+{
+	struct kc_rec *r;
+
+	if (!kc_running || !kc_pass())
+		return NULL;
+	*ring = kc_cpu_ring(cpu, st);
+	if (!*ring)
+		return NULL;
+	r = kc_reserve(*ring, *st, *cpu, sizeof(*r) + size, res);
+	if (!r)
+		__sync_fetch_and_add(&(*st)->lost, 1);
+	return r;
+}
+
 SEC("tp_btf/sched_switch")
 int kc_btf_switch(__u64 *ctx)
 {
@@ -780,16 +802,9 @@ int kc_btf_switch(__u64 *ctx)
 	void *ring, *d;
 	__u32 cpu;
 
-	if (!kc_running || !kc_pass())
+	r = kc_btf_begin(64, &ring, &cpu, &st, &res);
+	if (!r)
 		return 0;
-	ring = kc_cpu_ring(&cpu, &st);
-	if (!ring)
-		return 0;
-	r = kc_reserve(ring, st, cpu, sizeof(*r) + 64, &res);
-	if (!r) {
-		__sync_fetch_and_add(&st->lost, 1);
-		return 0;
-	}
 	/* The ring record: the trace record's offsets less KC_CUT. */
 	d = r + 1;
 	kc_put_comm(d, 8 - KC_CUT, prev);
@@ -851,16 +866,9 @@ static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 	struct kc_resv res = {};
 	void *ring, *d;
 
-	if (!kc_running || !kc_pass())
+	r = kc_btf_begin(40, &ring, &cpu, &st, &res);
+	if (!r)
 		return;
-	ring = kc_cpu_ring(&cpu, &st);
-	if (!ring)
-		return;
-	r = kc_reserve(ring, st, cpu, sizeof(*r) + 40, &res);
-	if (!r) {
-		__sync_fetch_and_add(&st->lost, 1);
-		return;
-	}
 	d = r + 1;
 	kc_put_comm(d, 8 - KC_CUT, p);
 	kc_put(__s32, d, 24 - KC_CUT, p->pid);
@@ -969,16 +977,9 @@ int kc_btf_rename(__u64 *ctx)
 	struct kc_resv res = {};
 	void *ring, *d;
 
-	if (!kc_running || !kc_pass())
+	r = kc_btf_begin(48, &ring, &cpu, &st, &res);
+	if (!r)
 		return 0;
-	ring = kc_cpu_ring(&cpu, &st);
-	if (!ring)
-		return 0;
-	r = kc_reserve(ring, st, cpu, sizeof(*r) + 48, &res);
-	if (!r) {
-		__sync_fetch_and_add(&st->lost, 1);
-		return 0;
-	}
 	d = r + 1;
 	if (kc_rename_pid)
 		kc_put(__s32, d, 8 - KC_CUT, task->pid);

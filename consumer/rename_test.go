@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
@@ -198,6 +199,17 @@ func TestTaskRenameMatchFtrace(t *testing.T) {
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// The exec renames the child some time after Start returns: wait
+	// for it, so the renames come in the order the test checks.
+	commf := fmt.Sprintf("/proc/%d/comm", c.Process.Pid)
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if b, err := os.ReadFile(commf); err == nil && strings.TrimSpace(string(b)) == "kc-rn-exec-with" {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%s: the exec's name did not come in 10 s", commf)
+		}
+	}
 	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", c.Process.Pid), []byte("321"), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -220,14 +232,14 @@ func TestTaskRenameMatchFtrace(t *testing.T) {
 	if sibling == 0 {
 		t.Fatalf("no other thread than %d and %d in %v", self, os.Getpid(), tasks)
 	}
-	commf := fmt.Sprintf("/proc/self/task/%d/comm", sibling)
-	oldName, err := os.ReadFile(commf)
+	siblingf := fmt.Sprintf("/proc/self/task/%d/comm", sibling)
+	oldName, err := os.ReadFile(siblingf)
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = os.WriteFile(commf, []byte("kc-rn-sibling"), 0)
+	err = os.WriteFile(siblingf, []byte("kc-rn-sibling"), 0)
 	if err == nil {
-		err = os.WriteFile(commf, oldName, 0)
+		err = os.WriteFile(siblingf, oldName, 0)
 	}
 	runtime.UnlockOSThread()
 	if err != nil {
