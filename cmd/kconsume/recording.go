@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -73,7 +74,16 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	// collector's workers and the runtime's scavenger would run after the
 	// gate opens and put the recorder's own context switches and
 	// madvise calls into the trace.
+	//
+	// One P while it does: the collection's end wakes the runtime's
+	// background scavenger, which on a second P would race the call to
+	// return pages, and having returned any, sleeps a second
+	// (runtime/mgcscavenge.go: 1 ms of work at a ratio of 0.001) and
+	// wakes into the trace, sysmon polling with it. On one P it runs
+	// after the call has returned everything, finds nothing and parks.
+	procs := runtime.GOMAXPROCS(1)
 	debug.FreeOSMemory()
+	runtime.GOMAXPROCS(procs)
 	// The control directory is written before the gate opens, all but
 	// its state, which must not say running before the programs record;
 	// after it, only the state file changes, written by this thread
