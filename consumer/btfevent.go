@@ -13,13 +13,13 @@ import (
 
 // The BTF event path records sched:sched_switch, sched_waking,
 // sched_wakeup, sched_wakeup_new and task:task_rename with tp_btf
-// programs of their own
-// (kc_btf_* in bpf/kconsume.bpf.c) that build the record from the
-// tracepoint's arguments, instead of through perf: no perf trace record
-// is built for them, and perf's bpf_prog_active guard, which drops an
-// event whenever another BPF program of the tracepoint or kprobe kind
-// holds the CPU (kernel/trace/bpf_trace.c:trace_call_bpf), does not
-// apply; a tp_btf program guards only against itself.
+// programs of their own (kc_btf_* in bpf/kconsume.bpf.c) that build the
+// record from the tracepoint's arguments, instead of through perf: no
+// perf trace record is built for them, and perf's bpf_prog_active
+// guard, which drops an event whenever another BPF program of the
+// tracepoint or kprobe kind holds the CPU
+// (kernel/trace/bpf_trace.c:trace_call_bpf), does not apply; a tp_btf
+// program guards only against itself.
 
 // noBTFEvents keeps every event on its tracepoint, so tests can compare
 // both paths on one kernel.
@@ -235,8 +235,7 @@ func isBTFProg(name string) bool {
 
 // BTFEvents returns the events recorded by the recorder's own tp_btf
 // programs (sched_switch, sched_waking, sched_wakeup, sched_wakeup_new,
-// task_rename)
-// and, when one was to be but the kernel refused, why. The path is not
+// task_rename) and, when one was to be but the kernel refused, why. The path is not
 // tried for an event in a layout its program does not build, with
 // synthetic:wakeup_latency, or on the perf transport.
 func (s *Session) BTFEvents() (events []string, why error) {
