@@ -198,7 +198,8 @@ var eventTools = []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"}
 // cost). Each workload runs pinned to CPU 0 (taskset -c 0) and unpinned,
 // untraced and under `kconsume record` (and, for syscall events, with
 // --syscalls tracepoint), `trace-cmd record -d --no-filter` and `perf
-// record -a`, the tools alternated in each round. Reported per workload,
+// record -a`, the tools alternated in each round, in an order that
+// turns from round to round. Reported per workload,
 // for the whole loop and for its median 1000-call chunk: the untraced ns/call, each tool's added ns/call (median of
 // the rounds minus the untraced median), and kconsume's added cost as a
 // ratio of trace-cmd's (median of the rounds' ratios); per session each
@@ -249,12 +250,20 @@ func BenchmarkEventCost(b *testing.B) {
 		t[0], t[1] = append(t[0], v[0]), append(t[1], v[1])
 		ns[run][tool] = t
 	}
+	// The untraced runs ("") take their turn among the tools, and the
+	// order turns each round: the host's speed drifts over seconds, and
+	// a tool always run at the same place would meet it unevenly.
+	order := append([]string{""}, eventTools...)
 	for r := 0; r < rounds; r++ {
 		for _, s := range eventSessions {
-			for _, run := range s.runs {
-				add(run.name, "", work(run))
-			}
-			for _, tool := range eventTools {
+			for k := range order {
+				tool := order[(k+r)%len(order)]
+				if tool == "" {
+					for _, run := range s.runs {
+						add(run.name, "", work(run))
+					}
+					continue
+				}
 				if tool == "kconsume-tp" && !strings.HasPrefix(s.event, "syscalls:") {
 					continue
 				}
