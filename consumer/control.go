@@ -14,8 +14,48 @@ import (
 // too), flush, reset, snapshot, rewind and the counters. Operations on
 // the channel run on the drainer goroutine.
 
-// Start opens the gate: the programs record from now on.
+// Start opens the gate: the programs record from now on. After Prepare
+// it is a store to mapped memory (on Linux 5.5+) and makes no system
+// call. It fails with ErrClosed once Close has begun.
 func (s *Session) Start() error {
+	if err := s.setGate(true); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	return nil
+}
+
+// setGate opens or closes the gate, preparing the session at the first
+// opening, unless Close has shut it (ErrClosed).
+func (s *Session) setGate(on bool) error {
+	s.gateMu.Lock()
+	defer s.gateMu.Unlock()
+	if s.gateShut {
+		return ErrClosed
+	}
+	if on {
+		s.prepare()
+	}
+	if err := s.rec.setRunning(on); err != nil {
+		return err
+	}
+	s.started.Store(on)
+	return nil
+}
+
+// Prepare does, once, what the first Start needs before it opens the
+// gate: it faults in the buffers and begins every stream at the current
+// time. A caller that must open the gate without a system call (one
+// wakes the Go runtime's sleeping sysmon, whose polling lands in the
+// trace) calls it first. After Close it does nothing.
+func (s *Session) Prepare() {
+	s.gateMu.Lock()
+	defer s.gateMu.Unlock()
+	if !s.gateShut {
+		s.prepare()
+	}
+}
+
+func (s *Session) prepare() {
 	s.first.Do(func() {
 		// The buffers fault in here rather than in New, after the caller
 		// had the chance to hand back setup's garbage (the kernel's BTF,
@@ -30,20 +70,15 @@ func (s *Session) Start() error {
 			s.ch.Begin(uint64(now.Nano()))
 		}
 	})
-	if err := s.rec.setRunning(true); err != nil {
-		return fmt.Errorf("start: %w", err)
-	}
-	s.started.Store(true)
-	return nil
 }
 
 // Stop closes the gate: each event then costs the programs one branch.
-// Records already in the rings are still drained.
+// Records already in the rings are still drained. It fails with
+// ErrClosed once Close has begun.
 func (s *Session) Stop() error {
-	if err := s.rec.setRunning(false); err != nil {
+	if err := s.setGate(false); err != nil {
 		return fmt.Errorf("stop: %w", err)
 	}
-	s.started.Store(false)
 	return nil
 }
 

@@ -59,8 +59,13 @@ type Session struct {
 	synthMu sync.Mutex // guards synth after New
 	synth   map[string]synthClass
 
-	started   atomic.Bool
-	first     sync.Once // the first Start's setup of the channel
+	started atomic.Bool
+	first   sync.Once // the first Start's setup of the channel
+	// gateMu orders Start and Stop against Close, which shuts the gate
+	// for good (gateShut) before it drains; Start and Stop fail with
+	// ErrClosed after it.
+	gateMu    sync.Mutex
+	gateShut  bool
 	closeOnce sync.Once
 	closeErr  error
 	final     []CPUStats // counts at Close
@@ -426,12 +431,16 @@ func (s *Session) Config() Config { return s.cfg }
 func (s *Session) Close() error {
 	s.closeOnce.Do(func() {
 		var errs []error
-		if s.rec != nil {
-			if s.rec.running != nil {
-				if err := s.rec.setRunning(false); err != nil {
-					errs = append(errs, err)
-				}
+		s.gateMu.Lock()
+		s.gateShut = true
+		if s.rec != nil && s.rec.running != nil {
+			if err := s.rec.setRunning(false); err != nil {
+				errs = append(errs, err)
 			}
+		}
+		s.started.Store(false)
+		s.gateMu.Unlock()
+		if s.rec != nil {
 			errs = append(errs, s.rec.detach()...)
 		}
 		if s.dr != nil && s.dr.running() {

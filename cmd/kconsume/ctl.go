@@ -28,10 +28,6 @@ type handler struct {
 	mu    sync.Mutex
 	s     *consumer.Session
 	relay *relaydOut // nil without --relayd
-	// dropped is the count Files last read; with reuse set Files
-	// reports it again instead of asking the drainer.
-	dropped string
-	reuse   bool
 }
 
 func (h *handler) session() (*consumer.Session, error) {
@@ -41,22 +37,6 @@ func (h *handler) session() (*consumer.Session, error) {
 		return nil, errors.New("session is starting")
 	}
 	return h.s, nil
-}
-
-// withoutStats runs fn with Files reporting the dropped count it last
-// read rather than asking the session's drainer: right after the gate
-// opens nothing can have been dropped since, and asking would wake the
-// drainer's thread inside the trace.
-func (h *handler) withoutStats(fn func()) {
-	h.mu.Lock()
-	h.reuse = true
-	h.mu.Unlock()
-	defer func() {
-		h.mu.Lock()
-		h.reuse = false
-		h.mu.Unlock()
-	}()
-	fn()
 }
 
 func (h *handler) set(s *consumer.Session) {
@@ -165,21 +145,13 @@ func (h *handler) Files() map[string]string {
 	if s.Running() {
 		state = "running"
 	}
-	h.mu.Lock()
-	dropped, reuse := h.dropped, h.reuse
-	h.mu.Unlock()
-	if !reuse || dropped == "" {
-		var n uint64
-		if stats, err := s.Stats(); err == nil {
-			for _, c := range stats {
-				n += c.Discarded()
-			}
+	var n uint64
+	if stats, err := s.Stats(); err == nil {
+		for _, c := range stats {
+			n += c.Discarded()
 		}
-		dropped = strconv.FormatUint(n, 10)
-		h.mu.Lock()
-		h.dropped = dropped
-		h.mu.Unlock()
 	}
+	dropped := strconv.FormatUint(n, 10)
 	cfg := s.Config()
 	m := map[string]string{
 		"state":    state,

@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -39,6 +40,11 @@ type recorder struct {
 	cmdNice        int // the command's nice value: kconsume's before it raised its own
 }
 
+// gatePause is how long the recorder idles before its gate opens: longer
+// than sysmon's longest poll interval (10 ms, runtime.sysmon), so that it
+// has seen every P idle and gone to sleep.
+const gatePause = 15 * time.Millisecond
+
 // run records until a signal, the duration, the command's exit or a
 // channel failure (a full disk), then closes the session so every file is
 // whole, and prints the summary. It returns the command's exit status as
@@ -50,18 +56,20 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	// timers: a Go timer wakes the runtime's sysmon thread when due,
 	// which then polls every 20 µs until the timer has run, tens of the
 	// recorder's own context switches in its trace.
+	//
+	// The duration's timer closes the gate itself, on the one thread its
+	// expiry wakes: handing that to this goroutine would first wake a
+	// second thread inside the trace.
 	var ends <-chan struct{}
+	var end *timerfd.Timer
 	if duration > 0 {
-		t, err := timerfd.New()
-		if err == nil {
-			err = t.Reset(duration)
-		}
-		if err != nil {
+		var err error
+		if end, err = timerfd.NewFunc(func() { _ = r.s.Stop() }); err != nil {
 			r.s.Close()
 			return err
 		}
-		defer t.Close()
-		ends = t.C()
+		defer end.Close()
+		ends = end.C()
 	}
 	later, err := timerfd.New()
 	if err != nil {
@@ -81,7 +89,15 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	// (runtime/mgcscavenge.go: 1 ms of work at a ratio of 0.001) and
 	// wakes into the trace, sysmon polling with it. On one P it runs
 	// after the call has returned everything, finds nothing and parks.
+	//
+	// Twice: the scavenger may have done work during the setup, before
+	// the first call, and then sleeps its second on a timer that would
+	// fire into the trace. The second call's collection starts by waking
+	// it (finishsweep_m calls scavenger.wake, which readies a sleeping
+	// scavenger too); with nothing left to return it parks without a
+	// timer.
 	procs := runtime.GOMAXPROCS(1)
+	debug.FreeOSMemory()
 	debug.FreeOSMemory()
 	runtime.GOMAXPROCS(procs)
 	// The control directory is written before the gate opens, all but
@@ -89,35 +105,70 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	// after it, only the state file changes, written by this thread
 	// alone.
 	_ = r.srv.Refresh()
-	var cmd *exec.Cmd
-	var release func() error
+	var held *heldCmd
 	if len(command) > 0 {
 		var err error
-		if cmd, release, err = startHeld(command, r.cmdNice); err != nil {
+		if held, err = startHeld(command, r.cmdNice); err != nil {
 			r.s.Close()
 			return err
 		}
+		defer held.closePipe()
 	}
-	if err := r.s.Start(); err != nil {
-		if cmd != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
+	abort := func(err error) error {
+		if held != nil && held.cmd.Process != nil {
+			_ = held.cmd.Process.Kill()
+			_ = held.cmd.Wait()
 		}
 		r.s.Close()
 		return err
 	}
-	r.h.withoutStats(func() { _ = r.srv.Refresh() })
-	cmdDone := make(chan error, 1)
-	if cmd != nil {
-		if err := release(); err != nil {
-			if cmd.Process != nil { // the held shell; a direct start failed
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			}
-			r.s.Close()
-			return fmt.Errorf("starting %s: %w", command[0], err)
+	// The gate opens on a timer's thread after a pause, with no system
+	// call of the runtime's on the way: the setup's calls left the
+	// runtime's sysmon polling every 20 µs, and each poll inside the
+	// trace is two of the recorder's context switches. Paused, every P
+	// idles, and sysmon, which looks at least every 10 ms, goes to sleep
+	// until a goroutine next enters a system call. The gate's callback
+	// then makes raw ones alone (the state file's rename, the duration's
+	// timer, the held command's go-ahead), and its thread goes back to
+	// the poller: one switch of the recorder's own opens the trace.
+	r.s.Prepare()
+	running, err := r.srv.Stage("state", "running")
+	if err != nil {
+		return abort(err)
+	}
+	opened := make(chan error, 1)
+	gate, err := timerfd.NewFunc(func() {
+		if err := r.s.Start(); err != nil {
+			opened <- err
+			return
 		}
-		go func() { cmdDone <- waitExit(cmd) }()
+		if end != nil {
+			_ = end.Reset(duration)
+		}
+		_ = running()
+		switch {
+		case held == nil:
+		case held.pipe != nil:
+			if err := held.release(); err != nil {
+				opened <- err
+			}
+		default:
+			opened <- nil // this goroutine starts it: no /bin/sh to hold it
+		}
+	})
+	if err == nil {
+		err = gate.Reset(gatePause)
+	}
+	if err != nil {
+		return abort(err)
+	}
+	defer gate.Close()
+	var cmd *exec.Cmd
+	cmdDone := make(chan error, 1)
+	closeGate := func() { _ = r.s.Stop() }
+	if held != nil && held.pipe != nil {
+		cmd = held.cmd
+		go func() { cmdDone <- waitExit(cmd, closeGate) }()
 	}
 	// The live status line, and a stream to relayd (whose loss and
 	// reconnection it reports), tick every second; without them, the
@@ -136,6 +187,18 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 loop:
 	for {
 		select {
+		case err := <-opened:
+			if err != nil && !r.s.Running() {
+				return abort(err)
+			}
+			if err == nil {
+				err = startAtNice(held.cmd, r.cmdNice)
+			}
+			if err != nil {
+				return abort(fmt.Errorf("starting %s: %w", command[0], err))
+			}
+			cmd = held.cmd
+			go func() { cmdDone <- waitExit(cmd, closeGate) }()
 		case <-ctx.Done():
 			break loop
 		case <-ends:
@@ -171,6 +234,8 @@ loop:
 			lastRefresh = time.Now()
 		}
 	}
+	// No gate may open after this.
+	gate.Close()
 	if r.live {
 		fmt.Fprint(r.stderr, "\r\033[K")
 	}
@@ -202,29 +267,42 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }
 
-// startHeld starts the command held before its exec, and returns it and
-// the function that lets it exec. Go's fork and exec takes milliseconds
-// of system calls that hold a P, and the runtime's sysmon polls all that
-// while: done after the gate opened, tens of the recorder's own context
-// switches would open its trace. Held, the command is a shell waiting on
-// a pipe, which execs the command (whose exec the trace then shows) when
-// release writes to it. Without /bin/sh it is started at release. Either
-// way it runs at the nice value nice (startAtNice). It fails, starting
-// nothing, when the command is not found.
-func startHeld(command []string, nice int) (*exec.Cmd, func() error, error) {
+// heldCmd is a command started held before its exec (startHeld).
+type heldCmd struct {
+	cmd *exec.Cmd
+	// pipe is the write end of the held shell's go-ahead; nil when there
+	// is no /bin/sh, and cmd is started by startAtNice at the gate.
+	pipe *os.File
+	fd   uintptr
+}
+
+// startHeld starts the command held before its exec. Go's fork and exec
+// takes milliseconds of system calls that hold a P, and the runtime's
+// sysmon polls all that while: done after the gate opened, tens of the
+// recorder's own context switches would open its trace. Held, the
+// command is a shell waiting on a pipe, which execs the command (whose
+// exec the trace then shows) when release writes to it. Without /bin/sh
+// nothing is started: the caller starts cmd at the gate. Either way it
+// runs at the nice value nice (startAtNice). It fails, starting nothing,
+// when the command is not found.
+func startHeld(command []string, nice int) (*heldCmd, error) {
 	if _, err := exec.LookPath(command[0]); err != nil {
-		return nil, nil, fmt.Errorf("starting %s: %w", command[0], err)
+		return nil, fmt.Errorf("starting %s: %w", command[0], err)
 	}
 	direct := exec.Command(command[0], command[1:]...)
 	direct.Stdin, direct.Stdout, direct.Stderr = os.Stdin, os.Stdout, os.Stderr
 	sh, err := exec.LookPath("/bin/sh")
 	if err != nil {
-		return direct, func() error { return startAtNice(direct, nice) }, nil
+		return &heldCmd{cmd: direct}, nil
 	}
-	rd, wr, err := os.Pipe()
-	if err != nil {
-		return nil, nil, fmt.Errorf("starting %s: %w", command[0], err)
+	// A blocking pipe, outside the runtime's netpoller: os.Pipe's would
+	// be in it, and the shell's closing its end would wake a thread of
+	// the recorder inside the trace.
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", command[0], err)
 	}
+	rd, wr := os.NewFile(uintptr(fds[0]), "go-ahead"), os.NewFile(uintptr(fds[1]), "go-ahead")
 	// The shell reads its go-ahead from descriptor 3, closes it, and
 	// becomes the command: same pid, arguments, environment and exit
 	// status. Should the recorder die first, the pipe's end makes the
@@ -236,38 +314,75 @@ func startHeld(command []string, nice int) (*exec.Cmd, func() error, error) {
 	rd.Close()
 	if err != nil {
 		wr.Close()
-		return nil, nil, fmt.Errorf("starting %s: %w", command[0], err)
+		return nil, fmt.Errorf("starting %s: %w", command[0], err)
 	}
-	release := func() error {
-		_, err := wr.Write([]byte("\n"))
-		wr.Close()
-		return err
-	}
-	return held, release, nil
+	return &heldCmd{cmd: held, pipe: wr, fd: uintptr(fds[1])}, nil
 }
 
-// waitExit waits for cmd to exit and returns cmd.Wait's result. The wait
-// itself is on a pidfd in the runtime's netpoller: cmd.Wait blocks in
-// waitid, a system call that holds a P, and the runtime's sysmon then
-// polls for milliseconds after the recording starts and after the
-// command ends, the recorder's own context switches in its trace. Where
-// pidfds are missing (before Linux 5.3) it is cmd.Wait alone.
-func waitExit(cmd *exec.Cmd) error {
-	if fd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
-		if unix.SetNonblock(fd, true) == nil {
-			f := os.NewFile(uintptr(fd), "pidfd")
-			if rc, err := f.SyscallConn(); err == nil {
-				_ = rc.Read(func(fd uintptr) bool {
-					var info unix.Siginfo
-					err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
-					// WNOHANG leaves info zero while the child runs.
-					return err != nil || info.Signo != 0
-				})
-			}
-			_ = f.Close()
-		} else {
-			_ = unix.Close(fd)
-		}
+// release lets the held shell exec the command: one raw write(2), which
+// wakes no sleeping sysmon (see the gate in run). It returns the
+// kernel's error.
+func (h *heldCmd) release() error {
+	nl := [1]byte{'\n'}
+	_, _, errno := unix.RawSyscall(unix.SYS_WRITE, h.fd, uintptr(unsafe.Pointer(&nl[0])), 1)
+	if errno != 0 {
+		return fmt.Errorf("releasing the held command: %w", errno)
 	}
-	return cmd.Wait()
+	return nil
+}
+
+// closePipe closes the go-ahead's pipe, if any.
+func (h *heldCmd) closePipe() {
+	if h.pipe != nil {
+		_ = h.pipe.Close()
+	}
+}
+
+// waitExit waits for cmd to exit, calls exited (when not nil) as soon as
+// it knows, and returns cmd.Wait's result. The wait itself is on a pidfd
+// in the runtime's netpoller, its test a raw waitid: cmd.Wait blocks in
+// waitid, a system call that holds a P, and an ordinary call wakes a
+// sleeping sysmon, which then polls every 20 µs, the recorder's own
+// context switches in its trace. exited runs on the thread the exit
+// woke, before any other is: the recorder closes its gate there. Where
+// pidfds are missing (before Linux 5.3) it is cmd.Wait, then exited.
+func waitExit(cmd *exec.Cmd, exited func()) error {
+	if f := pidfd(cmd.Process.Pid); f != nil {
+		if rc, err := f.SyscallConn(); err == nil {
+			_ = rc.Read(func(fd uintptr) bool {
+				var info unix.Siginfo
+				_, _, errno := unix.RawSyscall6(unix.SYS_WAITID, unix.P_PIDFD, fd, uintptr(unsafe.Pointer(&info)),
+					unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, 0, 0)
+				// WNOHANG leaves info zero while the child runs.
+				if errno != 0 || info.Signo != 0 {
+					if exited != nil {
+						exited()
+						exited = nil
+					}
+					return true
+				}
+				return false
+			})
+		}
+		_ = f.Close()
+	}
+	err := cmd.Wait()
+	if exited != nil {
+		exited()
+	}
+	return err
+}
+
+// pidfd returns a non-blocking pidfd of pid as a file in the runtime's
+// netpoller, or nil where there is none (before Linux 5.3).
+func pidfd(pid int) *os.File {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		_ = unix.Close(fd)
+		return nil
+	}
+	return os.NewFile(uintptr(fd), "pidfd")
 }

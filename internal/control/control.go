@@ -192,6 +192,41 @@ func (s *Server) Refresh() error {
 	return nil
 }
 
+// Stage writes value, as name's next content, into a scratch file now
+// and returns the function that puts it in place: one rename, made as a
+// raw system call, so that it can run where an ordinary one must not (at
+// the gate, where one would wake the Go runtime's sleeping sysmon into
+// the trace). A Refresh between the two leaves the staged file alone.
+// Stage fails when the scratch file cannot be written; the function
+// returned fails with the kernel's error.
+func (s *Server) Stage(name, value string) (func() error, error) {
+	v := value + "\n"
+	tmp := filepath.Join(s.dir, dirTmp, name+".staged")
+	if err := os.WriteFile(tmp, []byte(v), 0o600); err != nil {
+		return nil, fmt.Errorf("control file %s: %w", name, err)
+	}
+	from, err := unix.BytePtrFromString(tmp)
+	if err != nil {
+		return nil, fmt.Errorf("control file %s: %w", name, err)
+	}
+	to, err := unix.BytePtrFromString(filepath.Join(s.dir, name))
+	if err != nil {
+		return nil, fmt.Errorf("control file %s: %w", name, err)
+	}
+	return func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		cwd := unix.AT_FDCWD
+		_, _, errno := unix.RawSyscall6(unix.SYS_RENAMEAT2, uintptr(cwd), uintptr(unsafe.Pointer(from)),
+			uintptr(cwd), uintptr(unsafe.Pointer(to)), 0, 0)
+		if errno != 0 {
+			return fmt.Errorf("control file %s: %w", name, errno)
+		}
+		s.last[name] = v
+		return nil
+	}, nil
+}
+
 func (s *Server) do(cmd string, cpu int, arg string) (string, error) {
 	s.mu.Lock()
 	out, err := s.h.Do(cmd, cpu, arg)

@@ -7,12 +7,15 @@
 // sleeps in whole milliseconds; each poll is a context switch of the
 // recorder in the trace it records, some tens of them per expiry. A
 // timerfd in the netpoller wakes exactly one thread when it fires and
-// leaves sysmon asleep.
+// leaves sysmon asleep. Its expiry is read with a raw system call for the
+// same reason: an ordinary one, on entry, wakes a sysmon that sleeps
+// (runtime.entersyscallWakeSysmon).
 package timerfd
 
 import (
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -24,18 +27,32 @@ import (
 type Timer struct {
 	fd   int
 	file *os.File
+	rc   syscall.RawConn
+	fn   func()
 	c    chan struct{}
 	done chan struct{}
 }
 
 // New returns a stopped timer, or the kernel's error when no timerfd can
 // be created.
-func New() (*Timer, error) {
+func New() (*Timer, error) { return NewFunc(nil) }
+
+// NewFunc returns a stopped timer that calls fn, when not nil, at each
+// expiry on the timer's own goroutine, before C receives. fn must not
+// block. Where fn is all the expiry has to do, nothing else runs: the
+// one thread the netpoller wakes calls it and goes back to sleep, with
+// no goroutine readied on another. It fails with the kernel's error when
+// no timerfd can be created.
+func NewFunc(fn func()) (*Timer, error) {
 	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("timerfd: %w", err)
 	}
-	t := &Timer{fd: fd, file: os.NewFile(uintptr(fd), "timerfd"), c: make(chan struct{}, 1), done: make(chan struct{})}
+	t := &Timer{fd: fd, file: os.NewFile(uintptr(fd), "timerfd"), fn: fn, c: make(chan struct{}, 1), done: make(chan struct{})}
+	if t.rc, err = t.file.SyscallConn(); err != nil {
+		_ = t.file.Close()
+		return nil, fmt.Errorf("timerfd: %w", err)
+	}
 	go t.wait()
 	return t, nil
 }
@@ -65,10 +82,26 @@ func (t *Timer) wait() {
 	defer close(t.done)
 	var buf [8]byte
 	for {
-		// An expiry makes the timerfd readable; Close ends the read
+		// An expiry makes the timerfd readable; Close ends the wait
 		// with os.ErrClosed.
-		if _, err := t.file.Read(buf[:]); err != nil {
+		var errno syscall.Errno
+		err := t.rc.Read(func(fd uintptr) bool {
+			_, _, errno = unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+			return errno != unix.EAGAIN
+		})
+		if err != nil {
 			return
+		}
+		// EAGAIN (a Set cleared the expiry after the poller saw it)
+		// waits again, inside Read.
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return
+		}
+		if t.fn != nil {
+			t.fn()
 		}
 		select {
 		case t.c <- struct{}{}:

@@ -78,3 +78,38 @@ func TestCloseEndsWait(t *testing.T) {
 		t.Fatal("Close did not end the timer's wait")
 	}
 }
+
+// TestFuncBeforeC: NewFunc's function runs once per expiry, on the
+// timer's goroutine, before C receives.
+func TestFuncBeforeC(t *testing.T) {
+	calls := make(chan int, 4)
+	n := 0
+	tm, err := NewFunc(func() { n++; calls <- n })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tm.Close()
+	for want := 1; want <= 2; want++ {
+		if err := tm.Reset(5 * time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-tm.C():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("expiry %d: nothing on C", want)
+		}
+		select {
+		case got := <-calls:
+			if got != want {
+				t.Fatalf("call %d at expiry %d", got, want)
+			}
+		default:
+			t.Fatalf("expiry %d reached C before the function ran", want)
+		}
+	}
+	select {
+	case got := <-calls:
+		t.Fatalf("call %d without an expiry", got)
+	case <-time.After(30 * time.Millisecond):
+	}
+}
