@@ -101,9 +101,8 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	debug.FreeOSMemory()
 	runtime.GOMAXPROCS(procs)
 	// The control directory is written before the gate opens, all but
-	// its state, which must not say running before the programs record;
-	// after it, only the state file changes, written by this thread
-	// alone.
+	// its state, which must not say running before the programs record:
+	// the gate's callback renames a staged one into place.
 	_ = r.srv.Refresh()
 	var held *heldCmd
 	if len(command) > 0 {
