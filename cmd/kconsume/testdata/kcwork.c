@@ -8,8 +8,8 @@
  *                                their main one; every thread calls
  *                                getppid(2) 3 times and appends "PID TID"
  *                                to OUT
- *   kcwork prio NICE N           name itself kcprio, set its nice value to
- *                                NICE, sleep 5 ms N times, spin 50 ms
+ *   kcwork prio NICE N           set its nice value to NICE, name itself
+ *                                kcprio, sleep 5 ms N times, spin 50 ms
  *   kcwork dio FILE N SIZE       name itself kcdio; write N blocks of SIZE
  *                                bytes into FILE (which holds them) with
  *                                O_DIRECT, then read them back so */
@@ -106,7 +106,11 @@ int main(int argc, char **argv)
 	if (argc == 4 && strcmp(argv[1], "prio") == 0) {
 		double end;
 		volatile unsigned long x = 0;
-		if (prctl(PR_SET_NAME, "kcprio") || setpriority(PRIO_PROCESS, 0, atoi(argv[2])))
+		/*
+		 * The nice value first: a preemption between the two would
+		 * otherwise record kcprio at its old priority.
+		 */
+		if (setpriority(PRIO_PROCESS, 0, atoi(argv[2])) || prctl(PR_SET_NAME, "kcprio"))
 			return 2;
 		for (int i = 0; i < atoi(argv[3]); i++)
 			usleep(5000);
