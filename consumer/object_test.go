@@ -39,8 +39,8 @@ func exampleSpec(t *testing.T, tr Transport, tgid int) *ebpf.CollectionSpec {
 
 // TestObjectSynth: a user's program built on kc_synth.h writes one event
 // all at once and one field by field per getpid, and a klog line; every
-// value arrives, in order after its getpid, for our reader and
-// babeltrace2.
+// value arrives, next to its getpid and in one order throughout, for our
+// reader and babeltrace2.
 func TestObjectSynth(t *testing.T) {
 	const n = 300
 	klog := kernelAtLeast(t, 5, 13)
