@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -136,6 +137,7 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 		return abort(err)
 	}
 	opened := make(chan error, 1)
+	var released atomic.Bool // the held command has its go-ahead
 	gate, err := timerfd.NewFunc(func() {
 		if err := r.s.Start(); err != nil {
 			opened <- err
@@ -150,7 +152,9 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 		case held.pipe != nil:
 			if err := held.release(); err != nil {
 				opened <- err
+				return
 			}
+			released.Store(true)
 		default:
 			opened <- nil // this goroutine starts it: no /bin/sh to hold it
 		}
@@ -235,6 +239,13 @@ loop:
 	}
 	// No gate may open after this.
 	gate.Close()
+	if cmd != nil && held.pipe != nil && !released.Load() {
+		// Stopped before the gate opened: the held shell never ran the
+		// command, and would only exit when its pipe closes. waitExit
+		// reaps it.
+		_ = cmd.Process.Kill()
+		cmd = nil
+	}
 	if r.live {
 		fmt.Fprint(r.stderr, "\r\033[K")
 	}
