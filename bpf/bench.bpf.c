@@ -39,7 +39,7 @@ static long kc_bench_one(__u32 i, void *data)
 	r->cpu = cpu;
 	*(__u64 *)(r + 1) = kc_bench_seq++;
 	r->ts = kc_now();
-	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 0, sizeof(*r) + kc_bench_len <= KC_SAMPLED_MAX));
+	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, 0, sizeof(*r) + kc_bench_len <= KC_SAMPLED_MAX, 0));
 	st->emitted++;
 	return 0;
 }

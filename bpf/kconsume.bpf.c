@@ -209,10 +209,11 @@ static __always_inline struct kc_rec *kc_reserve(void *ring, struct kc_cpu_state
  * kc_submit stamps r, reserved by kc_reserve as res, as a record of len
  * payload bytes of event key from cpu, submits it and counts it in st,
  * with atomic adds for programs that can run preemptibly or nest with
- * another of ours on the CPU (raw and BTF tracepoints, trampolines). It
- * returns the timestamp.
+ * another of ours on the CPU (raw and BTF tracepoints, trampolines). own
+ * marks a record of the consumer's own that another task writes
+ * (kc_wakeup_flags). It returns the timestamp.
  */
-static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_cpu_state *st, __u32 key, __u32 len, __u32 cpu, struct kc_resv *res, int atomic)
+static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_cpu_state *st, __u32 key, __u32 len, __u32 cpu, struct kc_resv *res, int atomic, int own)
 {
 	__u64 ts;
 
@@ -224,10 +225,10 @@ static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_c
 	if (kc_area_on) {
 		/* The consumer counts the records it reads: no atomic here. */
 		kc_area_commit((__u64 *)r - 1, res->pos, res->size);
-		kc_area_wake(ring, st, st, res->pos + KC_AREA_HDR + ((res->size + 7) & ~7), atomic);
+		kc_area_wake(ring, st, st, res->pos + KC_AREA_HDR + ((res->size + 7) & ~7), atomic, own);
 		return ts;
 	}
-	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, atomic, 1));
+	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, atomic, 1, own));
 	if (atomic)
 		__sync_fetch_and_add(&st->emitted, 1);
 	else
@@ -356,7 +357,7 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	kc_word(d, ctx, size, 14);
 	kc_word(d, ctx, size, 15);
 	kc_put_entry(d, info->id, bpf_get_current_pid_tgid());
-	return kc_submit(ring, r, st, key, size - KC_CUT, cpu, &res, 0);
+	return kc_submit(ring, r, st, key, size - KC_CUT, cpu, &res, 0, 0);
 }
 #endif
 
@@ -600,7 +601,7 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr
 		return;
 	}
 	kc_put_entry(r->data, info->id, pid);
-	kc_submit(ring, &r->hdr, st, key, size, cpu, &res, 1);
+	kc_submit(ring, &r->hdr, st, key, size, cpu, &res, 1, 0);
 }
 
 /*
@@ -820,7 +821,8 @@ int kc_btf_switch(__u64 *ctx)
 	 * Atomic adds: a classic tracepoint's program preempted on this CPU
 	 * (7.x runs them preemptible) may be between its load and store.
 	 */
-	kc_submit(ring, r, st, kc_switch_key, 64 - KC_CUT, cpu, &res, 1);
+	/* A switch into one of the consumer's threads is the consumer's own. */
+	kc_submit(ring, r, st, kc_switch_key, 64 - KC_CUT, cpu, &res, 1, next->tgid == kc_self_tgid);
 	return 0;
 }
 
@@ -881,7 +883,8 @@ static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 	}
 	/* common_pid is current's: the waker. */
 	kc_put_entry(d, id, bpf_get_current_pid_tgid());
-	kc_submit(ring, r, st, key, len, cpu, &res, 1);
+	/* The wakeup of one of the consumer's threads is the consumer's own. */
+	kc_submit(ring, r, st, key, len, cpu, &res, 1, p->tgid == kc_self_tgid);
 }
 
 SEC("tp_btf/sched_waking")
@@ -987,7 +990,7 @@ int kc_btf_rename(__u64 *ctx)
 	kc_put_str16(d, at + 16, comm);
 	kc_put(__s16, d, at + 32, task->signal->oom_score_adj);
 	kc_put_entry(d, kc_rename_id, bpf_get_current_pid_tgid());
-	kc_submit(ring, r, st, kc_rename_key, at + 34, cpu, &res, 1);
+	kc_submit(ring, r, st, kc_rename_key, at + 34, cpu, &res, 1, 0);
 	return 0;
 }
 #endif
