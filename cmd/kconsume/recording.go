@@ -61,11 +61,12 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	// The duration's timer closes the gate itself, on the one thread its
 	// expiry wakes: handing that to this goroutine would first wake a
 	// second thread inside the trace.
+	closeGate := func() { _ = r.s.Stop() }
 	var ends <-chan struct{}
 	var end *timerfd.Timer
 	if duration > 0 {
 		var err error
-		if end, err = timerfd.NewFunc(func() { _ = r.s.Stop() }); err != nil {
+		if end, err = timerfd.NewFunc(closeGate); err != nil {
 			r.s.Close()
 			return err
 		}
@@ -151,7 +152,7 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 		case held == nil:
 		case held.pipe != nil:
 			if err := held.release(); err != nil {
-				opened <- err
+				opened <- fmt.Errorf("starting %s: %w", command[0], err)
 				return
 			}
 			released.Store(true)
@@ -168,7 +169,6 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	defer gate.Close()
 	var cmd *exec.Cmd
 	cmdDone := make(chan error, 1)
-	closeGate := func() { _ = r.s.Stop() }
 	if held != nil && held.pipe != nil {
 		cmd = held.cmd
 		go func() { cmdDone <- waitExit(cmd, closeGate) }()
@@ -191,13 +191,12 @@ loop:
 	for {
 		select {
 		case err := <-opened:
-			if err != nil && !r.s.Running() {
+			// nil: the gate is open and the command, not held, is
+			// this goroutine's to start.
+			if err != nil {
 				return abort(err)
 			}
-			if err == nil {
-				err = startAtNice(held.cmd, r.cmdNice)
-			}
-			if err != nil {
+			if err := startAtNice(held.cmd, r.cmdNice); err != nil {
 				return abort(fmt.Errorf("starting %s: %w", command[0], err))
 			}
 			cmd = held.cmd
@@ -283,7 +282,6 @@ type heldCmd struct {
 	// pipe is the write end of the held shell's go-ahead; nil when there
 	// is no /bin/sh, and cmd is started by startAtNice at the gate.
 	pipe *os.File
-	fd   uintptr
 }
 
 // startHeld starts the command held before its exec. Go's fork and exec
@@ -326,7 +324,7 @@ func startHeld(command []string, nice int) (*heldCmd, error) {
 		wr.Close()
 		return nil, fmt.Errorf("starting %s: %w", command[0], err)
 	}
-	return &heldCmd{cmd: held, pipe: wr, fd: uintptr(fds[1])}, nil
+	return &heldCmd{cmd: held, pipe: wr}, nil
 }
 
 // release lets the held shell exec the command: one raw write(2), which
@@ -334,7 +332,7 @@ func startHeld(command []string, nice int) (*heldCmd, error) {
 // kernel's error.
 func (h *heldCmd) release() error {
 	nl := [1]byte{'\n'}
-	_, _, errno := unix.RawSyscall(unix.SYS_WRITE, h.fd, uintptr(unsafe.Pointer(&nl[0])), 1)
+	_, _, errno := unix.RawSyscall(unix.SYS_WRITE, h.pipe.Fd(), uintptr(unsafe.Pointer(&nl[0])), 1)
 	if errno != 0 {
 		return fmt.Errorf("releasing the held command: %w", errno)
 	}
