@@ -330,3 +330,28 @@ func TestRWBS(t *testing.T) {
 		}
 	}
 }
+
+// TestSinkLocalAsInner checks that a profile's sink is local exactly when
+// the sink it wraps is: the channel then writes packets from its writer.
+func TestSinkLocalAsInner(t *testing.T) {
+	ds, err := relayfmt.NewDirSink(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	for _, tc := range []struct {
+		inner relayfmt.Sink
+		want  bool
+	}{
+		{ds, true},
+		{struct{ relayfmt.Sink }{ds}, false}, // says nothing: not local
+	} {
+		l, ok := LTTng.Sink(tc.inner, Env{}).(relayfmt.LocalSink)
+		if !ok {
+			t.Fatal("a profile's sink has no Local method")
+		}
+		if got := l.Local(); got != tc.want {
+			t.Errorf("Local() over %T = %v, want %v", tc.inner, got, tc.want)
+		}
+	}
+}

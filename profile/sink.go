@@ -80,6 +80,13 @@ func (s *sink) WriteMetadataOf(m *relayfmt.Metadata) error {
 	return s.write(&c, s.cache)
 }
 
+// Local reports whether the inner sink is a local one (relayfmt.LocalSink):
+// the profile adds nothing to a packet's way.
+func (s *sink) Local() bool {
+	l, ok := s.Sink.(relayfmt.LocalSink)
+	return ok && l.Local()
+}
+
 // write gives m, which it may change, the env and the names, and writes
 // it through.
 func (s *sink) write(m *relayfmt.Metadata, cache map[*relayfmt.EventClass]*relayfmt.EventClass) error {

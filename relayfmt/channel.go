@@ -93,7 +93,8 @@ var (
 // Concurrency: Write, Discard and the per-buffer operations (FlushCPU,
 // ResetCPU, Stats) for one buffer must come from one goroutine at a time,
 // the buffer's writer; different buffers may be written concurrently. The
-// sink runs in its own goroutines. AddEventClass is safe at any time.
+// sink runs in its own goroutines, or for a LocalSink in each buffer's
+// writer. AddEventClass is safe at any time.
 // Flush, Reset, Snapshot and Close act on every buffer and need every
 // writer to be quiescent.
 type Channel struct {
@@ -171,6 +172,9 @@ type buffer struct {
 	consumed atomic.Uint64 // sub-buffers released (sink, or writer in Overwrite)
 
 	// Sink side.
+	// inline: the writer writes finished sub-buffers itself (LocalSink);
+	// otherwise sinkLoop does, woken by doorbell.
+	inline   bool
 	doorbell chan struct{}
 	opened   bool // the stream file has its first packet
 	mu       sync.Mutex
@@ -179,7 +183,9 @@ type buffer struct {
 }
 
 // NewChannel checks cfg, allocates the buffers, writes the metadata and,
-// in NoOverwrite mode, starts one sink goroutine per buffer. It fails on
+// in NoOverwrite mode, starts one sink goroutine per buffer unless sink
+// is a LocalSink that says it is local: then each buffer's writer writes
+// the sub-buffers it finishes. It fails on
 // a bad geometry (the error says why) or if the sink cannot write the
 // metadata.
 func NewChannel(cfg Config, sink Sink) (*Channel, error) {
@@ -223,8 +229,9 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 	if err := writeMetadata(sink, &c.meta); err != nil {
 		return nil, fmt.Errorf("channel: %w", err)
 	}
+	inline := cfg.Mode == NoOverwrite && isLocal(sink)
 	for i := range nbuf {
-		b := &buffer{ch: c, size: cfg.SubbufSize, n: uint64(cfg.NSubbufs), seq: 1,
+		b := &buffer{ch: c, size: cfg.SubbufSize, n: uint64(cfg.NSubbufs), seq: 1, inline: inline,
 			mem: make([]byte, cfg.NSubbufs*cfg.SubbufSize), slotEvents: make([]uint64, cfg.NSubbufs), slotOver: make([]uint64, cfg.NSubbufs), slotStart: make([]uint64, cfg.NSubbufs),
 			doorbell: make(chan struct{}, 1)}
 		b.name = "trace" + strconv.Itoa(i)
@@ -236,7 +243,7 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 		b.hdr = PacketHeader{UUID: cfg.UUID, StreamInstanceID: uint64(i), CPUID: uint32(i), PacketSize: uint64(cfg.SubbufSize) * 8}
 		b.cond.L = &b.mu
 		c.bufs = append(c.bufs, b)
-		if cfg.Mode == NoOverwrite {
+		if cfg.Mode == NoOverwrite && !inline {
 			c.wg.Add(1)
 			go b.sinkLoop()
 		}
@@ -634,10 +641,36 @@ func (b *buffer) finish() {
 	b.cur = nil
 	b.stats.Packets++
 	b.produced.Store(p + 1)
+	if b.inline {
+		b.writeOut()
+		return
+	}
 	select {
 	case b.doorbell <- struct{}{}:
 	default:
 	}
+}
+
+// writeOut writes the finished sub-buffers to the sink and releases them,
+// on the writer's goroutine: sinkLoop's work, for a local sink. After a
+// sink error it writes and releases nothing more, as sinkLoop.
+func (b *buffer) writeOut() {
+	for cn := b.consumed.Load(); cn != b.produced.Load(); cn++ {
+		slot := int(cn % b.n)
+		if b.emit(b.mem[slot*b.size:(slot+1)*b.size]) != nil {
+			return
+		}
+		b.release(cn + 1)
+	}
+}
+
+// release hands the sub-buffers before cn back to the writer and wakes
+// whoever waits for them (waitDrained).
+func (b *buffer) release(cn uint64) {
+	b.mu.Lock()
+	b.consumed.Store(cn)
+	b.cond.Broadcast()
+	b.mu.Unlock()
 }
 
 // flush finishes the current sub-buffer if it holds events or losses not
@@ -875,7 +908,7 @@ func (b *buffer) emit(pkt []byte) error {
 		return b.sinkErr
 	}
 	b.opened = true
-	b.stats.Written++ // only this goroutine or a quiescent writer touches it
+	b.stats.Written++ // only the one that writes packets touches it
 	return nil
 }
 
@@ -902,10 +935,7 @@ func (b *buffer) sinkLoop() {
 			<-b.ch.quit
 			return
 		}
-		b.mu.Lock()
-		b.consumed.Store(cn + 1)
-		b.cond.Broadcast()
-		b.mu.Unlock()
+		b.release(cn + 1)
 	}
 }
 

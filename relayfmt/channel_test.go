@@ -29,6 +29,11 @@ func (g *gatedSink) WritePacket(name string, p []byte) error {
 	return g.Sink.WritePacket(name, p)
 }
 
+// remoteSink passes everything to its Sink but does not say it is local
+// (LocalSink): the channel writes to it from sink goroutines, as to a
+// network sink.
+type remoteSink struct{ Sink }
+
 // checkStreams compares what the reader returns per CPU with what the
 // channel accepted. With subsequence set (Overwrite mode), the read events
 // must be the newest accepted ones of each CPU, the rest counted lost.
@@ -82,53 +87,75 @@ func TestChannelRoundTrip(t *testing.T) {
 		{name: "global-drops", cfg: Config{SubbufSize: 4096, NSubbufs: 3, Global: true}, classes: 7, events: 2000, gate: true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var gs *gatedSink
-			wrap := func(s Sink) Sink {
-				if !tt.gate {
-					return s
-				}
-				gs = &gatedSink{Sink: s, open: make(chan struct{})}
-				return gs
+		for _, remote := range []bool{false, true} {
+			if tt.gate && !remote {
+				continue // a held sink is a remote one
 			}
-			g := newGen(t, tt.cfg, wrap)
-			g.defineClasses(tt.classes)
-			per := tt.events / (tt.flushes + 1)
-			for range tt.flushes {
-				g.burst(per, tt.gap)
-				if err := g.c.Flush(); err != nil {
-					t.Fatal(err)
-				}
+			name := tt.name
+			if remote {
+				name += "-remote"
 			}
-			g.burst(tt.events-per*tt.flushes, tt.gap)
-			stats := map[string]Stats{}
-			for i := range g.c.Streams() {
-				st, _ := g.c.StatsCPU(i)
-				stats[g.c.bufs[i].name] = st
-			}
-			if gs != nil {
-				close(gs.open)
-			}
-			g.close()
-			var dropped uint64
-			for _, st := range stats {
-				dropped += st.Dropped
-			}
-			if tt.gate && dropped == 0 {
-				t.Fatal("a held sink made no drops")
-			}
-			got, notices := readAll(t, g.dir)
-			checkStreams(t, g, got, nil)
-			loss := lossByStream(notices)
-			for name, st := range stats {
-				if loss[name] != st.Discarded() {
-					t.Errorf("%s: readers see %d discarded events, the channel counted %d", name, loss[name], st.Discarded())
-				}
-			}
-			if n := agree(t, g.dir); n != len(g.written) {
-				t.Errorf("babeltrace2 agreed on %d events, %d were written", n, len(g.written))
-			}
-		})
+			t.Run(name, func(t *testing.T) { roundTrip(t, tt.cfg, tt.classes, tt.events, tt.gap, tt.flushes, tt.gate, remote) })
+		}
+	}
+}
+
+// roundTrip writes events events of classes classes through a channel
+// of cfg into a directory and checks what readers and babeltrace2 find.
+// With remote set the channel's sink does not say it is local; with gate
+// set (which implies remote: a local sink is written by the writer) it
+// holds every packet until the writing ends, so the channel drops.
+func roundTrip(t *testing.T, cfg Config, classes, events, gap, flushes int, gate, remote bool) {
+	var gs *gatedSink
+	wrap := func(s Sink) Sink {
+		switch {
+		case gate:
+			gs = &gatedSink{Sink: s, open: make(chan struct{})}
+			return gs
+		case remote:
+			return remoteSink{s}
+		}
+		return s
+	}
+	g := newGen(t, cfg, wrap)
+	if g.c.bufs[0].inline == (gate || remote) {
+		t.Fatalf("inline writes %v with a sink %T", g.c.bufs[0].inline, g.c.sink)
+	}
+	g.defineClasses(classes)
+	per := events / (flushes + 1)
+	for range flushes {
+		g.burst(per, gap)
+		if err := g.c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.burst(events-per*flushes, gap)
+	stats := map[string]Stats{}
+	for i := range g.c.Streams() {
+		st, _ := g.c.StatsCPU(i)
+		stats[g.c.bufs[i].name] = st
+	}
+	if gs != nil {
+		close(gs.open)
+	}
+	g.close()
+	var dropped uint64
+	for _, st := range stats {
+		dropped += st.Dropped
+	}
+	if gate && dropped == 0 {
+		t.Fatal("a held sink made no drops")
+	}
+	got, notices := readAll(t, g.dir)
+	checkStreams(t, g, got, nil)
+	loss := lossByStream(notices)
+	for name, st := range stats {
+		if loss[name] != st.Discarded() {
+			t.Errorf("%s: readers see %d discarded events, the channel counted %d", name, loss[name], st.Discarded())
+		}
+	}
+	if n := agree(t, g.dir); n != len(g.written) {
+		t.Errorf("babeltrace2 agreed on %d events, %d were written", n, len(g.written))
 	}
 }
 
@@ -428,9 +455,13 @@ func TestEventClassErrors(t *testing.T) {
 // fills up.
 type failSink struct {
 	Sink
-	mu sync.Mutex
-	n  int
+	mu    sync.Mutex
+	n     int
+	local bool
 }
+
+// Local reports whether the channel is to write to f from its writer.
+func (f *failSink) Local() bool { return f.local }
 
 func (f *failSink) WritePacket(name string, p []byte) error {
 	f.mu.Lock()
@@ -443,11 +474,22 @@ func (f *failSink) WritePacket(name string, p []byte) error {
 }
 
 func TestSinkFailureLeavesWholeFiles(t *testing.T) {
+	for _, local := range []bool{true, false} {
+		t.Run(fmt.Sprintf("local=%v", local), func(t *testing.T) { sinkFailure(t, local) })
+	}
+}
+
+// sinkFailure checks that a sink failing at its fourth packet, local
+// (written by the writer) or not, leaves the three before it whole.
+func sinkFailure(t *testing.T, local bool) {
 	var fs *failSink
 	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1}, func(s Sink) Sink {
-		fs = &failSink{Sink: s, n: 3}
+		fs = &failSink{Sink: s, n: 3, local: local}
 		return fs
 	})
+	if g.c.bufs[0].inline != local {
+		t.Fatalf("inline writes %v with a sink that says local %v", g.c.bufs[0].inline, local)
+	}
 	g.defineClasses(3)
 	select {
 	case <-g.c.Failed():
@@ -482,6 +524,35 @@ func TestSinkFailureLeavesWholeFiles(t *testing.T) {
 	if fi.Size() != 3*4096 {
 		t.Fatalf("trace0 is %d bytes, want the 3 whole packets written", fi.Size())
 	}
+	agree(t, g.dir)
+}
+
+// TestLocalSinkWrittenByWriter checks that a NoOverwrite channel on a
+// local sink writes each sub-buffer into its file as the writer finishes
+// it, with no flush and no goroutine between: the file holds the packet
+// when the Write that finished it returns.
+func TestLocalSinkWrittenByWriter(t *testing.T) {
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 1}, nil)
+	g.defineClasses(1)
+	for i := 0; g.c.bufs[0].produced.Load() == 0; i++ {
+		if i > 10000 {
+			t.Fatal("no sub-buffer finished after 10000 events")
+		}
+		if err := g.write(0, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(g.dir, "trace0"))
+	if err != nil {
+		t.Fatalf("no stream file after the first sub-buffer finished: %v", err)
+	}
+	if fi.Size() != 4096 {
+		t.Fatalf("trace0 holds %d bytes after the first sub-buffer finished, want 4096", fi.Size())
+	}
+	if st, _ := g.c.StatsCPU(0); st.Written != 1 {
+		t.Fatalf("Written = %d, want 1", st.Written)
+	}
+	g.close()
 	agree(t, g.dir)
 }
 

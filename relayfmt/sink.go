@@ -23,6 +23,26 @@ type Sink interface {
 	Close() error
 }
 
+// LocalSink is a Sink that can say its WritePacket returns once the
+// page cache holds the packet, waiting on no network or peer. A
+// NoOverwrite channel writes each finished sub-buffer to a local sink
+// from the writer that finished it, as LTTng's consumer daemon writes
+// from the thread that read the sub-buffer, instead of waking a goroutine
+// per buffer: under a saturating load those wakeups cost more than the
+// writes. Sinks that wrap another forward their inner sink's answer.
+type LocalSink interface {
+	Sink
+	// Local reports whether WritePacket never waits on more than local
+	// storage.
+	Local() bool
+}
+
+// isLocal reports whether sink is a LocalSink that says it is local.
+func isLocal(sink Sink) bool {
+	l, ok := sink.(LocalSink)
+	return ok && l.Local()
+}
+
 // MetadataWriter is a Sink that takes the metadata as a structure rather
 // than as text: a sink that rewrites it (profile.Sink names classes in
 // another tracer's dialect) then needs no parse. The channel passes its
@@ -137,6 +157,9 @@ func (s *DirSink) WritePacket(name string, packet []byte) error {
 	return nil
 }
 
+// Local reports true: the stream files are this machine's.
+func (*DirSink) Local() bool { return true }
+
 // Close syncs and closes every stream file. It returns the first error of
 // any stream, including earlier write failures.
 func (s *DirSink) Close() error {
@@ -168,6 +191,9 @@ type DiscardSink struct {
 
 // WriteMetadata does nothing.
 func (*DiscardSink) WriteMetadata([]byte) error { return nil }
+
+// Local reports true: it keeps nothing, at once.
+func (*DiscardSink) Local() bool { return true }
 
 // WritePacket counts the packet.
 func (d *DiscardSink) WritePacket(string, []byte) error {
