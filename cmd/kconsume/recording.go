@@ -189,6 +189,14 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	var cmdErr, failure error
 loop:
 	for {
+		// The drainer signals activity after each pass for data, into a
+		// one-slot channel. Received only while it can lead to a refresh,
+		// it wakes this goroutine at most once a second under load; taken
+		// at every pass, it cost a wakeup and a thread handoff each.
+		activity := r.s.Activity()
+		if refreshing || tick != nil {
+			activity = nil
+		}
 		select {
 		case err := <-opened:
 			// nil: the gate is open and the command, not held, is
@@ -218,10 +226,7 @@ loop:
 			if r.live {
 				r.status()
 			}
-		case <-r.s.Activity():
-			if refreshing || tick != nil {
-				continue
-			}
+		case <-activity:
 			if wait := time.Second - time.Since(lastRefresh); wait > 0 {
 				if later.Reset(wait) == nil {
 					refreshing = true
