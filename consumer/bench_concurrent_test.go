@@ -108,13 +108,9 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 	// preemption off for milliseconds.
 	var cpu time.Duration
 	var readerDone chan struct{}
+	var tid int // the drainer's thread
 	if own {
-		waitLoop(b, r.s)
-		var c0 unix.CPUSet
-		c0.Set(0)
-		if err := unix.SchedSetaffinity(int(r.s.dr.loopTID.Load()), &c0); err != nil {
-			b.Fatal(err)
-		}
+		tid = pinDrainer(b, r.s, 0)
 	} else {
 		readerDone = make(chan struct{})
 		go func() {
@@ -145,7 +141,7 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 			}
 		}()
 	}
-	cpu0 := r.s.loopCPUTime()
+	cpu0 := threadCPUTime(tid)
 	start := time.Now()
 	time.Sleep(time.Duration(b.N) * time.Millisecond)
 	stop.Store(true)
@@ -154,7 +150,7 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 		if err := r.s.Flush(); err != nil {
 			b.Fatal(err)
 		}
-		cpu = r.s.loopCPUTime() - cpu0
+		cpu = threadCPUTime(tid) - cpu0
 		for cpu := 0; cpu < r.s.ncpu; cpu++ {
 			cs, _ := r.s.ch.StatsCPU(cpu)
 			read += cs.Records

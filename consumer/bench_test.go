@@ -403,22 +403,29 @@ func threadCPU() time.Duration {
 	return time.Duration(ts.Nano())
 }
 
-// waitLoop waits until the drainer thread has started.
-func waitLoop(tb testing.TB, s *Session) {
-	for i := 0; s.dr.loopTID.Load() == 0; i++ {
-		if i > 1000 {
-			tb.Fatal("drainer did not start")
-		}
-		time.Sleep(time.Millisecond)
+// pinDrainer locks s's drainer goroutine to the thread it runs on, for
+// the rest of its life, binds that thread to cpu and returns its id: a
+// test that places the drainer, or reads its CPU time, needs one thread
+// to hold it. The drainer runs unlocked otherwise.
+func pinDrainer(tb testing.TB, s *Session, cpu int) int {
+	tb.Helper()
+	var tid int
+	err := s.dr.do(func() error {
+		runtime.LockOSThread()
+		tid = unix.Gettid()
+		var set unix.CPUSet
+		set.Set(cpu)
+		return unix.SchedSetaffinity(0, &set)
+	})
+	if err != nil {
+		tb.Fatalf("pinning the drainer to CPU %d: %v", cpu, err)
 	}
+	return tid
 }
 
-// loopCPUTime returns the CPU time of the drainer thread so far.
-func (s *Session) loopCPUTime() time.Duration {
-	tid := s.dr.loopTID.Load()
-	if tid == 0 {
-		return 0
-	}
+// threadCPUTime returns the CPU time of thread tid of this process so
+// far, or 0 when it cannot be read.
+func threadCPUTime(tid int) time.Duration {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/self/task/%d/schedstat", tid))
 	if err != nil {
 		return 0

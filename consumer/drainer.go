@@ -2,9 +2,9 @@ package consumer
 
 import (
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -12,9 +12,9 @@ import (
 	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
-// drainer decides when to read the rings and reads them: one goroutine,
-// locked to its thread, sleeps in epoll until a producer crosses the
-// watermark, a command arrives or the latency tick passes, then drains
+// drainer decides when to read the rings and reads them: one goroutine
+// sleeps in epoll until a producer crosses the watermark, a command
+// arrives or the latency tick passes, then drains
 // every stream's source through the writer and places the losses the
 // accounting reports. Commands (flush, reset, stats …) run on it through
 // do, since the channel's writer state lives there.
@@ -36,7 +36,6 @@ type drainer struct {
 	done       chan struct{}
 	loopErr    error
 	looping    atomic.Bool
-	loopTID    atomic.Int32
 	counts     drainerCounts
 	lastMissed time.Time
 }
@@ -164,11 +163,12 @@ func (d *drainer) do(fn func() error) error {
 // timeout, so an idle machine does not see it run.
 func (d *drainer) loop() {
 	defer close(d.done)
-	// One thread keeps the rings' cache lines and gives the drainer's CPU
-	// time an owner to measure.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	d.loopTID.Store(int32(unix.Gettid()))
+	// Not locked to a thread: the drainer parks in the netpoller, and a
+	// locked goroutine woken there costs two thread handoffs per wakeup
+	// (the poller's thread hands its P to the locked one and sleeps, and
+	// the locked one hands it back when it parks again): 700 of the
+	// recorder's 1,500 futex calls in a saturating hackbench at --memory
+	// 1408K. Tests that place the drainer lock it themselves.
 	events := make([]unix.EpollEvent, len(d.streams)+2)
 	ids := make([]int32, 0, len(events))
 	woke := make([]uint64, 2*d.rec.ncpu) // the writers' last wakeups seen
@@ -344,11 +344,10 @@ const defaultLateness = time.Millisecond
 // producerLateness counts how long after the writers' newest wakeups the
 // drainer ran, from the times they left in woke (seen so far, per slot).
 func (d *drainer) producerLateness(woke []uint64) {
-	var ts unix.Timespec
-	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
+	now, ok := clockNow(unix.CLOCK_MONOTONIC)
+	if !ok {
 		return
 	}
-	now := uint64(ts.Nano())
 	for slot := range woke {
 		w := d.rec.wokeAt(slot)
 		if w == woke[slot] {
@@ -361,6 +360,18 @@ func (d *drainer) producerLateness(woke []uint64) {
 	}
 }
 
+// clockNow reads clock id, in nanoseconds; ok is false when the kernel
+// refuses the clock. It is a raw system call, as clock_gettime never
+// blocks: x/sys/unix's ClockGettime is an ordinary one, which wakes the
+// runtime's sysmon when it sleeps, and sysmon then polls every 20 µs for
+// a while, each poll a switch of the recorder's own in the trace. A
+// drain that writes no packet then wakes no thread of the runtime's.
+func clockNow(id int32) (now uint64, ok bool) {
+	var ts unix.Timespec
+	_, _, errno := unix.RawSyscall(unix.SYS_CLOCK_GETTIME, uintptr(id), uintptr(unsafe.Pointer(&ts)), 0)
+	return uint64(ts.Nano()), errno == 0
+}
+
 // missedPeriod is how often the recorder programs' recursion misses are
 // read: one syscall per program, and before 5.15 there is a program per
 // event. Flush and Close read them too.
@@ -369,12 +380,8 @@ const missedPeriod = time.Second
 // cutoff returns the time before which waiting records are written: now
 // minus the reorder window, on the records' clock.
 func (d *drainer) cutoff() uint64 {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(d.clockID, &ts); err != nil {
-		return 0
-	}
-	now := uint64(ts.Nano())
-	if now < d.window {
+	now, ok := clockNow(d.clockID)
+	if !ok || now < d.window {
 		return 0
 	}
 	return now - d.window

@@ -163,12 +163,7 @@ func TestDrainerLate(t *testing.T) {
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitLoop(t, s)
-	var c0 unix.CPUSet
-	c0.Set(0)
-	if err := unix.SchedSetaffinity(int(s.dr.loopTID.Load()), &c0); err != nil {
-		t.Fatal(err)
-	}
+	pinDrainer(t, s, 0)
 	// Other processes' context switches wake the drainer: keep some
 	// coming, for a guest whose own are few.
 	stop := make(chan struct{})
