@@ -262,6 +262,13 @@ func (d *drainer) loop() {
 		// right after its answer (Stats, Flush) must find the writers
 		// told to wake the drainer.
 		if !end {
+			if !more {
+				// The packets this pass finished go out back to back
+				// just before the drainer sleeps, so the runtime's
+				// monitor, woken by the first write, finds it asleep
+				// at its next look (relayfmt.Channel.Commit).
+				d.w.ch.Commit()
+			}
 			timeout = d.sleep(more, deadline)
 		}
 		for _, r := range done {

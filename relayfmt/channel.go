@@ -93,8 +93,8 @@ var (
 // Concurrency: Write, Discard and the per-buffer operations (FlushCPU,
 // ResetCPU, Stats) for one buffer must come from one goroutine at a time,
 // the buffer's writer; different buffers may be written concurrently. The
-// sink runs in its own goroutines, or for a LocalSink in each buffer's
-// writer. AddEventClass is safe at any time.
+// sink runs in its own goroutines or, for a LocalSink, in the writer's
+// Commit (and Flush, Close). AddEventClass is safe at any time.
 // Flush, Reset, Snapshot and Close act on every buffer and need every
 // writer to be quiescent.
 type Channel struct {
@@ -184,8 +184,8 @@ type buffer struct {
 
 // NewChannel checks cfg, allocates the buffers, writes the metadata and,
 // in NoOverwrite mode, starts one sink goroutine per buffer unless sink
-// is a LocalSink that says it is local: then each buffer's writer writes
-// the sub-buffers it finishes. It fails on
+// is a LocalSink that says it is local: then the writer writes the
+// sub-buffers it finishes itself (Commit). It fails on
 // a bad geometry (the error says why) or if the sink cannot write the
 // metadata.
 func NewChannel(cfg Config, sink Sink) (*Channel, error) {
@@ -590,6 +590,11 @@ func (c *Channel) Discard(cpu int, n uint64) error {
 // counts its events as overwritten.
 func (b *buffer) open(ts uint64) bool {
 	p := b.produced.Load()
+	if b.inline && p-b.consumed.Load() >= b.n {
+		// Finished sub-buffers wait for Commit: written now rather than
+		// the record dropped.
+		b.writeOut()
+	}
 	if p-b.consumed.Load() >= b.n {
 		if b.ch.cfg.Mode != Overwrite {
 			return false
@@ -642,8 +647,7 @@ func (b *buffer) finish() {
 	b.stats.Packets++
 	b.produced.Store(p + 1)
 	if b.inline {
-		b.writeOut()
-		return
+		return // written at Commit
 	}
 	select {
 	case b.doorbell <- struct{}{}:
@@ -652,8 +656,8 @@ func (b *buffer) finish() {
 }
 
 // writeOut writes the finished sub-buffers to the sink and releases them,
-// on the writer's goroutine: sinkLoop's work, for a local sink. After a
-// sink error it writes and releases nothing more, as sinkLoop.
+// on the writer's goroutine: sinkLoop's work, for a local sink (Commit).
+// After a sink error it writes and releases nothing more, as sinkLoop.
 func (b *buffer) writeOut() {
 	for cn := b.consumed.Load(); cn != b.produced.Load(); cn++ {
 		slot := int(cn % b.n)
@@ -708,11 +712,35 @@ func (b *buffer) flushWait() error {
 	if b.ch.cfg.Mode == Overwrite {
 		return nil
 	}
+	if b.inline {
+		b.writeOut()
+	}
 	if err := b.waitDrained(); err != nil || !pending {
 		return err
 	}
 	b.flush()
+	if b.inline {
+		b.writeOut()
+	}
 	return b.waitDrained()
+}
+
+// Commit writes the sub-buffers finished since the last Commit to a local
+// sink (LocalSink), from the calling goroutine, which must be the writer
+// of every buffer or call it while they are quiescent; with any other
+// sink, or in Overwrite mode, it does nothing. A writer that commits just
+// before it goes idle makes its writes back to back: a Go program's
+// system call wakes the runtime's monitor thread when it sleeps, which
+// then polls every 20 µs until every goroutine is idle again, so writes
+// spread over a busy stretch keep it polling throughout. Sub-buffers not
+// committed are written when the writer needs their room, at a flush and
+// at Close.
+func (c *Channel) Commit() {
+	for _, b := range c.bufs {
+		if b.inline {
+			b.writeOut()
+		}
+	}
 }
 
 // Flush forces a switch on every buffer, so a reader sees every record

@@ -528,13 +528,22 @@ func sinkFailure(t *testing.T, local bool) {
 }
 
 // TestLocalSinkWrittenByWriter checks that a NoOverwrite channel on a
-// local sink writes each sub-buffer into its file as the writer finishes
-// it, with no flush and no goroutine between: the file holds the packet
-// when the Write that finished it returns.
+// local sink leaves finished sub-buffers to the writer's Commit, with no
+// goroutine between: the file holds them when Commit returns, and not
+// before. A writer that never commits loses nothing: a sub-buffer it
+// needs the room of is written then.
 func TestLocalSinkWrittenByWriter(t *testing.T) {
-	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 1}, nil)
+	g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1}, nil)
 	g.defineClasses(1)
-	for i := 0; g.c.bufs[0].produced.Load() == 0; i++ {
+	b := g.c.bufs[0]
+	size := func() int64 {
+		fi, err := os.Stat(filepath.Join(g.dir, "trace0"))
+		if err != nil {
+			return 0
+		}
+		return fi.Size()
+	}
+	for i := 0; b.produced.Load() == 0; i++ {
 		if i > 10000 {
 			t.Fatal("no sub-buffer finished after 10000 events")
 		}
@@ -542,17 +551,26 @@ func TestLocalSinkWrittenByWriter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fi, err := os.Stat(filepath.Join(g.dir, "trace0"))
-	if err != nil {
-		t.Fatalf("no stream file after the first sub-buffer finished: %v", err)
+	if n := size(); n != 0 {
+		t.Fatalf("trace0 holds %d bytes before Commit, want 0", n)
 	}
-	if fi.Size() != 4096 {
-		t.Fatalf("trace0 holds %d bytes after the first sub-buffer finished, want 4096", fi.Size())
+	g.c.Commit()
+	if n := size(); n != 4096 {
+		t.Fatalf("trace0 holds %d bytes after Commit, want the 4096 of the finished sub-buffer", n)
 	}
-	if st, _ := g.c.StatsCPU(0); st.Written != 1 {
-		t.Fatalf("Written = %d, want 1", st.Written)
+	// Twenty sub-buffers' worth through two, without a Commit.
+	for b.produced.Load() < 21 {
+		if err := g.write(0, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st, _ := g.c.StatsCPU(0); st.Dropped != 0 || st.Written < 19 {
+		t.Fatalf("without Commit: %d records dropped, %d packets written of 21 finished; want none dropped, at least 19 written", st.Dropped, st.Written)
 	}
 	g.close()
+	if n, want := size(), int64(4096*b.produced.Load()); n != want {
+		t.Fatalf("trace0 holds %d bytes after Close, want %d", n, want)
+	}
 	agree(t, g.dir)
 }
 

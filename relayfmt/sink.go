@@ -25,10 +25,10 @@ type Sink interface {
 
 // LocalSink is a Sink that can say its WritePacket returns once the
 // page cache holds the packet, waiting on no network or peer. A
-// NoOverwrite channel writes each finished sub-buffer to a local sink
-// from the writer that finished it, as LTTng's consumer daemon writes
-// from the thread that read the sub-buffer, instead of waking a goroutine
-// per buffer: under a saturating load those wakeups cost more than the
+// NoOverwrite channel writes finished sub-buffers to a local sink from
+// its writer (Channel.Commit), as LTTng's consumer daemon writes from
+// the thread that read the sub-buffer, instead of waking a goroutine per
+// buffer: under a saturating load those wakeups cost more than the
 // writes. Sinks that wrap another forward their inner sink's answer.
 type LocalSink interface {
 	Sink
