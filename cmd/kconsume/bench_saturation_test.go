@@ -61,6 +61,10 @@ type saturationRun struct {
 	// its summary did not print one).
 	ringLost, dropped, missed uint64
 	lateMs                    float64
+	// own is the number of sched_switch events in the trace that switch
+	// out one of the tracer's own threads or processes: its footprint in
+	// what it records.
+	own uint64
 }
 
 func (r saturationRun) lostShare() float64 {
@@ -85,7 +89,9 @@ func (r saturationRun) lostShare() float64 {
 // it less than the wall time), its share of lost events (lost /
 // (recorded + lost), %) and its recorded events; for kconsume its losses
 // by layer (ring full: the drainer came too late; sub-buffers full: the
-// sink was behind) and the drainer's longest overrun. trace-cmd's counts
+// sink was behind) and the drainer's longest overrun; for each tracer its
+// own context switches in its trace (sched_switch events whose prev_comm
+// is the tracer's, which the tracer's threads and processes carry). trace-cmd's counts
 // are the kernel's per-CPU "overrun", "read events" and "entries" it
 // stores in its file (trace-cmd report --stat). The host's tracing state
 // is restored after each trace-cmd run. KCONSUME_BENCH_BASE_BIN names
@@ -142,8 +148,8 @@ func BenchmarkSaturation(b *testing.B) {
 						}
 						break
 					}
-					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d, missed %d), drainer %.1f ms late",
-						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.missed, run.lateMs)
+					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d, missed %d), drainer %.1f ms late, %d own switches",
+						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.missed, run.lateMs, run.own)
 					runs[tool] = append(runs[tool], run)
 				}
 			}
@@ -155,13 +161,15 @@ func BenchmarkSaturation(b *testing.B) {
 			}
 			b.ReportMetric(median(unCPU), "untraced-cpu-s")
 			for _, tool := range order[1:] {
-				var slow, cpu, share, rec []float64
+				var slow, cpu, share, rec, own []float64
 				for r, run := range runs[tool] {
 					slow = append(slow, 100*(run.secs/un[r].secs-1))
 					cpu = append(cpu, 100*(run.cpu/un[r].cpu-1))
 					share = append(share, run.lostShare())
 					rec = append(rec, float64(run.recorded))
+					own = append(own, float64(run.own))
 				}
+				b.ReportMetric(median(own), tool+"-own-switches")
 				b.ReportMetric(median(slow), tool+"-slowdown-%")
 				b.ReportMetric(slices.Min(slow), tool+"-slowdown-min-%")
 				b.ReportMetric(slices.Max(slow), tool+"-slowdown-max-%")
@@ -210,6 +218,9 @@ var (
 	tcOverrun = regexp.MustCompile(`(?m)^overrun: (\d+)$`)
 	tcRead    = regexp.MustCompile(`(?m)^read events: (\d+)$`)
 	tcEntries = regexp.MustCompile(`(?m)^entries: (\d+)$`)
+	// trace-cmd report's sched_switch: "prev_comm:prev_pid [prio] state
+	// ==> next_comm:next_pid [prio]".
+	tcOwnSwitch = regexp.MustCompile(`sched_switch: +trace-cmd:\d+ \[`)
 )
 
 // saturate runs hackbench once, untraced (tool "") or as the command of
@@ -280,6 +291,17 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 			}
 			run.lateMs = float64(d) / float64(time.Millisecond)
 		}
+		// The report is always the current binary's: the format is the
+		// same for both.
+		rep, err := exec.Command(tools["kconsume"], "report", filepath.Join(dir, "t"), "-e", "sched:sched_switch").Output()
+		if err != nil {
+			return run, fmt.Errorf("kconsume report: %w", err)
+		}
+		// The kernel keeps the first 15 bytes of the binary's name as
+		// the comm (TASK_COMM_LEN).
+		comm := filepath.Base(tools[tool])
+		comm = comm[:min(len(comm), 15)]
+		run.own = uint64(strings.Count(string(rep), `prev_comm="`+comm+`"`))
 	case "trace-cmd":
 		// Debian's trace-cmd exits 1 after recording, because it cannot
 		// open set_ftrace_filter (no function tracer): judge by its file.
@@ -303,6 +325,11 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 			run.lost += o
 			run.recorded += r + e
 		}
+		rep, err := exec.Command(tools[tool], "report", "-i", filepath.Join(dir, "trace.dat"), "-F", "sched/sched_switch").Output()
+		if err != nil {
+			return run, fmt.Errorf("trace-cmd report: %w", err)
+		}
+		run.own = uint64(len(tcOwnSwitch.FindAllIndex(rep, -1)))
 	default:
 		if err != nil {
 			return run, fmt.Errorf("%s: %w\n%s", strings.Join(args, " "), err, text)
