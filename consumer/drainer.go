@@ -14,10 +14,11 @@ import (
 
 // drainer decides when to read the rings and reads them: one goroutine
 // sleeps in epoll until a producer crosses the watermark, a command
-// arrives or the latency tick passes, then drains
-// every stream's source through the writer and places the losses the
-// accounting reports. Commands (flush, reset, stats …) run on it through
-// do, since the channel's writer state lives there.
+// arrives or the latency tick passes, then drains every stream's source
+// through the writer, places the losses the accounting reports and, for
+// local files, writes the finished packets before it sleeps again.
+// Commands (flush, reset, stats …) run on it through do, since the
+// channel's writer state lives there.
 type drainer struct {
 	w       *writer
 	rec     *recorder
