@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"testing"
@@ -324,5 +325,48 @@ func TestLatencyOwnRecordsWakeNothing(t *testing.T) {
 	}
 	if wakeups > foreign+2 {
 		t.Errorf("%d writer wakeups for %d records of other processes: the recorder's own records woke it", wakeups, foreign)
+	}
+}
+
+// TestPacketsWrittenBeforeSleep checks that the drainer writes the
+// packets a pass finished into local files before it sleeps, with no
+// flush and no sink goroutine: the files hold them while the drainer
+// waits for the next watermark.
+func TestPacketsWrittenBeforeSleep(t *testing.T) {
+	const subbuf = 16 << 10
+	dir := t.TempDir()
+	sink, err := relayfmt.NewDirSink(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sixteen sub-buffers: the records below fill about nine, so none is
+	// written for want of room.
+	cfg := Config{Sink: sink, RingSize: 256 << 10, SubbufSize: subbuf, NSubbufs: 16, Transport: Ringbuf}
+	r := newRigCfg(t, Ringbuf, 64, cfg, true)
+	pinCPU(t, 0)
+	// Three watermarks' worth: a drain keeps up to a reorder window's
+	// records back at a sub-buffer's end, until the next one.
+	n := 3 * (cfg.RingSize/4/recordBytes(64) + 64)
+	r.produce(t, n)
+	wakeups := func() uint64 {
+		st, err := r.s.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st[0].Wakeups
+	}
+	for deadline := time.Now().Add(5 * time.Second); wakeups() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not woken in 5 s after the ring passed the watermark")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // the pass ends, the drainer sleeps
+	fi, err := os.Stat(filepath.Join(dir, "trace0"))
+	if err != nil {
+		t.Fatalf("no packet written after a drain: %v", err)
+	}
+	// Each record takes 64 bytes of payload and a header in a packet.
+	if want := int64((n-r.s.cfg.ReorderMax)*64/subbuf-1) * subbuf; want < 2*subbuf || fi.Size() < want {
+		t.Fatalf("trace0 holds %d bytes after draining %d records, want at least %d (the finished packets) and 2 packets", fi.Size(), n, want)
 	}
 }
