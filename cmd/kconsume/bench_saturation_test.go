@@ -88,8 +88,9 @@ func (r saturationRun) lostShare() float64 {
 // what tracing cost hackbench's tasks; other load on the machine moves
 // it less than the wall time), its share of lost events (lost /
 // (recorded + lost), %) and its recorded events; for kconsume its losses
-// by layer (ring full: the drainer came too late; sub-buffers full: the
-// sink was behind) and the drainer's longest overrun; for each tracer its
+// by layer (ring full: the drainer came too late, or its write of local
+// files stalled; sub-buffers full: a sink that failed, or relayd's
+// behind) and the drainer's longest overrun; for each tracer its
 // own context switches in its trace (sched_switch events whose prev_comm
 // is the tracer's, which the tracer's threads and processes carry). trace-cmd's counts
 // are the kernel's per-CPU "overrun", "read events" and "entries" it
