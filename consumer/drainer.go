@@ -263,13 +263,14 @@ func (d *drainer) loop() {
 		// right after its answer (Stats, Flush) must find the writers
 		// told to wake the drainer.
 		if !end {
-			if !more {
-				// The packets this pass finished go out back to back
-				// just before the drainer sleeps, so the runtime's
-				// monitor, woken by the first write, finds it asleep
-				// at its next look (relayfmt.Channel.Commit).
-				d.w.ch.Commit()
-			}
+			// The packets this pass finished go out back to back at
+			// its end, just before the drainer sleeps, so the
+			// runtime's monitor, woken by the first write, finds it
+			// asleep at its next look (relayfmt.Channel.Commit). A
+			// pass that drains again at once writes them too: while it
+			// goes on the monitor is awake anyway, and a killed
+			// recorder loses at most a pass's packets.
+			d.w.ch.Commit()
 			timeout = d.sleep(more, deadline)
 		}
 		for _, r := range done {
