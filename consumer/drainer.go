@@ -16,7 +16,7 @@ import (
 // sleeps in epoll until a producer crosses the watermark, a command
 // arrives or the latency tick passes, then drains every stream's source
 // through the writer, places the losses the accounting reports and, for
-// local files, writes the finished packets before it sleeps again.
+// local files, writes the finished packets at the end of the pass.
 // Commands (flush, reset, stats …) run on it through do, since the
 // channel's writer state lives there.
 type drainer struct {
