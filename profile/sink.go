@@ -82,10 +82,7 @@ func (s *sink) WriteMetadataOf(m *relayfmt.Metadata) error {
 
 // Local reports whether the inner sink is a local one (relayfmt.LocalSink):
 // the profile adds nothing to a packet's way.
-func (s *sink) Local() bool {
-	l, ok := s.Sink.(relayfmt.LocalSink)
-	return ok && l.Local()
-}
+func (s *sink) Local() bool { return relayfmt.IsLocal(s.Sink) }
 
 // write gives m, which it may change, the env and the names, and writes
 // it through.

@@ -229,7 +229,7 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 	if err := writeMetadata(sink, &c.meta); err != nil {
 		return nil, fmt.Errorf("channel: %w", err)
 	}
-	inline := cfg.Mode == NoOverwrite && isLocal(sink)
+	inline := cfg.Mode == NoOverwrite && IsLocal(sink)
 	for i := range nbuf {
 		b := &buffer{ch: c, size: cfg.SubbufSize, n: uint64(cfg.NSubbufs), seq: 1, inline: inline,
 			mem: make([]byte, cfg.NSubbufs*cfg.SubbufSize), slotEvents: make([]uint64, cfg.NSubbufs), slotOver: make([]uint64, cfg.NSubbufs), slotStart: make([]uint64, cfg.NSubbufs),

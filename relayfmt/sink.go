@@ -37,8 +37,9 @@ type LocalSink interface {
 	Local() bool
 }
 
-// isLocal reports whether sink is a LocalSink that says it is local.
-func isLocal(sink Sink) bool {
+// IsLocal reports whether sink is a LocalSink that says it is local: a
+// sink that wraps another answers Local with it.
+func IsLocal(sink Sink) bool {
 	l, ok := sink.(LocalSink)
 	return ok && l.Local()
 }
