@@ -70,16 +70,19 @@ func lossByStream(notices []Item) map[string]uint64 {
 	return m
 }
 
+// roundTripCase is one channel TestChannelRoundTrip writes and reads.
+type roundTripCase struct {
+	name    string
+	cfg     Config
+	classes int
+	events  int
+	gap     int  // every gap-th event follows a pause over 2^27 ns
+	flushes int  // flushes spread over the run (partly filled packets)
+	gate    bool // hold the sink so the channel drops
+}
+
 func TestChannelRoundTrip(t *testing.T) {
-	tests := []struct {
-		name    string
-		cfg     Config
-		classes int
-		events  int
-		gap     int  // every gap-th event follows a pause over 2^27 ns
-		flushes int  // flushes spread over the run (partly filled packets)
-		gate    bool // hold the sink so the channel drops
-	}{
+	tests := []roundTripCase{
 		{name: "mixed", cfg: Config{SubbufSize: 4096, NSubbufs: 8, CPUs: 2}, classes: 7, events: 3000, gap: 0, flushes: 5},
 		{name: "extended-ids-and-gaps", cfg: Config{SubbufSize: 8192, NSubbufs: 4, CPUs: 3}, classes: 40, events: 4000, gap: 97, flushes: 3},
 		{name: "global", cfg: Config{SubbufSize: 4096, NSubbufs: 4, Global: true}, classes: 35, events: 2000, gap: 50, flushes: 2},
@@ -95,21 +98,21 @@ func TestChannelRoundTrip(t *testing.T) {
 			if remote {
 				name += "-remote"
 			}
-			t.Run(name, func(t *testing.T) { roundTrip(t, tt.cfg, tt.classes, tt.events, tt.gap, tt.flushes, tt.gate, remote) })
+			t.Run(name, func(t *testing.T) { roundTrip(t, tt, remote) })
 		}
 	}
 }
 
-// roundTrip writes events events of classes classes through a channel
-// of cfg into a directory and checks what readers and babeltrace2 find.
-// With remote set the channel's sink does not say it is local; with gate
-// set (which implies remote: a local sink is written by the writer) it
-// holds every packet until the writing ends, so the channel drops.
-func roundTrip(t *testing.T, cfg Config, classes, events, gap, flushes int, gate, remote bool) {
+// roundTrip writes tc's events through a channel of tc.cfg into a
+// directory and checks what readers and babeltrace2 find. With remote
+// set the channel's sink does not say it is local; with tc.gate set
+// (which implies remote: a local sink is written by the writer) it holds
+// every packet until the writing ends, so the channel drops.
+func roundTrip(t *testing.T, tc roundTripCase, remote bool) {
 	var gs *gatedSink
 	wrap := func(s Sink) Sink {
 		switch {
-		case gate:
+		case tc.gate:
 			gs = &gatedSink{Sink: s, open: make(chan struct{})}
 			return gs
 		case remote:
@@ -117,19 +120,19 @@ func roundTrip(t *testing.T, cfg Config, classes, events, gap, flushes int, gate
 		}
 		return s
 	}
-	g := newGen(t, cfg, wrap)
-	if g.c.bufs[0].inline == (gate || remote) {
+	g := newGen(t, tc.cfg, wrap)
+	if g.c.bufs[0].inline == (tc.gate || remote) {
 		t.Fatalf("inline writes %v with a sink %T", g.c.bufs[0].inline, g.c.sink)
 	}
-	g.defineClasses(classes)
-	per := events / (flushes + 1)
-	for range flushes {
-		g.burst(per, gap)
+	g.defineClasses(tc.classes)
+	per := tc.events / (tc.flushes + 1)
+	for range tc.flushes {
+		g.burst(per, tc.gap)
 		if err := g.c.Flush(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	g.burst(events-per*flushes, gap)
+	g.burst(tc.events-per*tc.flushes, tc.gap)
 	stats := map[string]Stats{}
 	for i := range g.c.Streams() {
 		st, _ := g.c.StatsCPU(i)
@@ -143,7 +146,7 @@ func roundTrip(t *testing.T, cfg Config, classes, events, gap, flushes int, gate
 	for _, st := range stats {
 		dropped += st.Dropped
 	}
-	if gate && dropped == 0 {
+	if tc.gate && dropped == 0 {
 		t.Fatal("a held sink made no drops")
 	}
 	got, notices := readAll(t, g.dir)
