@@ -80,7 +80,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
 	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K)")
 	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
-	fs.IntVar(&o.nice, "nice", defaultNice, "nice `value` of kconsume's threads, -20..19: well below the workload's, the consumer gets the CPU before the rings fill under a saturating load (needs CAP_SYS_NICE; the COMMAND keeps kconsume's own value)")
+	fs.IntVar(&o.nice, "nice", defaultNice, "nice `value` of kconsume's threads, -20..19: well below the workload's, the consumer gets the CPU before the rings fill under a saturating load (needs CAP_SYS_NICE; the COMMAND and the Go runtime's monitor thread keep kconsume's own value)")
 	fs.Var(&memory, "memory", "buffer memory per CPU, ring and sub-buffers together, split by kconsume (a ring of the largest power of two up to 3/4, the rest in 8 sub-buffers); replaces --ring-size, --subbuf-size and --n-subbufs")
 	o.relay = relaydFlags(fs)
 	fs.Var(&o.prof, "profile", "`name` of the event and field naming: ftrace (tracefs names) or lttng (lttng-modules names and a statedump, for LTTng's analyses and Trace Compass)")
@@ -172,7 +172,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	// Before the session starts its threads, which take it from theirs.
-	cmdNice, err := raisePriority(o.nice, o.niceSet)
+	cmdNice, prio, err := raisePriority(o.nice, o.niceSet)
 	if err != nil {
 		if o.niceSet {
 			return err
@@ -245,7 +245,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		s.Close()
 		return err
 	}
-	r := &recorder{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay, cmdNice: cmdNice}
+	r := &recorder{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay, cmdNice: cmdNice, prio: prio}
 	return r.run(o.command, o.duration)
 }
 

@@ -38,7 +38,8 @@ type recorder struct {
 	relay          *relaydOut
 	lastRecords    uint64
 	lastTick       time.Time
-	cmdNice        int // the command's nice value: kconsume's before it raised its own
+	cmdNice        int       // the command's nice value: kconsume's before it raised its own
+	prio           *niceness // what raisePriority set, for the threads started since; nil when nothing
 }
 
 // gatePause is how long the recorder idles before its gate opens: longer
@@ -220,7 +221,7 @@ loop:
 			failure = r.s.Channel().Err()
 			break loop
 		case <-tick:
-			_ = r.srv.Refresh()
+			r.refresh()
 			lastRefresh = time.Now()
 			r.relay.poll(r.stderr, r.live)
 			if r.live {
@@ -233,11 +234,11 @@ loop:
 				}
 				continue
 			}
-			_ = r.srv.Refresh()
+			r.refresh()
 			lastRefresh = time.Now()
 		case <-later.C():
 			refreshing = false
-			_ = r.srv.Refresh()
+			r.refresh()
 			lastRefresh = time.Now()
 		}
 	}
@@ -274,6 +275,16 @@ loop:
 		return exitError{ee.ExitCode()}
 	}
 	return cmdErr
+}
+
+// refresh updates the control directory and gives the threads the
+// runtime started since the last refresh their nice value. Both are best
+// effort: the next refresh tries again.
+func (r *recorder) refresh() {
+	_ = r.srv.Refresh()
+	if r.prio != nil {
+		_ = r.prio.apply()
+	}
 }
 
 // exitError carries the traced command's exit status out of run.
