@@ -253,18 +253,20 @@ func rows() []sectionRow {
 		sc := fmt.Sprintf("go test -run '^$' -bench 'Saturation/%s' -benchtime 1x ./cmd/kconsume", budget.name)
 		kcSlow, kcLost := m(k, "kconsume-slowdown-%"), m(k, "kconsume-lost-%")
 		tcSlow, tcLost := m(k, "trace-cmd-slowdown-%"), m(k, "trace-cmd-lost-%")
+		kcMinus := m(k, "kconsume-minus-trace-cmd-%")
 		add(sat, row{what: "hackbench untraced, " + budget.what, cmd: sc, fig: m(k, "untraced-s"), label: "s",
 			extra: []extra{{m(k, "untraced-cpu-s"), "CPU s"}}})
 		add(sat, row{what: "`kconsume record`, " + budget.what, cmd: sc, fig: kcSlow, label: "% slower",
 			extra: []extra{{kcLost, "% of events lost"}, {m(k, "kconsume-cpu-%"), "% more CPU time"}, {m(k, "kconsume-ring-lost-%"), "% lost ring full"},
 				{m(k, "kconsume-subbuf-lost-%"), "% lost sub-buffers full"}, {m(k, "kconsume-missed-%"), "% missed (another BPF program ran)"}, {m(k, "kconsume-late-ms"), "ms drainer late"},
-				{m(k, "kconsume-events"), "events recorded"}},
-			target: "slowdown and lost share ≤ trace-cmd's",
-			ok: func(res results, f, _ stat) bool {
-				return f.med <= summarize(res.get(tcSlow)).med && summarize(res.get(kcLost)).med <= summarize(res.get(tcLost)).med
+				{m(k, "kconsume-events"), "events recorded"}, {m(k, "kconsume-own-switches"), "own switches in the trace"},
+				{kcMinus, "points of slowdown more than trace-cmd's in the same round"}, {m(k, "kconsume-rounds-faster"), "rounds faster than trace-cmd"}},
+			target: "slowdown (paired by round) and lost share ≤ trace-cmd's",
+			ok: func(res results, _, _ stat) bool {
+				return summarize(res.get(kcMinus)).med <= 0 && summarize(res.get(kcLost)).med <= summarize(res.get(tcLost)).med
 			}})
 		add(sat, row{what: "`trace-cmd record -d --no-filter -b KB`, " + budget.what, cmd: sc, fig: tcSlow, label: "% slower",
-			extra: []extra{{tcLost, "% of events lost (overrun)"}, {m(k, "trace-cmd-cpu-%"), "% more CPU time"}, {m(k, "trace-cmd-events"), "events recorded"}}})
+			extra: []extra{{tcLost, "% of events lost (overrun)"}, {m(k, "trace-cmd-cpu-%"), "% more CPU time"}, {m(k, "trace-cmd-events"), "events recorded"}, {m(k, "trace-cmd-own-switches"), "own switches in the trace"}}})
 	}
 
 	const mem = "Memory: `kconsume record` peak RSS, 3 s of getpid flood on every CPU, overwrite mode"

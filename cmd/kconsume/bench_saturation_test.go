@@ -92,7 +92,10 @@ func (r saturationRun) lostShare() float64 {
 // files stalled; sub-buffers full: a sink that failed, or relayd's
 // behind) and the drainer's longest overrun; for each tracer its
 // own context switches in its trace (sched_switch events whose prev_comm
-// is the tracer's, which the tracer's threads and processes carry). trace-cmd's counts
+// is the tracer's, which the tracer's threads and processes carry); for
+// each kconsume binary the median over the rounds of its hackbench time
+// minus trace-cmd's in the same round, in % of the untraced time, and in
+// how many rounds it was the faster. trace-cmd's counts
 // are the kernel's per-CPU "overrun", "read events" and "entries" it
 // stores in its file (trace-cmd report --stat). The host's tracing state
 // is restored after each trace-cmd run. KCONSUME_BENCH_BASE_BIN names
@@ -179,6 +182,24 @@ func BenchmarkSaturation(b *testing.B) {
 				b.ReportMetric(slices.Min(share), tool+"-lost-min-%")
 				b.ReportMetric(slices.Max(share), tool+"-lost-max-%")
 				b.ReportMetric(median(rec), tool+"-events")
+				if tool == "trace-cmd" {
+					continue
+				}
+				// Paired by round: both ran within seconds of each
+				// other and of the same untraced run, so the host's
+				// slow and fast phases, which move every tool's
+				// slowdown by ten points, mostly cancel.
+				var diff []float64
+				below := 0
+				for r, run := range runs[tool] {
+					d := 100 * (run.secs - runs["trace-cmd"][r].secs) / un[r].secs
+					diff = append(diff, d)
+					if d < 0 {
+						below++
+					}
+				}
+				b.ReportMetric(median(diff), tool+"-minus-trace-cmd-%")
+				b.ReportMetric(float64(below), tool+"-rounds-faster")
 			}
 			for _, tool := range order[1:] {
 				if !strings.HasPrefix(tool, "kconsume") {
