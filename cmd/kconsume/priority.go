@@ -78,8 +78,9 @@ type niceness struct {
 // apply gives every thread of the process not yet set its nice value. A
 // thread takes its creator's value, so one the monitor starts (an M for a
 // P it took back from a system call, startm in runtime/proc.go) comes at
-// the monitor's; record calls apply again, at most once a second, while
-// data arrives. It fails as setNice does.
+// the monitor's; record calls apply again when the recording starts and
+// at each refresh (at most once a second, while data arrives). It fails
+// as setNice does.
 func (p *niceness) apply() error {
 	if p.set == nil {
 		p.set = map[int]bool{}
