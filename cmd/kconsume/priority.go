@@ -42,21 +42,7 @@ func currentNice() (int, error) {
 // its creator's. It fails with the kernel's error (EACCES without
 // CAP_SYS_NICE for a value below the current one).
 func setNice(nice int) error {
-	// A thread being created while the list is read may be missed by
-	// one pass; it is created by a thread already set, or found by the
-	// next pass.
-	for range 2 {
-		tids, err := threads()
-		if err != nil {
-			return fmt.Errorf("setting nice %d: %w", nice, err)
-		}
-		for _, tid := range tids {
-			if err := setThreadNice(tid, nice); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return (&niceness{threads: nice}).apply()
 }
 
 // niceness is what record asks of the scheduler: every thread of the
@@ -79,9 +65,14 @@ type niceness struct {
 // thread takes its creator's value, so one the monitor starts (an M for a
 // P it took back from a system call, startm in runtime/proc.go) comes at
 // the monitor's; record calls apply again when the recording starts and
-// at each refresh (at most once a second, while data arrives). It fails
-// as setNice does.
+// at each refresh (at most once a second, while data arrives). On a nil
+// niceness (raisePriority changed nothing) it does nothing. It fails with
+// the kernel's error (EACCES without CAP_SYS_NICE for a value below the
+// current one).
 func (p *niceness) apply() error {
+	if p == nil {
+		return nil
+	}
 	if p.set == nil {
 		p.set = map[int]bool{}
 	}
@@ -90,6 +81,9 @@ func (p *niceness) apply() error {
 		if err != nil {
 			return fmt.Errorf("setting nice %d: %w", p.threads, err)
 		}
+		// A thread being created while the list is read may be missed
+		// by one pass; it is created by a thread already set, or found
+		// by the next pass.
 		for _, tid := range tids {
 			if p.set[tid] {
 				continue

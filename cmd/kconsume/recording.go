@@ -54,13 +54,10 @@ const gatePause = 15 * time.Millisecond
 func (r *recorder) run(command []string, duration time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if r.prio != nil {
-		// Threads started since raisePriority (the session's setup),
-		// before the trace starts: one the monitor started, while the
-		// spare threads settled, would have its value. Best effort, as
-		// at each refresh.
-		_ = r.prio.apply()
-	}
+	// Threads started since raisePriority (the session's setup), before
+	// the trace starts: one the monitor started, while the spare threads
+	// settled, would have its value. Best effort, as at each refresh.
+	_ = r.prio.apply()
 	// The duration and the refresh below wait on timerfds, not Go
 	// timers: a Go timer wakes the runtime's sysmon thread when due,
 	// which then polls every 20 µs until the timer has run, tens of the
@@ -289,9 +286,7 @@ loop:
 // effort: the next refresh tries again.
 func (r *recorder) refresh() {
 	_ = r.srv.Refresh()
-	if r.prio != nil {
-		_ = r.prio.apply()
-	}
+	_ = r.prio.apply()
 }
 
 // exitError carries the traced command's exit status out of run.
