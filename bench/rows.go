@@ -260,7 +260,9 @@ func rows() []sectionRow {
 			extra: []extra{{kcLost, "% of events lost"}, {m(k, "kconsume-cpu-%"), "% more CPU time"}, {m(k, "kconsume-ring-lost-%"), "% lost ring full"},
 				{m(k, "kconsume-subbuf-lost-%"), "% lost sub-buffers full"}, {m(k, "kconsume-missed-%"), "% missed (another BPF program ran)"}, {m(k, "kconsume-late-ms"), "ms drainer late"},
 				{m(k, "kconsume-events"), "events recorded"}, {m(k, "kconsume-own-switches"), "own switches in the trace"},
-				{kcMinus, "points of slowdown more than trace-cmd's in the same round"}, {m(k, "kconsume-rounds-faster"), "rounds faster than trace-cmd"}},
+				{kcMinus, "points of slowdown more than trace-cmd's in the same round"}, {m(k, "kconsume-rounds-faster"), "rounds faster than trace-cmd"},
+				{m(k, "kconsume-minus-trace-cmd-lo-%"), "points, low end of that median's interval"}, {m(k, "kconsume-minus-trace-cmd-hi-%"), "points, high end"},
+				{m(k, "paired-confidence-%"), "% confidence of the interval (the rounds of one run)"}},
 			target: "slowdown (paired by round) and lost share ≤ trace-cmd's",
 			ok: func(res results, _, _ stat) bool {
 				return summarize(res.get(kcMinus)).med <= 0 && summarize(res.get(kcLost)).med <= summarize(res.get(tcLost)).med

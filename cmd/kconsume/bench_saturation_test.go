@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -200,6 +201,15 @@ func BenchmarkSaturation(b *testing.B) {
 				}
 				b.ReportMetric(median(diff), tool+"-minus-trace-cmd-%")
 				b.ReportMetric(float64(below), tool+"-rounds-faster")
+				// Two runs of one binary in the same rounds differ by
+				// ten points of median here: the interval says how far
+				// the median can be trusted.
+				lo, hi, conf := medianInterval(diff)
+				b.ReportMetric(lo, tool+"-minus-trace-cmd-lo-%")
+				b.ReportMetric(hi, tool+"-minus-trace-cmd-hi-%")
+				b.ReportMetric(100*conf, "paired-confidence-%")
+				b.Logf("%s minus trace-cmd: median %.1f points, %.0f %% interval [%.1f, %.1f] over %d rounds, faster in %d",
+					tool, median(diff), 100*conf, lo, hi, len(diff), below)
 			}
 			for _, tool := range order[1:] {
 				if !strings.HasPrefix(tool, "kconsume") {
@@ -368,6 +378,32 @@ func secsOf(runs []saturationRun) []float64 {
 	return s
 }
 
+// medianInterval returns a confidence interval for the median of v that
+// assumes nothing of v's distribution, and its confidence: the order
+// statistics k and n+1-k (from 1) for the largest k whose two tails,
+// 2·P(X < k) with X binomial(n, ½), are at most 5 %. With fewer than 6
+// values no k qualifies, and it returns v's range with the confidence
+// that has, 1 - 2^(1-n). It returns zeros for an empty v.
+func medianInterval(v []float64) (lo, hi, conf float64) {
+	n := len(v)
+	if n == 0 {
+		return 0, 0, 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	k, tails := 1, 2*math.Pow(0.5, float64(n))    // k = 1: the range
+	below, term := 0.0, math.Pow(0.5, float64(n)) // P(X < j), and P(X = j-1)
+	for j := 1; j <= n/2; j++ {
+		below += term
+		if 2*below > 0.05 {
+			break
+		}
+		k, tails = j, 2*below
+		term *= float64(n-j+1) / float64(j)
+	}
+	return s[k-1], s[n-k], 1 - tails
+}
+
 // median returns the middle of v (the mean of the two middle values when
 // even); v is not changed.
 func median(v []float64) float64 {
@@ -380,4 +416,37 @@ func median(v []float64) float64 {
 		return (s[n/2-1] + s[n/2]) / 2
 	}
 	return s[len(s)/2]
+}
+
+func TestMedianInterval(t *testing.T) {
+	seq := func(n int) []float64 {
+		v := make([]float64, n)
+		for i := range v {
+			v[i] = float64(n - i) // reversed: the order statistic k is k
+		}
+		return v
+	}
+	for _, c := range []struct {
+		n      int
+		lo, hi float64
+		conf   float64
+	}{
+		// 2·P(X ≤ 9) = 0.0428 for n = 30, and 2·P(X ≤ 10) = 0.0987.
+		{30, 10, 21, 1 - 0.04277},
+		// 2·P(X ≤ 1) = 0.0391 for n = 9, and 2·P(X ≤ 2) = 0.180.
+		{9, 2, 8, 1 - 0.03906},
+		// 2·P(X = 0) = 1/32 for n = 6: the range is the interval.
+		{6, 1, 6, 1 - 0.03125},
+		// n = 5: no 95 % interval; the range, at 1 - 1/16.
+		{5, 1, 5, 0.9375},
+		{1, 1, 1, 0},
+	} {
+		lo, hi, conf := medianInterval(seq(c.n))
+		if lo != c.lo || hi != c.hi || math.Abs(conf-c.conf) > 1e-4 {
+			t.Errorf("n %d: interval [%v, %v] at %.5f, want [%v, %v] at %.5f", c.n, lo, hi, conf, c.lo, c.hi, c.conf)
+		}
+	}
+	if lo, hi, conf := medianInterval(nil); lo != 0 || hi != 0 || conf != 0 {
+		t.Errorf("empty: [%v, %v] at %v, want zeros", lo, hi, conf)
+	}
 }
