@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -14,6 +16,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/internal/testenv"
 )
@@ -66,6 +71,9 @@ type saturationRun struct {
 	// out one of the tracer's own threads or processes: its footprint in
 	// what it records.
 	own uint64
+	// With KCONSUME_BENCH_BPF_STATS set, the kernel's run count and run
+	// time of each of the recorder's programs (by name) over the run.
+	bpf map[string]bpfProgStats
 }
 
 func (r saturationRun) lostShare() float64 {
@@ -101,7 +109,13 @@ func (r saturationRun) lostShare() float64 {
 // stores in its file (trace-cmd report --stat). The host's tracing state
 // is restored after each trace-cmd run. KCONSUME_BENCH_BASE_BIN names
 // another kconsume binary, a previous commit's, run in the same rounds
-// and reported as kconsume-base: a change measured against it.
+// and reported as kconsume-base: a change measured against it. With
+// KCONSUME_BENCH_BPF_STATS set, the kernel's BPF run-time statistics are
+// on during the kconsume runs, and the benchmark logs each recorder
+// program's runs and time and reports their mean (`-bpf-ns/run`) and
+// total (`-bpf-ms`): where the in-kernel cost goes. The statistics cost
+// every program run two clock reads, so such a run's slowdowns are not
+// to be compared with trace-cmd's.
 func BenchmarkSaturation(b *testing.B) {
 	testenv.RequireRoot(b)
 	tools := map[string]string{"kconsume": testenv.KconsumeBin(b)}
@@ -155,6 +169,13 @@ func BenchmarkSaturation(b *testing.B) {
 					}
 					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d, missed %d), drainer %.1f ms late, %d own switches",
 						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.missed, run.lateMs, run.own)
+					for _, name := range slices.Sorted(maps.Keys(run.bpf)) {
+						p := run.bpf[name]
+						if p.runs == 0 {
+							continue
+						}
+						b.Logf("round %d, %s: BPF %-18s %9d runs, %7.1f ms, %6.1f ns a run", r+1, tool, name, p.runs, p.time.Seconds()*1e3, p.perRun())
+					}
 					runs[tool] = append(runs[tool], run)
 				}
 			}
@@ -227,6 +248,20 @@ func BenchmarkSaturation(b *testing.B) {
 				b.ReportMetric(median(sub), tool+"-subbuf-lost-%")
 				b.ReportMetric(median(miss), tool+"-missed-%")
 				b.ReportMetric(median(late), tool+"-late-ms")
+				if os.Getenv("KCONSUME_BENCH_BPF_STATS") != "" {
+					var ns, ms []float64
+					for _, run := range runs[tool] {
+						var all bpfProgStats
+						for _, p := range run.bpf {
+							all.runs += p.runs
+							all.time += p.time
+						}
+						ns = append(ns, all.perRun())
+						ms = append(ms, all.time.Seconds()*1e3)
+					}
+					b.ReportMetric(median(ns), tool+"-bpf-ns/run")
+					b.ReportMetric(median(ms), tool+"-bpf-ms")
+				}
 			}
 		})
 	}
@@ -279,10 +314,19 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 		}
 		args = append(append(args, tools["perf"]), hackbench...)
 	}
+	var stats *bpfStatsWatch
+	if os.Getenv("KCONSUME_BENCH_BPF_STATS") != "" && strings.HasPrefix(tool, "kconsume") {
+		if stats, err = watchBPFStats("kc_"); err != nil {
+			return saturationRun{}, err
+		}
+	}
 	cmd := exec.Command(args[0], args[1:]...)
 	out, err := cmd.CombinedOutput()
 	text := string(out)
 	var run saturationRun
+	if stats != nil {
+		run.bpf = stats.stop()
+	}
 	if cmd.ProcessState != nil {
 		run.cpu = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
 	}
@@ -449,4 +493,101 @@ func TestMedianInterval(t *testing.T) {
 	if lo, hi, conf := medianInterval(nil); lo != 0 || hi != 0 || conf != 0 {
 		t.Errorf("empty: [%v, %v] at %v, want zeros", lo, hi, conf)
 	}
+}
+
+// bpfProgStats is what the kernel counted of one BPF program's runs
+// (BPF_ENABLE_STATS): how many, and their time in all.
+type bpfProgStats struct {
+	runs uint64
+	time time.Duration
+}
+
+// perRun returns the mean time of a run in ns, or 0 without runs.
+func (p bpfProgStats) perRun() float64 {
+	if p.runs == 0 {
+		return 0
+	}
+	return float64(p.time.Nanoseconds()) / float64(p.runs)
+}
+
+// bpfStatsWatch keeps the kernel's run-time statistics on and looks at
+// the loaded programs every 20 ms, so that programs a command loads and
+// frees are seen before they go.
+type bpfStatsWatch struct {
+	on     io.Closer
+	prefix string
+	quit   chan struct{}
+	done   chan map[string]bpfProgStats
+}
+
+// watchBPFStats turns the kernel's BPF run-time statistics on (they stay
+// on until stop, and cost each program run two clock reads) and starts
+// watching the programs whose names begin with prefix. It fails when the
+// kernel refuses the statistics (before Linux 5.8, or without
+// CAP_SYS_ADMIN).
+func watchBPFStats(prefix string) (*bpfStatsWatch, error) {
+	on, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enabling BPF run-time statistics: %w", err)
+	}
+	w := &bpfStatsWatch{on: on, prefix: prefix, quit: make(chan struct{}), done: make(chan map[string]bpfProgStats, 1)}
+	go w.watch()
+	return w, nil
+}
+
+func (w *bpfStatsWatch) watch() {
+	last := map[ebpf.ProgramID]bpfProgStats{}
+	names := map[ebpf.ProgramID]string{}
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		w.look(last, names)
+		select {
+		case <-t.C:
+		case <-w.quit:
+			w.look(last, names)
+			sum := map[string]bpfProgStats{}
+			for id, p := range last {
+				s := sum[names[id]]
+				s.runs += p.runs
+				s.time += p.time
+				sum[names[id]] = s
+			}
+			w.done <- sum
+			return
+		}
+	}
+}
+
+// look records the statistics of every loaded program of w's prefix.
+func (w *bpfStatsWatch) look(last map[ebpf.ProgramID]bpfProgStats, names map[ebpf.ProgramID]string) {
+	var id ebpf.ProgramID
+	for {
+		next, err := ebpf.ProgramGetNextID(id)
+		if err != nil {
+			return // ErrNotExist past the last one
+		}
+		id = next
+		p, err := ebpf.NewProgramFromID(id)
+		if err != nil {
+			continue // freed meanwhile
+		}
+		info, err := p.Info()
+		if err == nil && strings.HasPrefix(info.Name, w.prefix) {
+			if st, err := p.Stats(); err == nil {
+				names[id] = info.Name
+				last[id] = bpfProgStats{runs: st.RunCount, time: st.Runtime}
+			}
+		}
+		p.Close()
+	}
+}
+
+// stop turns the statistics off and returns, by program name, what the
+// programs counted up to the last look.
+func (w *bpfStatsWatch) stop() map[string]bpfProgStats {
+	close(w.quit)
+	sum := <-w.done
+	w.on.Close()
+	return sum
 }
