@@ -222,8 +222,8 @@ func BenchmarkSaturation(b *testing.B) {
 				}
 				b.ReportMetric(median(diff), tool+"-minus-trace-cmd-%")
 				b.ReportMetric(float64(below), tool+"-rounds-faster")
-				// Two runs of one binary in the same rounds differ by
-				// ten points of median here: the interval says how far
+				// Two runs of one binary in the same rounds differed by
+				// 12 points of median here: the interval says how far
 				// the median can be trusted.
 				lo, hi, conf := medianInterval(diff)
 				b.ReportMetric(lo, tool+"-minus-trace-cmd-lo-%")
@@ -248,7 +248,7 @@ func BenchmarkSaturation(b *testing.B) {
 				b.ReportMetric(median(sub), tool+"-subbuf-lost-%")
 				b.ReportMetric(median(miss), tool+"-missed-%")
 				b.ReportMetric(median(late), tool+"-late-ms")
-				if os.Getenv("KCONSUME_BENCH_BPF_STATS") != "" {
+				if bpfStatsWanted() {
 					var ns, ms []float64
 					for _, run := range runs[tool] {
 						var all bpfProgStats
@@ -315,7 +315,7 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 		args = append(append(args, tools["perf"]), hackbench...)
 	}
 	var stats *bpfStatsWatch
-	if os.Getenv("KCONSUME_BENCH_BPF_STATS") != "" && strings.HasPrefix(tool, "kconsume") {
+	if bpfStatsWanted() && strings.HasPrefix(tool, "kconsume") {
 		if stats, err = watchBPFStats("kc_"); err != nil {
 			return saturationRun{}, err
 		}
@@ -494,6 +494,10 @@ func TestMedianInterval(t *testing.T) {
 		t.Errorf("empty: [%v, %v] at %v, want zeros", lo, hi, conf)
 	}
 }
+
+// bpfStatsWanted reports whether KCONSUME_BENCH_BPF_STATS asks for the
+// recorder programs' run-time statistics.
+func bpfStatsWanted() bool { return os.Getenv("KCONSUME_BENCH_BPF_STATS") != "" }
 
 // bpfProgStats is what the kernel counted of one BPF program's runs
 // (BPF_ENABLE_STATS): how many, and their time in all.
