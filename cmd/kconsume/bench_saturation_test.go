@@ -564,6 +564,11 @@ func (w *bpfStatsWatch) watch() {
 }
 
 // look records the statistics of every loaded program of w's prefix.
+// names holds the name of every program looked at so far: the kernel
+// does not hand a freed program's ID out again soon (idr_alloc_cyclic),
+// so each program's name is asked once, and other programs are passed
+// over without being opened, which keeps the watch's own system calls,
+// made while the measured run goes on, few.
 func (w *bpfStatsWatch) look(last map[ebpf.ProgramID]bpfProgStats, names map[ebpf.ProgramID]string) {
 	var id ebpf.ProgramID
 	for {
@@ -572,14 +577,25 @@ func (w *bpfStatsWatch) look(last map[ebpf.ProgramID]bpfProgStats, names map[ebp
 			return // ErrNotExist past the last one
 		}
 		id = next
+		name, known := names[id]
+		if known && !strings.HasPrefix(name, w.prefix) {
+			continue
+		}
 		p, err := ebpf.NewProgramFromID(id)
 		if err != nil {
 			continue // freed meanwhile
 		}
-		info, err := p.Info()
-		if err == nil && strings.HasPrefix(info.Name, w.prefix) {
+		if !known {
+			info, err := p.Info()
+			if err != nil {
+				p.Close()
+				continue
+			}
+			name = info.Name
+			names[id] = name
+		}
+		if strings.HasPrefix(name, w.prefix) {
 			if st, err := p.Stats(); err == nil {
-				names[id] = info.Name
 				last[id] = bpfProgStats{runs: st.RunCount, time: st.Runtime}
 			}
 		}
