@@ -61,6 +61,12 @@ func TestLateRecordsPlaced(t *testing.T) {
 		tc.transcoded, tc.bad, tc.name = transcoded, []int{50, 300, 301, 800, 1400, 2400}, fmt.Sprintf("undecodable-transcoded%v", transcoded)
 		cases = append(cases, tc)
 	}
+	// A late record a few places behind an undecodable one, in the
+	// middle of large packets, where the walk writes straight from the
+	// ring: counting the undecodable one there would forbid going back
+	// past it, and the late one would come out clamped.
+	cases = append(cases, lateCase{subbuf: 256 << 10, reorderMax: 64, n: 3000, chunk: 3000,
+		late: [][2]int{{1005, 8}, {2010, 3}}, bad: []int{1000, 2009}, name: "late-behind-undecodable"})
 	// Late records at random places, so that some land at every distance
 	// from a packet boundary and from a drain's end.
 	for seed := uint64(1); seed <= 6; seed++ {

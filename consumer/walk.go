@@ -83,9 +83,9 @@ const (
 // returns at the first record it cannot write so, with the ring's walk at
 // that record (and its timestamp when it is late): a late one, one that
 // needs a new sub-buffer (which makes everything before it final, so it
-// waits in the window past the reorder bound), or one too short or long
-// to be a record (which the window counts). A record it cannot decode is
-// counted and placed as discarded, as emit does.
+// waits in the window past the reorder bound), one too short or long to
+// be a record, or one it cannot decode (which the window counts where it
+// leaves, after any late record stamped before it).
 //
 // A record of a class whose payload is the record as it is goes through a
 // relayfmt.Run, inline; one whose layout is copies alone (a tracepoint
@@ -126,7 +126,7 @@ func (w *writer) walkOnce(st *stream, r *ringbuf, prod uint64) (why int, late ui
 			run.Sync()
 			cps.push(checkpoint{mark: w.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
-		if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(ts, key, payload)) && !cc.putCopied(w, &run, ts, key, rec) && !w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, &run) {
+		if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(ts, key, payload)) && !cc.putCopied(w, &run, ts, key, rec) && w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, &run) != writeDone {
 			r.rewind(pos)
 			return onceOther, 0
 		}
@@ -160,7 +160,7 @@ func (w *writer) walkWrite(st *stream, r *ringbuf, prod uint64) (why int, late u
 		if cps.left <= 0 {
 			cps.push(checkpoint{mark: w.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
-		if !w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, nil) {
+		if w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, nil) != writeDone {
 			r.rewind(pos)
 			return onceOther, 0
 		}
@@ -211,8 +211,8 @@ func (w *writer) rollback(st *stream, r *ringbuf, late, pos uint64) bool {
 // catchUp writes out every record waiting in st's window when they wait
 // in ring order (no late record among them), behind a checkpoint at the
 // first, and reports whether the window is empty then. It stops at a
-// record that needs a new sub-buffer: that one waits until the window
-// writes it, past the reorder bound.
+// record that needs a new sub-buffer, or one it cannot decode: that one
+// waits until the window writes it, past the reorder bound.
 func (w *writer) catchUp(st *stream) bool {
 	win := st.win
 	if win.unsorted != 0 {
@@ -245,10 +245,10 @@ func (w *writer) catchUp(st *stream) bool {
 		}
 		if fast {
 			rec := kcRec(st.record(*e))
-			if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(e.ts, key, payload)) && !cc.putCopied(w, &run, e.ts, key, rec) && !w.write(st, *e, false, &run) {
+			if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(e.ts, key, payload)) && !cc.putCopied(w, &run, e.ts, key, rec) && w.write(st, *e, false, &run) != writeDone {
 				return false
 			}
-		} else if !w.write(st, *e, false, nil) {
+		} else if w.write(st, *e, false, nil) != writeDone {
 			return false
 		}
 		if !marked {

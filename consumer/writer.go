@@ -221,18 +221,29 @@ func (a *adjusted) put(run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool
 // stream; a record this consumer cannot decode counts as undecodable.
 func (w *writer) emit(st *stream, e entry) { w.write(st, e, true, nil) }
 
+// What write did.
+const (
+	writeDone = iota // written, or counted (by the channel, or as undecodable)
+	writeFull        // nothing written: the record needs the next sub-buffer
+	writeBad         // nothing written or counted: undecodable, and run set
+)
+
 // write is emit, and with open false what the channel's Append does: it
-// returns false, having written nothing, when the record needs a new
+// returns writeFull, having written nothing, when the record needs a new
 // sub-buffer. With run set (a Run on st's buffer) it writes through the
 // Run, open false: the drain's path for a record its inline path does
 // not take, which may still fit the Run once decoded (a transcoded one).
-// An entry of length 0 is a loss notice: its pos counts the records lost.
-// The record is decoded here, not in a function of its own: a second
-// call per record cost the perf drain 5 %.
-func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) bool {
+// Such a caller gets writeBad for a record it cannot decode, nothing
+// counted: it hands the record to the window, which counts it where it
+// leaves, so that a record stamped before it and met after it still finds
+// its place (counted, it could not be walked again). An entry of length
+// 0 is a loss notice: its pos counts the records lost. The record is
+// decoded here, not in a function of its own: a second call per record
+// cost the perf drain 5 %.
+func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) int {
 	if e.n == 0 {
 		_ = w.ch.Discard(st.idx, e.pos)
-		return true
+		return writeDone
 	}
 	rec := kcRec(st.record(e))
 	key, n := rec.key(), rec.size()
@@ -241,8 +252,7 @@ func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) bool {
 		cpu = rec.cpu()
 	}
 	if recHdrLen+n > len(rec) || uint64(key) >= uint64(len(w.layouts)) || w.layouts[key] == nil {
-		w.undecodableRun(st, run)
-		return true
+		return w.undecodableRun(st, run)
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
 	l := w.layouts[key]
@@ -251,32 +261,34 @@ func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) bool {
 		payload = raw
 	} else if l.direct {
 		if n < l.fixed {
-			w.undecodableRun(st, run)
-			return true
+			return w.undecodableRun(st, run)
 		}
 		payload = raw[:l.fixed]
 	} else {
 		var ok bool
 		if st.scratch, ok = l.transcode(st.scratch[:0], raw); !ok {
-			w.undecodableRun(st, run)
-			return true
+			return w.undecodableRun(st, run)
 		}
 		payload = st.scratch
 	}
 	// A record the channel rejects is counted there.
 	if run != nil {
 		if run.Put(e.ts, key, payload) {
-			return true
+			return writeDone
 		}
-		written, _ := run.Append(e.ts, key, payload)
-		return written
+		if written, _ := run.Append(e.ts, key, payload); !written {
+			return writeFull
+		}
+		return writeDone
 	}
 	if open {
 		_ = w.ch.Write(cpu, e.ts, key, payload)
-		return true
+		return writeDone
 	}
-	written, _ := w.ch.Append(cpu, e.ts, key, payload)
-	return written
+	if written, _ := w.ch.Append(cpu, e.ts, key, payload); !written {
+		return writeFull
+	}
+	return writeDone
 }
 
 // undecodable counts a record the consumer cannot decode and writes it
@@ -288,14 +300,13 @@ func (w *writer) undecodable(st *stream) {
 	_ = w.ch.Discard(st.idx, 1)
 }
 
-// undecodableRun is undecodable for write, with st's Run (when not nil)
-// synced before and started again after.
-func (w *writer) undecodableRun(st *stream, run *relayfmt.Run) {
-	if run == nil {
-		w.undecodable(st)
-		return
+// undecodableRun is write's answer for a record it cannot decode:
+// writeBad for a caller with a Run, else the record counted (undecodable)
+// and writeDone.
+func (w *writer) undecodableRun(st *stream, run *relayfmt.Run) int {
+	if run != nil {
+		return writeBad
 	}
-	run.Sync()
 	w.undecodable(st)
-	*run = w.ch.Run(st.idx)
+	return writeDone
 }
