@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -171,6 +172,16 @@ func TestDrainerLate(t *testing.T) {
 	busyDone := make(chan struct{})
 	go func() {
 		defer close(busyDone)
+		// On CPU 1, and the processes it starts with it: on CPU 0 the
+		// hold would stop them too, and with them the records that wake
+		// the drainer while it is held. The thread ends with the
+		// goroutine.
+		runtime.LockOSThread()
+		if runtime.NumCPU() > 1 {
+			var c1 unix.CPUSet
+			c1.Set(1)
+			_ = unix.SchedSetaffinity(0, &c1)
+		}
 		for {
 			select {
 			case <-stop:
@@ -231,30 +242,52 @@ func TestDrainerLate(t *testing.T) {
 }
 
 // holdCPU0 runs a SCHED_FIFO thread on CPU 0 for d, which no thread of
-// an ordinary policy can preempt there.
+// an ordinary policy can preempt there. The thread is a process of its
+// own, this test binary run again (holdChild): in this one the Go
+// runtime preempts a goroutine that has run for 10 ms, and a locked
+// thread whose goroutine is preempted sleeps until it is scheduled again,
+// leaving the CPU to others for a moment in the middle of the hold.
 func holdCPU0(d time.Duration) error {
-	errc := make(chan error, 1)
-	go func() {
-		// The thread is not unlocked: it ends with the goroutine, and its
-		// policy with it.
-		runtime.LockOSThread()
-		var c0 unix.CPUSet
-		c0.Set(0)
-		if err := unix.SchedSetaffinity(0, &c0); err != nil {
-			errc <- err
-			return
-		}
-		attr := unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: 1}
-		attr.Size = uint32(unsafe.Sizeof(attr))
-		if err := unix.SchedSetAttr(0, &attr, 0); err != nil {
-			errc <- err
-			return
-		}
-		for end := time.Now().Add(d); time.Now().Before(end); {
-		}
-		errc <- nil
-	}()
-	return <-errc
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "KC_HOLD_CPU0="+d.String(), "GODEBUG=asyncpreemptoff=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("holding child: %w: %s", err, out)
+	}
+	return nil
+}
+
+// holdChild is holdCPU0's process: it spins on CPU 0 at SCHED_FIFO for
+// the duration in KC_HOLD_CPU0, and returns the exit status. Started with
+// asynchronous preemption off, it calls only nosplit functions while it
+// spins (the raw clock_gettime system call), so the runtime never stops
+// it.
+func holdChild(arg string) int {
+	d, err := time.ParseDuration(arg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	runtime.LockOSThread()
+	var c0 unix.CPUSet
+	c0.Set(0)
+	if err := unix.SchedSetaffinity(0, &c0); err != nil {
+		fmt.Fprintln(os.Stderr, "affinity:", err)
+		return 3
+	}
+	attr := unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: 1}
+	attr.Size = uint32(unsafe.Sizeof(attr))
+	if err := unix.SchedSetAttr(0, &attr, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "SCHED_FIFO:", err)
+		return 4
+	}
+	var ts unix.Timespec
+	now := func() int64 {
+		unix.RawSyscall(unix.SYS_CLOCK_GETTIME, unix.CLOCK_MONOTONIC, uintptr(unsafe.Pointer(&ts)), 0)
+		return ts.Nano()
+	}
+	for end := now() + int64(d); now() < end; {
+	}
+	return 0
 }
 
 // TestLatencyOwnRecordsWakeNothing: with a latency bound, only another

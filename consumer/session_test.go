@@ -23,10 +23,14 @@ import (
 )
 
 // The test binary doubles as the traced child: with KC_CHILD set it prints
-// its thread id, waits for a line on stdin, runs the named load and exits.
+// its thread id, waits for a line on stdin, runs the named load and exits;
+// with KC_HOLD_CPU0 set it holds CPU 0 (holdCPU0).
 func TestMain(m *testing.M) {
 	if mode := os.Getenv("KC_CHILD"); mode != "" {
 		os.Exit(child(mode))
+	}
+	if d := os.Getenv("KC_HOLD_CPU0"); d != "" {
+		os.Exit(holdChild(d))
 	}
 	code := m.Run()
 	testenv.RemoveBin()
