@@ -71,6 +71,9 @@ type saturationRun struct {
 	// out one of the tracer's own threads or processes: its footprint in
 	// what it records.
 	own uint64
+	// ownMs is kconsume's own CPU time while recording, by its summary
+	// (draining and writing the trace; the command's excluded).
+	ownMs float64
 	// With KCONSUME_BENCH_BPF_STATS set, the kernel's run count and run
 	// time of each of the recorder's programs (by name) over the run.
 	bpf map[string]bpfProgStats
@@ -167,8 +170,8 @@ func BenchmarkSaturation(b *testing.B) {
 						}
 						break
 					}
-					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d, missed %d), drainer %.1f ms late, %d own switches",
-						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.missed, run.lateMs, run.own)
+					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d, missed %d), drainer %.1f ms late, %d own switches, own CPU %.1f ms",
+						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.missed, run.lateMs, run.own, run.ownMs)
 					for _, name := range slices.Sorted(maps.Keys(run.bpf)) {
 						p := run.bpf[name]
 						if p.runs == 0 {
@@ -236,14 +239,17 @@ func BenchmarkSaturation(b *testing.B) {
 				if !strings.HasPrefix(tool, "kconsume") {
 					continue
 				}
-				var ring, sub, miss, late []float64
+				var ring, sub, miss, late, ownMs []float64
 				for _, run := range runs[tool] {
 					all := float64(run.recorded + run.lost)
 					ring = append(ring, 100*float64(run.ringLost)/all)
 					sub = append(sub, 100*float64(run.dropped)/all)
 					miss = append(miss, 100*float64(run.missed)/all)
 					late = append(late, run.lateMs)
+					ownMs = append(ownMs, run.ownMs)
 				}
+				// A binary without the summary's line reports 0.
+				b.ReportMetric(median(ownMs), tool+"-own-cpu-ms")
 				b.ReportMetric(median(ring), tool+"-ring-lost-%")
 				b.ReportMetric(median(sub), tool+"-subbuf-lost-%")
 				b.ReportMetric(median(miss), tool+"-missed-%")
@@ -281,6 +287,7 @@ var (
 	kcRecorded = regexp.MustCompile(`(?m)^(\d+) events recorded \(.*\) in .*, (\d+) discarded$`)
 	kcCPU      = regexp.MustCompile(`(?m)^\d+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$`)
 	kcLate     = regexp.MustCompile(`times the consumer ran more than --latency after it asked to, once ([0-9.]+[µmn]?s) late`)
+	kcOwnCPU   = regexp.MustCompile(`(?m)^kconsume's own CPU while recording: ([0-9.]+) ms`)
 	// trace-cmd report --stat: the kernel's per-CPU ring buffer counts.
 	tcOverrun = regexp.MustCompile(`(?m)^overrun: (\d+)$`)
 	tcRead    = regexp.MustCompile(`(?m)^read events: (\d+)$`)
@@ -359,6 +366,9 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 			run.ringLost += ring
 			run.missed += missed
 			run.dropped += dropped
+		}
+		if m := kcOwnCPU.FindStringSubmatch(text); m != nil {
+			run.ownMs, _ = strconv.ParseFloat(m[1], 64)
 		}
 		if m := kcLate.FindStringSubmatch(text); m != nil {
 			d, err := time.ParseDuration(m[1])

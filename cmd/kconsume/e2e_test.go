@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -186,4 +189,53 @@ func TestE2ECommand(t *testing.T) {
 	if err == nil || !strings.Contains(string(msg), "no-such-command") {
 		t.Fatalf("missing command: %v\n%s", err, msg)
 	}
+}
+
+// TestE2EOwnCPU runs the built binary on a command that burns CPU in a
+// shell loop and on one that makes many recorded syscalls: the summary
+// gives kconsume's own CPU time while recording, which leaves the
+// command's out (the loop's half second of CPU is not in it) and grows
+// with the events recorded.
+func TestE2EOwnCPU(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	line := regexp.MustCompile(`(?m)^kconsume's own CPU while recording: ([0-9.]+) ms \(([0-9.]+) ms user, ([0-9.]+) ms system\)(, ([0-9]+) ns an event)?$`)
+	// own returns kconsume's own CPU while recording in ms, per event in
+	// ns, and the CPU of everything else the run took: kconsume's setup
+	// and the command, which kconsume reaps, so that the Rusage of its
+	// process includes it.
+	own := func(events string, command ...string) (ms float64, perEvent int, rest time.Duration) {
+		t.Helper()
+		cmd := exec.Command(bin, append([]string{"record", "-q", "-o", filepath.Join(t.TempDir(), "t"), "-e", events, "--"}, command...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", cmd.Args, err, out)
+		}
+		m := line.FindStringSubmatch(string(out))
+		if m == nil {
+			t.Fatalf("%v: no line of kconsume's own CPU in the summary:\n%s", cmd.Args, out)
+		}
+		all, _ := strconv.ParseFloat(m[1], 64)
+		user, _ := strconv.ParseFloat(m[2], 64)
+		sys, _ := strconv.ParseFloat(m[3], 64)
+		if math.Abs(all-user-sys) > 0.15 {
+			t.Errorf("%s ms is not %s user + %s system", m[1], m[2], m[3])
+		}
+		perEvent, _ = strconv.Atoi(m[5])
+		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		total := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		return all, perEvent, total - time.Duration(all*float64(time.Millisecond))
+	}
+	// About half a second of the shell's CPU, and no event recorded
+	// but its exit.
+	loopMS, _, rest := own("sched:sched_process_exit", "sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
+	if rest < 300*time.Millisecond || loopMS > 100 {
+		t.Errorf("a shell loop: kconsume's own %.1f ms, the rest %v", loopMS, rest)
+	}
+	// 200,000 one-byte reads and writes, each recorded.
+	ddMS, perEvent, _ := own("syscalls:sys_enter_read,syscalls:sys_enter_write", "dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=200000")
+	if ddMS <= loopMS || perEvent <= 0 || perEvent > 20000 {
+		t.Errorf("400,000 events: kconsume's own %.1f ms, %d ns an event; with no events %.1f ms", ddMS, perEvent, loopMS)
+	}
+	t.Logf("a shell loop: kconsume %.1f ms, the rest %v; dd: kconsume %.1f ms, %d ns an event", loopMS, rest, ddMS, perEvent)
 }

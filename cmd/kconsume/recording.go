@@ -40,6 +40,23 @@ type recorder struct {
 	lastTick       time.Time
 	cmdNice        int       // the command's nice value: kconsume's before it raised its own
 	prio           *niceness // what raisePriority set, for the threads started since; nil when nothing
+	// cpuAtGate is kconsume's own CPU time (all its threads, not the
+	// command's) when the gate opened; set on the gate's thread.
+	cpuAtGate atomic.Pointer[cpuTime]
+}
+
+// cpuTime is a process's CPU time, user and system.
+type cpuTime struct{ user, sys time.Duration }
+
+// ownCPU returns the CPU time of kconsume's threads so far, or false
+// when the kernel refuses it. It is a raw system call, as the gate's
+// callback makes no other kind (see run).
+func ownCPU() (cpuTime, bool) {
+	var ru unix.Rusage
+	if _, _, errno := unix.RawSyscall(unix.SYS_GETRUSAGE, uintptr(unix.RUSAGE_SELF), uintptr(unsafe.Pointer(&ru)), 0); errno != 0 {
+		return cpuTime{}, false
+	}
+	return cpuTime{time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())}, true
 }
 
 // gatePause is how long the recorder idles before its gate opens: longer
@@ -148,6 +165,9 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 		if err := r.s.Start(); err != nil {
 			opened <- err
 			return
+		}
+		if c, ok := ownCPU(); ok {
+			r.cpuAtGate.Store(&c)
 		}
 		if end != nil {
 			_ = end.Reset(duration)
@@ -265,6 +285,11 @@ loop:
 	closeErr := r.s.Close()
 	stats, _ := r.s.Stats()
 	r.summary(stats, r.s.Drainer())
+	if c0 := r.cpuAtGate.Load(); c0 != nil {
+		if c1, ok := ownCPU(); ok {
+			r.ownCPU(stats, cpuTime{c1.user - c0.user, c1.sys - c0.sys})
+		}
+	}
 	if failure == nil {
 		failure = closeErr
 	}

@@ -89,3 +89,20 @@ func humanBytes(b uint64) string {
 	}
 	return fmt.Sprintf("%d B", b)
 }
+
+// ownCPU prints the CPU time kconsume's own threads used from the gate's
+// opening to the summary (draining, writing the trace, the final drain),
+// which the command's time does not include, and what that is per event
+// recorded.
+func (r *recorder) ownCPU(stats []consumer.CPUStats, used cpuTime) {
+	records, _, _ := totals(stats)
+	all := used.user + used.sys
+	fmt.Fprintf(r.stdout, "kconsume's own CPU while recording: %s (%s user, %s system)", ms(all), ms(used.user), ms(used.sys))
+	if records > 0 {
+		fmt.Fprintf(r.stdout, ", %.0f ns an event", float64(all.Nanoseconds())/float64(records))
+	}
+	fmt.Fprintln(r.stdout)
+}
+
+// ms formats d in milliseconds with one decimal.
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
