@@ -259,7 +259,7 @@ func rows() []sectionRow {
 		add(sat, row{what: "`kconsume record`, " + budget.what, cmd: sc, fig: kcSlow, label: "% slower",
 			extra: []extra{{kcLost, "% of events lost"}, {m(k, "kconsume-cpu-%"), "% more CPU time"}, {m(k, "kconsume-ring-lost-%"), "% lost ring full"},
 				{m(k, "kconsume-subbuf-lost-%"), "% lost sub-buffers full"}, {m(k, "kconsume-missed-%"), "% missed (another BPF program ran)"}, {m(k, "kconsume-late-ms"), "ms drainer late"},
-				{m(k, "kconsume-events"), "events recorded"}, {m(k, "kconsume-own-switches"), "own switches in the trace"},
+				{m(k, "kconsume-events"), "events recorded"}, {m(k, "kconsume-own-switches"), "own switches in the trace"}, {m(k, "kconsume-own-cpu-ms"), "ms of kconsume's own CPU while recording (its summary)"},
 				{kcMinus, "points of slowdown more than trace-cmd's in the same round"}, {m(k, "kconsume-rounds-faster"), "rounds faster than trace-cmd"},
 				{m(k, "kconsume-minus-trace-cmd-lo-%"), "points, low end of that median's interval"}, {m(k, "kconsume-minus-trace-cmd-hi-%"), "points, high end"},
 				{m(k, "paired-confidence-%"), "% confidence of the interval (the rounds of one run)"}},
