@@ -287,7 +287,7 @@ loop:
 	r.summary(stats, r.s.Drainer())
 	if c0 := r.cpuAtGate.Load(); c0 != nil {
 		if c1, ok := ownCPU(); ok {
-			r.ownCPU(stats, cpuTime{c1.user - c0.user, c1.sys - c0.sys})
+			r.footprint(stats, cpuTime{c1.user - c0.user, c1.sys - c0.sys})
 		}
 	}
 	if failure == nil {

@@ -90,11 +90,11 @@ func humanBytes(b uint64) string {
 	return fmt.Sprintf("%d B", b)
 }
 
-// ownCPU prints the CPU time kconsume's own threads used from the gate's
+// footprint prints the CPU time kconsume's own threads used from the gate's
 // opening to the summary (draining, writing the trace, the final drain),
 // which the command's time does not include, and what that is per event
 // recorded.
-func (r *recorder) ownCPU(stats []consumer.CPUStats, used cpuTime) {
+func (r *recorder) footprint(stats []consumer.CPUStats, used cpuTime) {
 	records, _, _ := totals(stats)
 	all := used.user + used.sys
 	fmt.Fprintf(r.stdout, "kconsume's own CPU while recording: %s (%s user, %s system)", ms(all), ms(used.user), ms(used.sys))
