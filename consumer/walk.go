@@ -126,7 +126,7 @@ func (w *writer) walkOnce(st *stream, r *ringbuf, prod uint64) (why int, late ui
 			run.Sync()
 			cps.push(checkpoint{mark: w.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
-		if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(ts, key, payload)) && !cc.putCopied(w, &run, ts, key, rec) && w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, &run) != writeDone {
+		if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(ts, key, payload)) && !cc.putCopied(w, &run, ts, key, rec) && !w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, &run) {
 			r.rewind(pos)
 			return onceOther, 0
 		}
@@ -160,7 +160,7 @@ func (w *writer) walkWrite(st *stream, r *ringbuf, prod uint64) (why int, late u
 		if cps.left <= 0 {
 			cps.push(checkpoint{mark: w.ch.Mark(st.idx), pos: pos, reordered: st.win.reordered})
 		}
-		if w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, nil) != writeDone {
+		if !w.write(st, entry{ts: ts, pos: pos, off: off, n: n}, false, nil) {
 			r.rewind(pos)
 			return onceOther, 0
 		}
@@ -245,10 +245,10 @@ func (w *writer) catchUp(st *stream) bool {
 		}
 		if fast {
 			rec := kcRec(st.record(*e))
-			if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(e.ts, key, payload)) && !cc.putCopied(w, &run, e.ts, key, rec) && w.write(st, *e, false, &run) != writeDone {
+			if key, payload := w.directPayload(rec, &cc); (payload == nil || !run.Put(e.ts, key, payload)) && !cc.putCopied(w, &run, e.ts, key, rec) && !w.write(st, *e, false, &run) {
 				return false
 			}
-		} else if w.write(st, *e, false, nil) != writeDone {
+		} else if !w.write(st, *e, false, nil) {
 			return false
 		}
 		if !marked {

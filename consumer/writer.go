@@ -221,29 +221,23 @@ func (a *adjusted) put(run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool
 // stream; a record this consumer cannot decode counts as undecodable.
 func (w *writer) emit(st *stream, e entry) { w.write(st, e, true, nil) }
 
-// What write did.
-const (
-	writeDone = iota // written, or counted (by the channel, or as undecodable)
-	writeFull        // nothing written: the record needs the next sub-buffer
-	writeBad         // nothing written or counted: undecodable, and run set
-)
-
 // write is emit, and with open false what the channel's Append does: it
-// returns writeFull, having written nothing, when the record needs a new
+// returns false, having written nothing, when the record needs a new
 // sub-buffer. With run set (a Run on st's buffer) it writes through the
 // Run, open false: the drain's path for a record its inline path does
 // not take, which may still fit the Run once decoded (a transcoded one).
-// Such a caller gets writeBad for a record it cannot decode, nothing
-// counted: it hands the record to the window, which counts it where it
-// leaves, so that a record stamped before it and met after it still finds
-// its place (counted, it could not be walked again). An entry of length
-// 0 is a loss notice: its pos counts the records lost. The record is
-// decoded here, not in a function of its own: a second call per record
-// cost the perf drain 5 %.
-func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) int {
+// Such a caller also gets false, nothing counted, for a record it cannot
+// decode: it hands the record to the window, as it does one that needs
+// the next sub-buffer, and the window counts it where it leaves, so that
+// a record stamped before it and met after it still finds its place
+// (counted, it could not be walked again). An entry of length 0 is a
+// loss notice: its pos counts the records lost. The record is decoded
+// here, not in a function of its own: a second call per record cost the
+// perf drain 5 %.
+func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) bool {
 	if e.n == 0 {
 		_ = w.ch.Discard(st.idx, e.pos)
-		return writeDone
+		return true
 	}
 	rec := kcRec(st.record(e))
 	key, n := rec.key(), rec.size()
@@ -252,7 +246,7 @@ func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) int {
 		cpu = rec.cpu()
 	}
 	if recHdrLen+n > len(rec) || uint64(key) >= uint64(len(w.layouts)) || w.layouts[key] == nil {
-		return w.undecodableRun(st, run)
+		return w.undecodableIn(st, run)
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
 	l := w.layouts[key]
@@ -261,34 +255,30 @@ func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) int {
 		payload = raw
 	} else if l.direct {
 		if n < l.fixed {
-			return w.undecodableRun(st, run)
+			return w.undecodableIn(st, run)
 		}
 		payload = raw[:l.fixed]
 	} else {
 		var ok bool
 		if st.scratch, ok = l.transcode(st.scratch[:0], raw); !ok {
-			return w.undecodableRun(st, run)
+			return w.undecodableIn(st, run)
 		}
 		payload = st.scratch
 	}
 	// A record the channel rejects is counted there.
 	if run != nil {
 		if run.Put(e.ts, key, payload) {
-			return writeDone
+			return true
 		}
-		if written, _ := run.Append(e.ts, key, payload); !written {
-			return writeFull
-		}
-		return writeDone
+		written, _ := run.Append(e.ts, key, payload)
+		return written
 	}
 	if open {
 		_ = w.ch.Write(cpu, e.ts, key, payload)
-		return writeDone
+		return true
 	}
-	if written, _ := w.ch.Append(cpu, e.ts, key, payload); !written {
-		return writeFull
-	}
-	return writeDone
+	written, _ := w.ch.Append(cpu, e.ts, key, payload)
+	return written
 }
 
 // undecodable counts a record the consumer cannot decode and writes it
@@ -300,13 +290,13 @@ func (w *writer) undecodable(st *stream) {
 	_ = w.ch.Discard(st.idx, 1)
 }
 
-// undecodableRun is write's answer for a record it cannot decode:
-// writeBad for a caller with a Run, else the record counted (undecodable)
-// and writeDone.
-func (w *writer) undecodableRun(st *stream, run *relayfmt.Run) int {
+// undecodableIn is write's answer for a record it cannot decode: false
+// for a caller with a Run, which leaves the record to the window; else
+// the record counted (undecodable), and true.
+func (w *writer) undecodableIn(st *stream, run *relayfmt.Run) bool {
 	if run != nil {
-		return writeBad
+		return false
 	}
 	w.undecodable(st)
-	return writeDone
+	return true
 }
