@@ -259,8 +259,7 @@ func BenchmarkSaturation(b *testing.B) {
 					for _, run := range runs[tool] {
 						var all bpfProgStats
 						for _, p := range run.bpf {
-							all.runs += p.runs
-							all.time += p.time
+							all.add(p)
 						}
 						ns = append(ns, all.perRun())
 						ms = append(ms, all.time.Seconds()*1e3)
@@ -516,6 +515,12 @@ type bpfProgStats struct {
 	time time.Duration
 }
 
+// add counts q's runs and time in p too.
+func (p *bpfProgStats) add(q bpfProgStats) {
+	p.runs += q.runs
+	p.time += q.time
+}
+
 // perRun returns the mean time of a run in ns, or 0 without runs.
 func (p bpfProgStats) perRun() float64 {
 	if p.runs == 0 {
@@ -563,8 +568,7 @@ func (w *bpfStatsWatch) watch() {
 			sum := map[string]bpfProgStats{}
 			for id, p := range last {
 				s := sum[names[id]]
-				s.runs += p.runs
-				s.time += p.time
+				s.add(p)
 				sum[names[id]] = s
 			}
 			w.done <- sum
