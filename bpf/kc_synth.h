@@ -150,8 +150,7 @@ static __always_inline long kc_synth_end(void *ctx, struct kc_synth *e)
 		barrier_var(len);
 		len &= KC_PAYLOAD_MASK;
 		e->s->hdr.len = len;
-		e->s->hdr.ts = kc_now();
-		err = kc_output(ctx, e->s, sizeof(struct kc_rec) + len, e->st, 1);
+		err = kc_output(ctx, e->s, sizeof(struct kc_rec) + len, e->st, 1, 1);
 	}
 	if (err)
 		__sync_fetch_and_add(&e->st->lost, 1);

@@ -117,14 +117,14 @@ static __always_inline __u32 kc_event_key(void *ctx)
 
 /*
  * kc_record writes the trace record at ctx as event key and returns its
- * timestamp, or 0 when the gate is closed for this CPU.
+ * timestamp, or 0 when the gate is closed for this CPU or the record was
+ * lost.
  */
 static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *info)
 {
 	struct kc_cpu_state *st;
 	struct kc_scratch *s;
 	__u32 size;
-	__u64 ts;
 	int i;
 
 	if (info->size < 8)
@@ -159,9 +159,9 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 	size &= KC_PAYLOAD_MASK;
 	bpf_probe_read_kernel(s->data + KC_ENTRY_SIZE, size, ctx + 8);
 	kc_put_entry(s->data, info->id, bpf_get_current_pid_tgid());
-	ts = kc_now();
-	kc_emit_at(ctx, s, st, size + KC_ENTRY_SIZE, ts);
-	return ts;
+	if (kc_emit_end(ctx, s, st, size + KC_ENTRY_SIZE))
+		return 0;
+	return s->hdr.ts;
 }
 
 #ifndef KC_PERF
@@ -182,17 +182,22 @@ static __always_inline void *kc_cpu_ring(__u32 *cpu, struct kc_cpu_state **st)
 	return bpf_map_lookup_elem(&kc_rings, &idx);
 }
 
-/* struct kc_resv is a reservation of kc_reserve: its size, and with kc_area its position. */
+/*
+ * struct kc_resv is a reservation of kc_reserve: its size, and with
+ * kc_area its position and its timestamp, taken in the reservation.
+ */
 struct kc_resv {
 	__u64 pos;
+	__u64 ts;
 	__u32 size;
 };
 
 /*
  * kc_reserve reserves a ring record of size bytes (a constant of the
  * caller), struct kc_rec included, in this CPU's ring: the BPF ring
- * buffer ring, or its kc_area ring, whose positions are in st. It
- * returns NULL when the ring is full, and the reservation in *res.
+ * buffer ring, or its kc_area ring, whose positions are in st (and which
+ * stamps the record as it reserves it, kc_area_reserve). It returns NULL
+ * when the ring is full, and the reservation in *res.
  */
 static __always_inline struct kc_rec *kc_reserve(void *ring, struct kc_cpu_state *st, __u32 cpu, __u32 size, struct kc_resv *res)
 {
@@ -201,12 +206,13 @@ static __always_inline struct kc_rec *kc_reserve(void *ring, struct kc_cpu_state
 	res->size = size;
 	if (!kc_area_on)
 		return bpf_ringbuf_reserve(ring, size, 0);
-	h = kc_area_reserve(cpu, st, size, KC_AREA_HDR + ((size + 7) & ~7), &res->pos);
+	h = kc_area_reserve(cpu, st, size, KC_AREA_HDR + ((size + 7) & ~7), &res->pos, &res->ts);
 	return h ? (void *)(h + 1) : NULL;
 }
 
 /*
- * kc_submit stamps r, reserved by kc_reserve as res, as a record of len
+ * kc_submit stamps r, reserved by kc_reserve as res (with the time taken
+ * in a kc_area reservation, else now), as a record of len
  * payload bytes of event key from cpu, submits it and counts it in st,
  * with atomic adds for programs that can run preemptibly or nest with
  * another of ours on the CPU (raw and BTF tracepoints, trampolines). own
@@ -220,7 +226,7 @@ static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_c
 	r->key = key;
 	r->len = len;
 	r->cpu = cpu;
-	ts = kc_now();
+	ts = kc_area_on ? res->ts : kc_now();
 	r->ts = ts;
 	if (kc_area_on) {
 		/* The consumer counts the records it reads: no atomic here. */

@@ -78,6 +78,16 @@ const volatile __u64 kc_wakeup_bytes = 0;   /* ringbuf: the watermark, in unread
 const volatile __u64 kc_wakeup_mask = 0;    /* ringbuf: see kc_wakeup_flags */
 const volatile __u32 kc_self_tgid = 0;      /* the consumer's process (KC_ARM_DATA) */
 
+/* kc_now returns the time on the clock kc_clock selects. */
+static __always_inline __u64 kc_now(void)
+{
+	if (kc_clock == KC_CLOCK_TAI)
+		return bpf_ktime_get_tai_ns();
+	if (kc_clock == KC_CLOCK_BOOT)
+		return bpf_ktime_get_boot_ns();
+	return bpf_ktime_get_ns();
+}
+
 /* Largest record a sampled wakeup check may pass over (kc_wakeup_flags). */
 #define KC_SAMPLED_MAX 256
 _Static_assert(sizeof(struct kc_rec) + 8 * 16 <= KC_SAMPLED_MAX, "kc_record_small's records are sampled");
@@ -196,11 +206,19 @@ static __always_inline __u64 kc_area_lap(__u64 pos)
  * kc_area_reserve reserves a record of size payload bytes, padded to 8,
  * in ring idx, whose positions are in ps; max is a constant bound on
  * KC_AREA_HDR + the padded size, which the verifier needs. It returns the
- * record's header, with its position in *pos, or NULL when the ring is
- * full or the reservation lost its races: the caller counts that as
- * lost.
+ * record's header, with its position in *pos and, when ts is not NULL,
+ * its timestamp in *ts, or NULL when the ring is full or the reservation
+ * lost its races: the caller counts that as lost.
+ *
+ * The clock is read inside the compare-and-swap loop, after the producer
+ * position it swaps, as LTTng's ring buffer reads it inside its
+ * reservation (lib/ringbuffer/frontend_api.h): a program that nests
+ * between the read and the swap (an interrupt's) moves the position, so
+ * the swap fails and both are taken again. Each record stamped here is
+ * thus stamped no earlier than the one before it in the ring, and the
+ * consumer's reorder window has nothing to reorder.
  */
-static __always_inline __u64 *kc_area_reserve(__u32 idx, struct kc_cpu_state *ps, __u32 size, __u32 max, __u64 *pos)
+static __always_inline __u64 *kc_area_reserve(__u32 idx, struct kc_cpu_state *ps, __u32 size, __u32 max, __u64 *pos, __u64 *ts)
 {
 	__u64 old, at, off, pad, end, lim;
 	__u32 elem;
@@ -209,6 +227,11 @@ static __always_inline __u64 *kc_area_reserve(__u32 idx, struct kc_cpu_state *ps
 
 	for (i = 0; i < KC_AREA_TRIES; i++) {
 		old = *(volatile __u64 *)&ps->prod;
+		if (ts) {
+			/* The clock after the position: no load may pass it. */
+			asm volatile("" ::: "memory");
+			*ts = kc_now();
+		}
 		off = old & (kc_area_esize - 1);
 		pad = off > kc_area_esize - max ? kc_area_esize - off : 0;
 		end = old + pad + KC_AREA_HDR + ((size + 7) & ~7);
@@ -355,15 +378,6 @@ wake:
 }
 #endif
 
-static __always_inline __u64 kc_now(void)
-{
-	if (kc_clock == KC_CLOCK_TAI)
-		return bpf_ktime_get_tai_ns();
-	if (kc_clock == KC_CLOCK_BOOT)
-		return bpf_ktime_get_boot_ns();
-	return bpf_ktime_get_ns();
-}
-
 /*
  * kc_emit_begin passes the gate and returns this CPU's scratch record with
  * its key set, or NULL when recording is off globally or on this CPU.
@@ -388,12 +402,19 @@ static __always_inline struct kc_scratch *kc_emit_begin(__u32 key, struct kc_cpu
 }
 
 /*
- * kc_output hands size bytes of the stamped record s to the transport and
- * returns 0 or a negative errno; it counts only wakeups (in st).
+ * kc_output hands size bytes of the record s to the transport and returns
+ * 0 or a negative errno; it counts only wakeups (in st). With stamp set it
+ * stamps the record itself, in s->hdr.ts too: inside a kc_area ring's
+ * reservation, so that the record keeps its ring's time order
+ * (kc_area_reserve), else right before the output. Without it the record
+ * keeps the time the caller gave it, and the consumer's reorder window
+ * puts it in its place.
  */
-static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 size, struct kc_cpu_state *st, int atomic)
+static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 size, struct kc_cpu_state *st, int atomic, int stamp)
 {
 #ifdef KC_PERF
+	if (stamp)
+		s->hdr.ts = kc_now();
 	return bpf_perf_event_output(ctx, &kc_perf, BPF_F_CURRENT_CPU, s, size);
 #else
 	__u32 idx = kc_global ? 0 : s->hdr.cpu;
@@ -406,21 +427,28 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 		return -2; /* -ENOENT: no ring for this CPU */
 	if (kc_area_on) {
 		struct kc_cpu_state *ps = bpf_map_lookup_elem(&kc_state, &idx);
-		__u64 *h, pos;
+		__u64 *h, pos, ts;
 
 		if (!ps)
 			return -2;
 		barrier_var(size);
 		if (size > sizeof(struct kc_rec) + KC_PAYLOAD_MASK)
-			return -7; /* -E2BIG: kc_emit_at's callers mask the payload */
-		h = kc_area_reserve(idx, ps, size, KC_AREA_MAX, &pos);
+			return -7; /* -E2BIG: kc_emit's callers mask the payload */
+		h = kc_area_reserve(idx, ps, size, KC_AREA_MAX, &pos, stamp ? &ts : NULL);
 		if (!h)
 			return -11; /* -EAGAIN: ring full, as bpf_ringbuf_output */
 		bpf_probe_read_kernel(h + 1, size, s);
+		if (stamp) {
+			/* struct kc_rec's first field, behind the ring's header. */
+			*(volatile __u64 *)(h + 1) = ts;
+			s->hdr.ts = ts;
+		}
 		kc_area_commit(h, pos, size);
 		kc_area_wake(ring, st, ps, pos + KC_AREA_HDR + ((size + 7) & ~7), atomic, 0);
 		return 0;
 	}
+	if (stamp)
+		s->hdr.ts = kc_now();
 	flags = kc_wakeup_flags(ring, size + 8, st, atomic, 0, 0);
 	err = bpf_ringbuf_output(ring, s, size, flags);
 	if (err)
@@ -430,18 +458,19 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 }
 
 /*
- * kc_emit_at outputs len payload bytes of s stamped with ts. Returns 0 or
- * a negative errno, which has been counted in the CPU's lost counter.
+ * kc_emit outputs len payload bytes of s, stamped by kc_output when stamp
+ * is set (the time then in s->hdr.ts), else with the time s holds.
+ * Returns 0 or a negative errno, which has been counted in the CPU's lost
+ * counter.
  */
-static __always_inline long kc_emit_at(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len, __u64 ts)
+static __always_inline long kc_emit(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len, int stamp)
 {
 	long err;
 
 	barrier_var(len);
 	len &= KC_PAYLOAD_MASK;
 	s->hdr.len = len;
-	s->hdr.ts = ts;
-	err = kc_output(ctx, s, sizeof(struct kc_rec) + len, st, 0);
+	err = kc_output(ctx, s, sizeof(struct kc_rec) + len, st, 0, stamp);
 	if (err)
 		st->lost++;
 	else
@@ -450,15 +479,27 @@ static __always_inline long kc_emit_at(void *ctx, struct kc_scratch *s, struct k
 }
 
 /*
- * kc_emit_end stamps the record and outputs len payload bytes of it. The
- * timestamp is read last, right before the output, which keeps the window
- * between clock read and ring position small; the consumer restores order
- * within a bounded window for what remains. Returns 0 or a negative errno,
- * which has been counted in the CPU's lost counter.
+ * kc_emit_at outputs len payload bytes of s stamped with ts, a time the
+ * caller took before (an event timed by another's). Returns 0 or a
+ * negative errno, which has been counted in the CPU's lost counter.
+ */
+static __always_inline long kc_emit_at(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len, __u64 ts)
+{
+	s->hdr.ts = ts;
+	return kc_emit(ctx, s, st, len, 0);
+}
+
+/*
+ * kc_emit_end stamps the record and outputs len payload bytes of it; the
+ * time is then in s->hdr.ts. The clock is read as late as the transport
+ * allows: inside a kc_area ring's reservation, which keeps the ring in
+ * time order, else right before the output, where the consumer restores
+ * order within a bounded window. Returns 0 or a negative errno, which has
+ * been counted in the CPU's lost counter.
  */
 static __always_inline long kc_emit_end(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len)
 {
-	return kc_emit_at(ctx, s, st, len, kc_now());
+	return kc_emit(ctx, s, st, len, 1);
 }
 
 #endif /* KCONSUME_H */

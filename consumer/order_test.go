@@ -1,0 +1,124 @@
+package consumer
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// TestRingInTimeOrder: records reach a kc_area ring in the order of their
+// timestamps even when an interrupt's program writes in the middle of
+// another program's record, because kc_area_reserve reads the clock
+// inside its compare-and-swap loop. A getpid loop and a thread sleeping
+// 20 µs at a time share CPU 0, so hrtimer interrupts, recorded, land
+// inside sys_enter's program; the reorder window must find nothing to
+// reorder. Through BPF ring buffers, which stamp a record after reserving
+// it, the same load does need the window: the check that it nests.
+func TestRingInTimeOrder(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, area := range []bool{true, false} {
+		name := map[bool]string{true: "area", false: "ringbuf"}[area]
+		t.Run(name, func(t *testing.T) {
+			if !area {
+				noArea = true
+				defer func() { noArea = false }()
+			}
+			s, dir := newTestSession(t, Config{
+				Events: []string{"syscalls:sys_enter_getpid", "timer:hrtimer_expire_entry"},
+			})
+			src, ok := s.dr.streams[0].src.(*ringbuf)
+			if !ok {
+				if kernelAtLeast(t, 5, 8) {
+					t.Fatalf("kernel 5.8+ recording without BPF ring buffers: %T", s.dr.streams[0].src)
+				}
+				t.Skip("kernel before 5.8: no BPF ring buffers, perf buffers stamp before the output")
+			}
+			if area && !src.area {
+				if err := haveCmpxchg(); err == nil && runtime.GOARCH == "amd64" {
+					t.Fatal("amd64 with BPF_CMPXCHG recording without kc_area rings")
+				}
+				t.Skip("no kc_area rings here (amd64 and Linux 5.12+ only)")
+			}
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			nestOnCPU0(t, time.Second)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			st, err := s.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Interleaving: timer records between getpid records on CPU 0.
+			var timers, turns int
+			var prev string
+			walkTrace(t, dir, func(it *relayfmt.Item, _ []relayfmt.Value) {
+				if it.Kind != relayfmt.EventItem || it.CPU != 0 {
+					return
+				}
+				if it.Class.Name == "timer:hrtimer_expire_entry" {
+					timers++
+					if prev == "syscalls:sys_enter_getpid" {
+						turns++
+					}
+				}
+				prev = it.Class.Name
+			})
+			c := st[0]
+			t.Logf("cpu 0: %d records, %d hrtimer records (%d amid getpid ones), reordered %d, clamped %d, discarded %d",
+				c.Emitted, timers, turns, c.Reordered, c.Channel.Clamped, c.Discarded())
+			if turns < 100 {
+				t.Fatalf("only %d hrtimer records amid getpid ones on CPU 0: the load did not interrupt the recorder", turns)
+			}
+			if area && (c.Reordered != 0 || c.Channel.Clamped != 0) {
+				t.Fatalf("kc_area ring out of time order: %d records reordered, %d clamped", c.Reordered, c.Channel.Clamped)
+			}
+			if !area && c.Reordered == 0 {
+				t.Fatal("no record reordered through a BPF ring buffer: the load did not nest programs")
+			}
+		})
+	}
+}
+
+// nestOnCPU0 runs, for d, a getpid loop and a loop of 20 µs sleeps on
+// CPU 0, each on a thread of its own: the sleeps' timers interrupt the
+// getpid calls.
+func nestOnCPU0(t *testing.T, d time.Duration) {
+	t.Helper()
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	onCPU0 := func(fn func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var set unix.CPUSet
+			set.Set(0)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				t.Error(err)
+				return
+			}
+			for !stop.Load() {
+				fn()
+			}
+		}()
+	}
+	onCPU0(func() {
+		for range 1000 {
+			unix.Getpid()
+		}
+	})
+	onCPU0(func() { _ = unix.Nanosleep(&unix.Timespec{Nsec: 20000}, nil) })
+	time.Sleep(d)
+	stop.Store(true)
+	wg.Wait()
+}
