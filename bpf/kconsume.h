@@ -167,12 +167,21 @@ struct {
  * to skip) and, in the upper word, the lap of the ring the record was
  * written in plus one, (position >> kc_area_lshift) + 1, so that the
  * zeroes of memory never written are no record of the first lap. It is
- * stored last: on x86 the stores before it are seen first (TSO), and a
- * header of an earlier lap tells the consumer the record is not written
- * yet, so nothing is ever cleared. A record never crosses an element's end, which keeps every
+ * stored last: on x86 the stores before it are seen first (TSO), so a
+ * header with the ring's lap tells the consumer the whole record is
+ * written. A record never crosses an element's end, which keeps every
  * store inside the element the verifier knows: a record that would is
  * preceded by padding up to the next element. The BPF ring buffer of the
  * CPU (kc_rings) then only carries the wakeups, a doorbell.
+ *
+ * Until a record's header is stored, its slot must not look like one: an
+ * earlier lap's bytes there may be any word of a payload, a kc_rec's
+ * key and length (whose upper half is the payload length on CPU 0) or a
+ * syscall argument, and one whose upper half equals the lap would pass
+ * for a written record. So the slot of the header that follows a record
+ * is cleared before the reservation moves the producer position past the
+ * record (kc_area_clear): every slot below the producer position holds
+ * zero or its record's header. The reservation keeps room for that slot.
  */
 const volatile __u32 kc_area_on = 0;
 const volatile __u64 kc_area_esize = 1 << 16; /* bytes per element: a power of two */
@@ -200,6 +209,17 @@ struct {
 static __always_inline __u64 kc_area_lap(__u64 pos)
 {
 	return ((pos >> kc_area_lshift) + 1) << 32;
+}
+
+/* kc_area_clear zeroes the header slot at position pos of ring idx. */
+static __always_inline void kc_area_clear(__u32 idx, __u64 pos)
+{
+	__u32 elem = idx * (kc_area_kmask + 1) + ((pos >> kc_area_eshift) & kc_area_kmask);
+	void *e = bpf_map_lookup_elem(&kc_area, &elem);
+
+	/* pos is a multiple of 8: the mask only bounds it for the verifier. */
+	if (e)
+		*(volatile __u64 *)(e + (pos & (kc_area_esize - KC_AREA_HDR))) = 0;
 }
 
 /*
@@ -235,8 +255,19 @@ static __always_inline __u64 *kc_area_reserve(__u32 idx, struct kc_cpu_state *ps
 		off = old & (kc_area_esize - 1);
 		pad = off > kc_area_esize - max ? kc_area_esize - off : 0;
 		end = old + pad + KC_AREA_HDR + ((size + 7) & ~7);
-		if (end - *(volatile __u64 *)&ps->cons > kc_area_rsize)
+		/* The record and the next header's slot: free space, no one's yet. */
+		if (end + KC_AREA_HDR - *(volatile __u64 *)&ps->cons > kc_area_rsize)
 			return NULL;
+		/*
+		 * The slot at old was cleared by the record before, or is the
+		 * first lap's zeroes. A program nesting here that takes old
+		 * clears its own next slot: the swap below then fails, and
+		 * what this one cleared lies in the nested record or in free
+		 * space.
+		 */
+		kc_area_clear(idx, end);
+		if (pad)
+			kc_area_clear(idx, old + pad);
 		if (__sync_val_compare_and_swap(&ps->prod, old, end) == old)
 			goto won;
 	}

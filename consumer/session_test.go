@@ -66,8 +66,12 @@ func child(mode string) int {
 	}
 	switch mode {
 	case "getpid":
+		// KC_CHILD_GAP spaces the calls by that long, spinning.
+		gap, _ := time.ParseDuration(os.Getenv("KC_CHILD_GAP"))
 		for i := 0; i < n; i++ {
 			syscall.Getpid()
+			for t0 := time.Now(); gap > 0 && time.Since(t0) < gap; {
+			}
 		}
 	case "close":
 		for i := 0; i < n; i++ {

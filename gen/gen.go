@@ -6,7 +6,8 @@
 // two transports; Bench and BenchPerf are the full-speed producers of
 // bpf/bench.bpf.c for each transport; Example and ExamplePerf the example
 // user object; LTTng and LTTngPerf the events `record --profile lttng`
-// builds itself (bpf/lttng/sched.bpf.c).
+// builds itself (bpf/lttng/sched.bpf.c); Lapword a user object of the
+// tests' (bpf/test/lapword.bpf.c).
 package gen
 
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" -target bpfel -go-package gen -type kc_rec -type kc_cpu_state -type kc_tp_info -type kc_inject_rec Ringbuf ../bpf/kconsume.bpf.c -- -I../bpf -I../bpf/include
@@ -18,3 +19,4 @@ package gen
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -DKC_PERF" -target bpfel -go-package gen ExamplePerf ../bpf/example/getpid.bpf.c -- -I../bpf -I../bpf/include
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" -target bpfel -go-package gen LTTng ../bpf/lttng/sched.bpf.c -- -I../bpf -I../bpf/include
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -DKC_PERF" -target bpfel -go-package gen LTTngPerf ../bpf/lttng/sched.bpf.c -- -I../bpf -I../bpf/include
+//go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" -target bpfel -go-package gen Lapword ../bpf/test/lapword.bpf.c -- -I../bpf -I../bpf/include
