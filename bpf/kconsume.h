@@ -190,6 +190,14 @@ const volatile __u32 kc_area_kmask = 0;       /* elements per ring, less one */
 const volatile __u64 kc_area_rsize = 1 << 16; /* bytes per ring */
 const volatile __u32 kc_area_lshift = 16;     /* log2(kc_area_rsize) */
 
+/*
+ * kc_area_clears marks writers that clear the next header's slot
+ * (kc_area_clear). The loader keeps a user's object built with an older
+ * kc_synth.h, which lacks it, and so its whole session, on BPF ring
+ * buffers: such writers would leave stale slots for the consumer to read.
+ */
+const volatile __u32 kc_area_clears = 1;
+
 #define KC_AREA_HDR 8
 #define KC_AREA_DISC (1U << 30) /* as BPF_RINGBUF_DISCARD_BIT */
 /* The largest record: a scratch record of kc_output. */

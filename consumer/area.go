@@ -77,6 +77,9 @@ func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.Colle
 		if spec.Maps[gen.RingbufMapKcArea] == nil {
 			return fmt.Errorf("BPF object %d was built with a kc_synth.h without kc_area", i+1)
 		}
+		if spec.Variables[gen.ExampleVarKcAreaClears] == nil {
+			return fmt.Errorf("BPF object %d was built with a kc_synth.h whose writers leave stale header slots in kc_area (rebuild it with this one)", i+1)
+		}
 	}
 	return haveCmpxchg()
 }

@@ -47,6 +47,7 @@ const (
 	BenchMapKcScratchMap  = "kc_scratch_map"
 	BenchMapKcState       = "kc_state"
 	BenchProgKcBench      = "kc_bench"
+	BenchVarKcAreaClears  = "kc_area_clears"
 	BenchVarKcAreaEshift  = "kc_area_eshift"
 	BenchVarKcAreaEsize   = "kc_area_esize"
 	BenchVarKcAreaKmask   = "kc_area_kmask"
@@ -124,6 +125,7 @@ type BenchMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BenchVariableSpecs struct {
+	KcAreaClears  *ebpf.VariableSpec `ebpf:"kc_area_clears"`
 	KcAreaEshift  *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
 	KcAreaEsize   *ebpf.VariableSpec `ebpf:"kc_area_esize"`
 	KcAreaKmask   *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
@@ -181,6 +183,7 @@ func (m *BenchMaps) Close() error {
 //
 // It can be passed to LoadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BenchVariables struct {
+	KcAreaClears  *ebpf.Variable `ebpf:"kc_area_clears"`
 	KcAreaEshift  *ebpf.Variable `ebpf:"kc_area_eshift"`
 	KcAreaEsize   *ebpf.Variable `ebpf:"kc_area_esize"`
 	KcAreaKmask   *ebpf.Variable `ebpf:"kc_area_kmask"`

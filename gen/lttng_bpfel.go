@@ -49,6 +49,7 @@ const (
 	LTTngMapKcSynthDepth               = "kc_synth_depth"
 	LTTngMapKcSynthScratch             = "kc_synth_scratch"
 	LTTngProgLttngSchedProcessFork     = "lttng_sched_process_fork"
+	LTTngVarKcAreaClears               = "kc_area_clears"
 	LTTngVarKcAreaEshift               = "kc_area_eshift"
 	LTTngVarKcAreaEsize                = "kc_area_esize"
 	LTTngVarKcAreaKmask                = "kc_area_kmask"
@@ -129,6 +130,7 @@ type LTTngMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LTTngVariableSpecs struct {
+	KcAreaClears               *ebpf.VariableSpec `ebpf:"kc_area_clears"`
 	KcAreaEshift               *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
 	KcAreaEsize                *ebpf.VariableSpec `ebpf:"kc_area_esize"`
 	KcAreaKmask                *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
@@ -191,6 +193,7 @@ func (m *LTTngMaps) Close() error {
 //
 // It can be passed to LoadLTTngObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LTTngVariables struct {
+	KcAreaClears               *ebpf.Variable `ebpf:"kc_area_clears"`
 	KcAreaEshift               *ebpf.Variable `ebpf:"kc_area_eshift"`
 	KcAreaEsize                *ebpf.Variable `ebpf:"kc_area_esize"`
 	KcAreaKmask                *ebpf.Variable `ebpf:"kc_area_kmask"`
