@@ -503,8 +503,19 @@ func (r *recorder) cpuDisabled(cpu int) bool {
 // BPF program already ran on the CPU (the programs' recursion_misses):
 // all of them, and those of the tracepoint recorders alone, each of
 // which was an event lost. The raw syscall programs run for every
-// syscall, recorded or not.
+// syscall, recorded or not, and users' programs (Config.Objects) may
+// write any number of events a run, so theirs count in all alone. A
+// program of a BTF tracepoint misses whenever another run of it is on
+// the CPU: one preempted on a faultable syscall tracepoint (6.13+)
+// leaves every run on that CPU missed until it resumes.
 func (r *recorder) missed() (all, lost uint64) {
+	for _, o := range r.objects {
+		for _, p := range o.coll.Programs {
+			if st, err := p.Stats(); err == nil {
+				all += st.RecursionMisses
+			}
+		}
+	}
 	for name, p := range r.coll.Programs {
 		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
 		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !strings.HasPrefix(name, fentryPrefix) && !isBTFProg(name) {

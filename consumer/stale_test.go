@@ -70,16 +70,20 @@ func TestAreaStaleSlot(t *testing.T) {
 			}
 		}
 	})
-	var undecodable, kernelLost uint64
+	var undecodable, kernelLost, missed uint64
 	for _, c := range st {
 		undecodable += c.Undecodable + c.Channel.Invalid
 		kernelLost += c.KernelLost
+		missed += c.Missed
 	}
-	t.Logf("%d lapword records, last %d, %d missing, %d discarded in the trace (%d lost in the kernel), %d undecodable", got-gaps, got, gaps+n-got, lost, kernelLost, undecodable)
+	t.Logf("%d lapword records, last %d, %d missing, %d discarded in the trace (%d lost in the kernel), %d undecodable, %d program runs missed", got-gaps, got, gaps+n-got, lost, kernelLost, undecodable, missed)
 	if undecodable != 0 || bad != 0 {
 		t.Fatalf("%d records undecodable, %d with mixed words: the consumer read an earlier lap's bytes as a record", undecodable, bad)
 	}
-	if missing := gaps + n - got; missing != lost {
-		t.Fatalf("%d lapword records missing, %d reported discarded", missing, lost)
+	// A run of the object's program the kernel skipped (another run of it
+	// preempted on the CPU, on a faultable syscall tracepoint) is counted
+	// in Missed, an upper bound: the run might have been another task's.
+	if missing := gaps + n - got; missing < lost || missing > lost+missed {
+		t.Fatalf("%d lapword records missing, %d reported discarded and %d program runs missed", missing, lost, missed)
 	}
 }
