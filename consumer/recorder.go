@@ -50,11 +50,15 @@ type recorder struct {
 	switchKey  uint32         // wakeup_latency: sched_switch's key and info
 	switchInfo gen.RingbufKcTpInfo
 	objects    []*object // users' programs (Config.Objects)
-	area       bool      // the programs write into kc_area rings (area.go)
-	areaErr    error     // why they do not
-	areaMem    []byte    // kc_area, mapped
-	injectMu   sync.Mutex
-	injectRec  *gen.RingbufKcInjectRec
+	// objMu guards objects against detach while the drainer reads their
+	// programs' misses; objMissed keeps those of the objects detached.
+	objMu     sync.Mutex
+	objMissed uint64
+	area      bool   // the programs write into kc_area rings (area.go)
+	areaErr   error  // why they do not
+	areaMem   []byte // kc_area, mapped
+	injectMu  sync.Mutex
+	injectRec *gen.RingbufKcInjectRec
 }
 
 // loadOpts replaces the recorder by another object built on kconsume.h
@@ -509,13 +513,9 @@ func (r *recorder) cpuDisabled(cpu int) bool {
 // the CPU: one preempted on a faultable syscall tracepoint (6.13+)
 // leaves every run on that CPU missed until it resumes.
 func (r *recorder) missed() (all, lost uint64) {
-	for _, o := range r.objects {
-		for _, p := range o.coll.Programs {
-			if st, err := p.Stats(); err == nil {
-				all += st.RecursionMisses
-			}
-		}
-	}
+	r.objMu.Lock()
+	all = r.objMissed + objectsMissed(r.objects)
+	r.objMu.Unlock()
 	for name, p := range r.coll.Programs {
 		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
 		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !strings.HasPrefix(name, fentryPrefix) && !isBTFProg(name) {
@@ -655,11 +655,26 @@ func (r *recorder) detach() []error {
 		}
 	}
 	r.links = nil
+	r.objMu.Lock()
+	r.objMissed += objectsMissed(r.objects)
 	for _, o := range r.objects {
 		o.close()
 	}
 	r.objects = nil
+	r.objMu.Unlock()
 	return errs
+}
+
+// objectsMissed returns the recursion misses of the programs of objs.
+func objectsMissed(objs []*object) (n uint64) {
+	for _, o := range objs {
+		for _, p := range o.coll.Programs {
+			if st, err := p.Stats(); err == nil {
+				n += st.RecursionMisses
+			}
+		}
+	}
+	return n
 }
 
 // close detaches and frees every kernel object and mapping; it is
