@@ -178,10 +178,12 @@ struct {
  * earlier lap's bytes there may be any word of a payload, a kc_rec's
  * key and length (whose upper half is the payload length on CPU 0) or a
  * syscall argument, and one whose upper half equals the lap would pass
- * for a written record. So the slot of the header that follows a record
- * is cleared before the reservation moves the producer position past the
- * record (kc_area_clear): every slot below the producer position holds
- * zero or its record's header. The reservation keeps room for that slot.
+ * for a written record. So the consumer zeroes the space it hands back
+ * before it moves the consumer position (consumer/ringbuf.go: release):
+ * free space is all zeroes, and a writer stores only inside the space
+ * its compare-and-swap won. A writer cannot clear a slot it has not won:
+ * a program nesting between its load of the position and its swap may
+ * have written a record there.
  */
 const volatile __u32 kc_area_on = 0;
 const volatile __u64 kc_area_esize = 1 << 16; /* bytes per element: a power of two */
@@ -189,14 +191,6 @@ const volatile __u32 kc_area_eshift = 16;     /* log2(kc_area_esize) */
 const volatile __u32 kc_area_kmask = 0;       /* elements per ring, less one */
 const volatile __u64 kc_area_rsize = 1 << 16; /* bytes per ring */
 const volatile __u32 kc_area_lshift = 16;     /* log2(kc_area_rsize) */
-
-/*
- * kc_area_clears marks writers that clear the next header's slot
- * (kc_area_clear). The loader keeps a user's object built with an older
- * kc_synth.h, which lacks it, and so its whole session, on BPF ring
- * buffers: such writers would leave stale slots for the consumer to read.
- */
-const volatile __u32 kc_area_clears = 1;
 
 #define KC_AREA_HDR 8
 #define KC_AREA_DISC (1U << 30) /* as BPF_RINGBUF_DISCARD_BIT */
@@ -217,17 +211,6 @@ struct {
 static __always_inline __u64 kc_area_lap(__u64 pos)
 {
 	return ((pos >> kc_area_lshift) + 1) << 32;
-}
-
-/* kc_area_clear zeroes the header slot at position pos of ring idx. */
-static __always_inline void kc_area_clear(__u32 idx, __u64 pos)
-{
-	__u32 elem = idx * (kc_area_kmask + 1) + ((pos >> kc_area_eshift) & kc_area_kmask);
-	void *e = bpf_map_lookup_elem(&kc_area, &elem);
-
-	/* pos is a multiple of 8: the mask only bounds it for the verifier. */
-	if (e)
-		*(volatile __u64 *)(e + (pos & (kc_area_esize - KC_AREA_HDR))) = 0;
 }
 
 /*
@@ -263,19 +246,8 @@ static __always_inline __u64 *kc_area_reserve(__u32 idx, struct kc_cpu_state *ps
 		off = old & (kc_area_esize - 1);
 		pad = off > kc_area_esize - max ? kc_area_esize - off : 0;
 		end = old + pad + KC_AREA_HDR + ((size + 7) & ~7);
-		/* The record and the next header's slot: free space, no one's yet. */
-		if (end + KC_AREA_HDR - *(volatile __u64 *)&ps->cons > kc_area_rsize)
+		if (end - *(volatile __u64 *)&ps->cons > kc_area_rsize)
 			return NULL;
-		/*
-		 * The slot at old was cleared by the record before, or is the
-		 * first lap's zeroes. A program nesting here that takes old
-		 * clears its own next slot: the swap below then fails, and
-		 * what this one cleared lies in the nested record or in free
-		 * space.
-		 */
-		kc_area_clear(idx, end);
-		if (pad)
-			kc_area_clear(idx, old + pad);
 		if (__sync_val_compare_and_swap(&ps->prod, old, end) == old)
 			goto won;
 	}

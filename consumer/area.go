@@ -77,9 +77,6 @@ func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.Colle
 		if spec.Maps[gen.RingbufMapKcArea] == nil {
 			return fmt.Errorf("BPF object %d was built with a kc_synth.h without kc_area", i+1)
 		}
-		if spec.Variables[gen.ExampleVarKcAreaClears] == nil {
-			return fmt.Errorf("BPF object %d was built with a kc_synth.h whose writers leave stale header slots in kc_area (rebuild it with this one)", i+1)
-		}
 	}
 	return haveCmpxchg()
 }
@@ -139,7 +136,8 @@ func setupArea(spec *ebpf.CollectionSpec, set map[string]any, cfg Config, ncpu i
 // mapArea maps the loaded kc_area: every CPU's ring, adjacent.
 func (r *recorder) mapArea() error {
 	m := r.coll.Maps[gen.RingbufMapKcArea]
-	mem, err := unix.Mmap(m.FD(), 0, r.ncpu*r.cfg.RingSize, unix.PROT_READ, unix.MAP_SHARED)
+	// Writable: the drainer zeroes the space it releases (ringbuf.release).
+	mem, err := unix.Mmap(m.FD(), 0, r.ncpu*r.cfg.RingSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fmt.Errorf("mapping kc_area: %w", err)
 	}

@@ -7,9 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cilium/ebpf"
-
-	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/internal/testenv"
 )
 
@@ -155,27 +152,5 @@ func TestAreaRewind(t *testing.T) {
 	}
 	if r.got != 3 {
 		t.Fatalf("walked again: counted %d, want 3", r.got)
-	}
-}
-
-// TestAreaOldObject: a user's object built with a kc_synth.h whose
-// writers do not clear the next header's slot (before kc_area_clears)
-// keeps the session on BPF ring buffers, says why, and still records.
-func TestAreaOldObject(t *testing.T) {
-	testenv.RequireRoot(t)
-	if !areaExpected(t) {
-		t.Skip("no kc_area rings here (amd64 and Linux 5.12+ only)")
-	}
-	c := startChild(t, "getpid", 100, "KC_CHILD_CPU=0")
-	spec := exampleSpec(t, Ringbuf, c.cmd.Process.Pid)
-	delete(spec.Variables, gen.ExampleVarKcAreaClears)
-	s, dir := newTestSession(t, Config{Objects: []*ebpf.CollectionSpec{spec}})
-	if err := s.OwnRings(); err == nil || !strings.Contains(err.Error(), "stale header slots") {
-		t.Fatalf("own rings with an old object: %v", err)
-	}
-	recordChild(t, s, c)
-	counts, lost := countEvents(t, dir)
-	if counts["synthetic:getpid_whole"] != 100 || lost != 0 {
-		t.Fatalf("through BPF ring buffers: %v, %d lost", counts, lost)
 	}
 }

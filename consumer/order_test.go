@@ -19,8 +19,9 @@ import (
 // inside its compare-and-swap loop. A getpid loop and a thread sleeping
 // 20 µs at a time share CPU 0, so hrtimer interrupts, recorded, land
 // inside sys_enter's program; the reorder window must find nothing to
-// reorder. Through BPF ring buffers, which stamp a record after reserving
-// it, the same load does need the window: the check that it nests.
+// reorder, and every record must arrive whole. Through BPF ring buffers,
+// which stamp a record after reserving it, the same load does need the
+// window: the check that it nests.
 func TestRingInTimeOrder(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, area := range []bool{true, false} {
@@ -58,10 +59,31 @@ func TestRingInTimeOrder(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Interleaving: timer records between getpid records on CPU 0.
+			// And every record whole: a writer that stored outside its
+			// reservation would have zeroed part of a nested one.
 			var timers, turns int
 			var prev string
-			walkTrace(t, dir, func(it *relayfmt.Item, _ []relayfmt.Value) {
-				if it.Kind != relayfmt.EventItem || it.CPU != 0 {
+			walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+				if it.Kind != relayfmt.EventItem {
+					return
+				}
+				switch it.Class.Name {
+				case "syscalls:sys_enter_getpid":
+					if nr := field(vals, "__syscall_nr").Int(0); nr != unix.SYS_GETPID {
+						t.Fatalf("sys_enter_getpid with __syscall_nr %d: %v", nr, vals)
+					}
+				case "timer:hrtimer_expire_entry":
+					// Two kernel addresses, and the timer base's time,
+					// CLOCK_MONOTONIC as the record's own.
+					kernel := func(p uint64) bool { return p>>48 == 0xffff && uint32(p) != 0 }
+					now := field(vals, "now").Int(0)
+					if !kernel(field(vals, "hrtimer").Uint(0)) || !kernel(field(vals, "function").Uint(0)) || now <= 0 || max(int64(it.Time)-now, now-int64(it.Time)) > int64(50*time.Millisecond) {
+						t.Fatalf("hrtimer_expire_entry at %d not whole: %v", it.Time, vals)
+					}
+				default:
+					t.Fatalf("event %s not recorded", it.Class.Name)
+				}
+				if it.CPU != 0 {
 					return
 				}
 				if it.Class.Name == "timer:hrtimer_expire_entry" {

@@ -123,9 +123,32 @@ func (r *ringbuf) rewind(pos uint64) {
 func (r *ringbuf) producer() uint64 { return atomic.LoadUint64(r.prodPos) }
 
 // release hands the ring space before pos back to the producer with one
-// release store: once per batch, not per record.
+// release store: once per batch, not per record. A kc_area ring's space
+// is zeroed first, so that a writer finds the slot of every header it
+// reserves zero until it stores the header: bytes of an earlier lap there
+// could pass for a written record (bpf/kconsume.h: kc_area). The store
+// that follows publishes the zeroes with the position (x86 keeps stores
+// in order), and the writers store only inside space they reserved after
+// reading that position.
 func (r *ringbuf) release(pos uint64) {
+	if r.area {
+		r.zero(atomic.LoadUint64(r.consPos), pos)
+	}
 	atomic.StoreUint64(r.consPos, pos)
+}
+
+// zero clears the bytes of a kc_area ring between positions from and to.
+func (r *ringbuf) zero(from, to uint64) {
+	switch {
+	case to <= from:
+	case to-from >= r.size:
+		clear(r.data)
+	case from&r.mask < to&r.mask:
+		clear(r.data[from&r.mask : to&r.mask])
+	default:
+		clear(r.data[from&r.mask:])
+		clear(r.data[:to&r.mask])
+	}
 }
 
 // waiting returns the bytes written into the ring and not yet released.

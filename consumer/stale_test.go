@@ -16,9 +16,9 @@ import (
 // ring of the smallest size, so that most laps reserve records over such
 // words while the consumer reads close behind. Every record must arrive
 // once and whole: numbered without gaps but the losses counted, its words
-// all alike, nothing undecodable. Before the writers cleared the next
-// header's slot, the consumer took such a word for a record within a
-// second, lost its place in the ring and with it every later record.
+// all alike, nothing undecodable. Before the consumer zeroed the space it
+// released, it took such a word for a record within a second, lost its
+// place in the ring and with it every later record.
 func TestAreaStaleSlot(t *testing.T) {
 	const n = 150000
 	// Spaced calls: the consumer keeps up with most laps of the small

@@ -47,7 +47,6 @@ const (
 	BenchMapKcScratchMap  = "kc_scratch_map"
 	BenchMapKcState       = "kc_state"
 	BenchProgKcBench      = "kc_bench"
-	BenchVarKcAreaClears  = "kc_area_clears"
 	BenchVarKcAreaEshift  = "kc_area_eshift"
 	BenchVarKcAreaEsize   = "kc_area_esize"
 	BenchVarKcAreaKmask   = "kc_area_kmask"
@@ -125,7 +124,6 @@ type BenchMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type BenchVariableSpecs struct {
-	KcAreaClears  *ebpf.VariableSpec `ebpf:"kc_area_clears"`
 	KcAreaEshift  *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
 	KcAreaEsize   *ebpf.VariableSpec `ebpf:"kc_area_esize"`
 	KcAreaKmask   *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
@@ -183,7 +181,6 @@ func (m *BenchMaps) Close() error {
 //
 // It can be passed to LoadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type BenchVariables struct {
-	KcAreaClears  *ebpf.Variable `ebpf:"kc_area_clears"`
 	KcAreaEshift  *ebpf.Variable `ebpf:"kc_area_eshift"`
 	KcAreaEsize   *ebpf.Variable `ebpf:"kc_area_esize"`
 	KcAreaKmask   *ebpf.Variable `ebpf:"kc_area_kmask"`

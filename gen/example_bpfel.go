@@ -51,7 +51,6 @@ const (
 	ExampleProgGetpidEvents    = "getpid_events"
 	ExampleProgGetpidKlog      = "getpid_klog"
 	ExampleVarCalls            = "calls"
-	ExampleVarKcAreaClears     = "kc_area_clears"
 	ExampleVarKcAreaEshift     = "kc_area_eshift"
 	ExampleVarKcAreaEsize      = "kc_area_esize"
 	ExampleVarKcAreaKmask      = "kc_area_kmask"
@@ -137,7 +136,6 @@ type ExampleMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type ExampleVariableSpecs struct {
 	Calls            *ebpf.VariableSpec `ebpf:"calls"`
-	KcAreaClears     *ebpf.VariableSpec `ebpf:"kc_area_clears"`
 	KcAreaEshift     *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
 	KcAreaEsize      *ebpf.VariableSpec `ebpf:"kc_area_esize"`
 	KcAreaKmask      *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
@@ -204,7 +202,6 @@ func (m *ExampleMaps) Close() error {
 // It can be passed to LoadExampleObjects or ebpf.CollectionSpec.LoadAndAssign.
 type ExampleVariables struct {
 	Calls            *ebpf.Variable `ebpf:"calls"`
-	KcAreaClears     *ebpf.Variable `ebpf:"kc_area_clears"`
 	KcAreaEshift     *ebpf.Variable `ebpf:"kc_area_eshift"`
 	KcAreaEsize      *ebpf.Variable `ebpf:"kc_area_esize"`
 	KcAreaKmask      *ebpf.Variable `ebpf:"kc_area_kmask"`

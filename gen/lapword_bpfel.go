@@ -50,7 +50,6 @@ const (
 	LapwordMapKcSynthScratch = "kc_synth_scratch"
 	LapwordProgLapwordEvent  = "lapword_event"
 	LapwordVarCalls          = "calls"
-	LapwordVarKcAreaClears   = "kc_area_clears"
 	LapwordVarKcAreaEshift   = "kc_area_eshift"
 	LapwordVarKcAreaEsize    = "kc_area_esize"
 	LapwordVarKcAreaKmask    = "kc_area_kmask"
@@ -135,7 +134,6 @@ type LapwordMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type LapwordVariableSpecs struct {
 	Calls         *ebpf.VariableSpec `ebpf:"calls"`
-	KcAreaClears  *ebpf.VariableSpec `ebpf:"kc_area_clears"`
 	KcAreaEshift  *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
 	KcAreaEsize   *ebpf.VariableSpec `ebpf:"kc_area_esize"`
 	KcAreaKmask   *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
@@ -202,7 +200,6 @@ func (m *LapwordMaps) Close() error {
 // It can be passed to LoadLapwordObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LapwordVariables struct {
 	Calls         *ebpf.Variable `ebpf:"calls"`
-	KcAreaClears  *ebpf.Variable `ebpf:"kc_area_clears"`
 	KcAreaEshift  *ebpf.Variable `ebpf:"kc_area_eshift"`
 	KcAreaEsize   *ebpf.Variable `ebpf:"kc_area_esize"`
 	KcAreaKmask   *ebpf.Variable `ebpf:"kc_area_kmask"`

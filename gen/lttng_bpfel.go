@@ -49,7 +49,6 @@ const (
 	LTTngMapKcSynthDepth               = "kc_synth_depth"
 	LTTngMapKcSynthScratch             = "kc_synth_scratch"
 	LTTngProgLttngSchedProcessFork     = "lttng_sched_process_fork"
-	LTTngVarKcAreaClears               = "kc_area_clears"
 	LTTngVarKcAreaEshift               = "kc_area_eshift"
 	LTTngVarKcAreaEsize                = "kc_area_esize"
 	LTTngVarKcAreaKmask                = "kc_area_kmask"
@@ -130,7 +129,6 @@ type LTTngMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LTTngVariableSpecs struct {
-	KcAreaClears               *ebpf.VariableSpec `ebpf:"kc_area_clears"`
 	KcAreaEshift               *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
 	KcAreaEsize                *ebpf.VariableSpec `ebpf:"kc_area_esize"`
 	KcAreaKmask                *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
@@ -193,7 +191,6 @@ func (m *LTTngMaps) Close() error {
 //
 // It can be passed to LoadLTTngObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LTTngVariables struct {
-	KcAreaClears               *ebpf.Variable `ebpf:"kc_area_clears"`
 	KcAreaEshift               *ebpf.Variable `ebpf:"kc_area_eshift"`
 	KcAreaEsize                *ebpf.Variable `ebpf:"kc_area_esize"`
 	KcAreaKmask                *ebpf.Variable `ebpf:"kc_area_kmask"`

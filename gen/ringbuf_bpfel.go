@@ -92,7 +92,6 @@ const (
 	RingbufProgKcSysFentry     = "kc_sys_fentry"
 	RingbufProgKcSysFexit      = "kc_sys_fexit"
 	RingbufProgKcTracepoint    = "kc_tracepoint"
-	RingbufVarKcAreaClears     = "kc_area_clears"
 	RingbufVarKcAreaEshift     = "kc_area_eshift"
 	RingbufVarKcAreaEsize      = "kc_area_esize"
 	RingbufVarKcAreaKmask      = "kc_area_kmask"
@@ -203,7 +202,6 @@ type RingbufMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufVariableSpecs struct {
-	KcAreaClears     *ebpf.VariableSpec `ebpf:"kc_area_clears"`
 	KcAreaEshift     *ebpf.VariableSpec `ebpf:"kc_area_eshift"`
 	KcAreaEsize      *ebpf.VariableSpec `ebpf:"kc_area_esize"`
 	KcAreaKmask      *ebpf.VariableSpec `ebpf:"kc_area_kmask"`
@@ -291,7 +289,6 @@ func (m *RingbufMaps) Close() error {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufVariables struct {
-	KcAreaClears     *ebpf.Variable `ebpf:"kc_area_clears"`
 	KcAreaEshift     *ebpf.Variable `ebpf:"kc_area_eshift"`
 	KcAreaEsize      *ebpf.Variable `ebpf:"kc_area_esize"`
 	KcAreaKmask      *ebpf.Variable `ebpf:"kc_area_kmask"`

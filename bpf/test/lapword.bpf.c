@@ -7,9 +7,9 @@
  * next lap. Two sizes make each lap's records start where the last lap's
  * held such words. When the next lap reserves a record over them, the
  * slot of its header holds such a word until the header is stored,
- * unless the reservation cleared it (kc_area_clear in kconsume.h). The
- * long copy of the record, between its reservation and its header, gives
- * the consumer time to look.
+ * unless the consumer zeroed the space when it released it
+ * (consumer/ringbuf.go: release). The long copy of the record, between
+ * its reservation and its header, gives the consumer time to look.
  */
 #include "kc_synth.h"
 
