@@ -159,6 +159,9 @@ type buffer struct {
 	// reports the events before its oldest sub-buffer as discarded.
 	slotStart []uint64
 	finished  uint64
+	// put counts the packets PutPacket wrote in place, past the
+	// sub-buffers.
+	put uint64
 	// base is the first sub-buffer index RewindTo may write: Reset
 	// forgets everything before it.
 	base  uint64
@@ -1071,7 +1074,7 @@ func (c *Channel) endTogether() bool {
 	}
 	added := false
 	for _, b := range c.bufs {
-		if b.produced.Load() == 0 || b.lastTS >= stop {
+		if b.produced.Load() == 0 && b.put == 0 || b.lastTS >= stop {
 			continue
 		}
 		if b.cur == nil && !b.open(b.lastTS) {
