@@ -26,7 +26,16 @@ import (
 // saturationEvents are what BenchmarkSaturation records: every sched
 // event (hackbench switches and wakes tasks by the hundred thousand) and
 // the writes and reads its tasks pass messages with.
-var saturationEvents = []string{"sched:*", "syscalls:sys_enter_write", "syscalls:sys_enter_read"}
+var saturationEvents = benchEvents()
+
+// benchEvents returns saturationEvents: KCONSUME_BENCH_EVENTS, a
+// comma-separated list, or the default above.
+func benchEvents() []string {
+	if e := os.Getenv("KCONSUME_BENCH_EVENTS"); e != "" {
+		return strings.Split(e, ",")
+	}
+	return []string{"sched:*", "syscalls:sys_enter_write", "syscalls:sys_enter_read"}
+}
 
 // hackbench is perf's scheduler benchmark: 4 groups of 40 tasks passing
 // 300 messages each through sockets, which saturates both CPUs of the
