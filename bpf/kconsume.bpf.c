@@ -42,6 +42,27 @@
 	})
 
 /*
+ * struct kc_op is a step of building an event's payload as the trace holds
+ * it from its ring record, in packet mode (kc_pkt_on), where no consumer
+ * transcodes (consumer/layout.go: transcode, which this mirrors): copy
+ * the n bytes at off; or, for the __data_loc (rel: __rel_loc) u32 at
+ * off, its bytes up to a NUL and a NUL (a string), or their number of
+ * elem-byte elements as a u32 and those elements (a sequence).
+ */
+struct kc_op {
+	__u16 off;
+	__u16 n;
+	__u8 kind;
+	__u8 rel;
+	__u16 elem;
+};
+
+#define KC_OP_COPY 0
+#define KC_OP_STRING 1
+#define KC_OP_SEQ 2
+#define KC_MAX_OPS 16
+
+/*
  * struct kc_tp_info describes one tracepoint for the recorder: the record's
  * fixed size and where its dynamic-location fields sit. A __data_loc field
  * is a u32: low 16 bits the offset of the data in the record, high 16 bits
@@ -57,6 +78,8 @@ struct kc_tp_info {
 	__u16 prio_off; /* sched_switch hook: offset of next_prio */
 	__u16 comm_off; /* sched_switch hook: offset of next_comm */
 	__u32 aux_key;  /* sched_switch hook: class of synthetic:wakeup_latency */
+	__u16 nops;     /* packet mode: entries used in ops, 0 for a record written as it is */
+	struct kc_op ops[KC_MAX_OPS];
 };
 
 #define KC_TP_RECORD 1 /* write the event into the trace */
@@ -115,10 +138,96 @@ static __always_inline __u32 kc_event_key(void *ctx)
 	return kc_patched_key();
 }
 
+#ifndef KC_PERF
+/*
+ * struct kc_ctf holds an event's payload as the trace holds it, built by
+ * kc_ctf_build: twice the largest payload, so that a step that starts
+ * anywhere below KC_MAX_PAYLOAD may write up to KC_MAX_PAYLOAD bytes in
+ * the verifier's eyes. Its head is struct kc_scratch's, for kc_emit.
+ */
+struct kc_ctf {
+	struct kc_rec hdr;
+	__u8 data[2 * KC_MAX_PAYLOAD];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct kc_ctf);
+} kc_ctf_map SEC(".maps");
+
+/*
+ * kc_ctf_build builds into t the payload of the ring record in s, of len
+ * bytes, with the steps of info, and returns its length, or -1 for a
+ * record whose locations point outside it or a payload too large: the
+ * caller counts it lost. The write position is masked after each step,
+ * so the verifier sees the same bounds whatever steps came before.
+ */
+static __always_inline long kc_ctf_build(struct kc_scratch *s, struct kc_ctf *t, struct kc_tp_info *info, __u32 len)
+{
+	__u32 d = 0, off, n, start, loc, cnt;
+	long r;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < KC_MAX_OPS; i++) {
+		if (i >= info->nops)
+			break;
+		off = info->ops[i].off & KC_PAYLOAD_MASK;
+		n = info->ops[i].n & KC_PAYLOAD_MASK;
+		if (info->ops[i].kind == KC_OP_COPY) {
+			if (off + n > len)
+				return -1;
+			bpf_probe_read_kernel(t->data + d, n, s->data + off);
+			d += n;
+		} else {
+			loc = 0;
+			bpf_probe_read_kernel(&loc, sizeof(loc), s->data + off);
+			start = loc & 0xffff;
+			n = loc >> 16;
+			if (info->ops[i].rel)
+				start += off + 4;
+			else if (start < 2 + KC_CUT)
+				return -1;
+			else
+				start -= KC_CUT;
+			if (start + n > len)
+				return -1;
+			start &= KC_PAYLOAD_MASK;
+			if (info->ops[i].kind == KC_OP_STRING) {
+				r = bpf_probe_read_kernel_str(t->data + d, (n + 1) & KC_PAYLOAD_MASK, s->data + start);
+				if (r < 0)
+					return -1;
+				d += r;
+			} else {
+				cnt = info->ops[i].elem ? n / info->ops[i].elem : 0;
+				*(__u32 *)(t->data + d) = cnt;
+				d += 4;
+				if (d > KC_MAX_PAYLOAD - 1)
+					return -1;
+				/* Kept from clang, which would drop the mask after the test. */
+				barrier_var(d);
+				d &= KC_PAYLOAD_MASK;
+				n = (cnt * info->ops[i].elem) & KC_PAYLOAD_MASK;
+				bpf_probe_read_kernel(t->data + d, n, s->data + start);
+				d += n;
+			}
+		}
+		if (d > KC_MAX_PAYLOAD - 1)
+			return -1;
+		barrier_var(d);
+		d &= KC_PAYLOAD_MASK;
+	}
+	return d;
+}
+#endif
+
 /*
  * kc_record writes the trace record at ctx as event key and returns its
  * timestamp, or 0 when the gate is closed for this CPU or the record was
- * lost.
+ * lost. In packet mode a record that is not its payload as it is (one
+ * with steps, kc_tp_info.nops) is built into a kc_ctf first.
  */
 static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *info)
 {
@@ -159,6 +268,26 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 	size &= KC_PAYLOAD_MASK;
 	bpf_probe_read_kernel(s->data + KC_ENTRY_SIZE, size, ctx + 8);
 	kc_put_entry(s->data, info->id, bpf_get_current_pid_tgid());
+#ifndef KC_PERF
+	if (kc_pkt_on && info->nops) {
+		__u32 zero = 0;
+		struct kc_ctf *t = bpf_map_lookup_elem(&kc_ctf_map, &zero);
+		long n;
+
+		if (!t)
+			return 0;
+		n = kc_ctf_build(s, t, info, size + KC_ENTRY_SIZE);
+		if (n < 0) {
+			st->lost++;
+			return 0;
+		}
+		t->hdr.key = key;
+		t->hdr.cpu = s->hdr.cpu;
+		if (kc_emit_end(ctx, (struct kc_scratch *)t, st, n))
+			return 0;
+		return t->hdr.ts;
+	}
+#endif
 	if (kc_emit_end(ctx, s, st, size + KC_ENTRY_SIZE))
 		return 0;
 	return s->hdr.ts;
@@ -190,6 +319,7 @@ struct kc_resv {
 	__u64 pos;
 	__u64 ts;
 	__u32 size;
+	struct kc_pkt pkt; /* packet mode's */
 };
 
 /*
@@ -206,9 +336,29 @@ static __always_inline struct kc_rec *kc_reserve(void *ring, struct kc_cpu_state
 	res->size = size;
 	if (!kc_area_on)
 		return bpf_ringbuf_reserve(ring, size, 0);
+	if (kc_pkt_on)
+		return NULL; /* kc_reserve_pkt's */
 	h = kc_area_reserve(cpu, st, size, KC_AREA_HDR + ((size + 7) & ~7), &res->pos, &res->ts);
 	return h ? (void *)(h + 1) : NULL;
 }
+
+/*
+ * kc_reserve_pkt is kc_reserve in packet mode (kc_pkt_on): it reserves the
+ * event of key with len payload bytes, at most max - KC_EVH_EXT (a
+ * constant), and returns the event's payload as the struct kc_rec pointer
+ * the callers pass around, or NULL when the ring is full. There is no
+ * struct kc_rec in a packet: kc_submit writes none in packet mode, the
+ * callers find the payload with kc_rec_data, and no byte past len may
+ * be written. (A pointer before the payload, for r + 1 to reach it, may
+ * point before the element, which Linux 7.x's verifier refuses.)
+ */
+static __always_inline struct kc_rec *kc_reserve_pkt(struct kc_cpu_state *st, __u32 cpu, __u32 key, __u32 len, __u32 max, struct kc_resv *res)
+{
+	return kc_pkt_reserve(cpu, st, key, len, max, &res->pkt);
+}
+
+/* kc_rec_data returns the payload of r, a reservation of kc_reserve or kc_reserve_pkt. */
+#define kc_rec_data(r) (kc_pkt_on ? (void *)(r) : (void *)((r) + 1))
 
 /*
  * kc_submit stamps r, reserved by kc_reserve as res (with the time taken
@@ -223,6 +373,11 @@ static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_c
 {
 	__u64 ts;
 
+	if (kc_pkt_on) {
+		kc_pkt_commit(&res->pkt);
+		kc_area_wake(ring, st, st, res->pkt.end, atomic, own);
+		return res->pkt.ts;
+	}
 	r->key = key;
 	r->len = len;
 	r->cpu = cpu;
@@ -324,6 +479,10 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	ring = kc_cpu_ring(&cpu, &st);
 	if (!ring)
 		return 0;
+	if (kc_pkt_on) {
+		r = kc_reserve_pkt(st, cpu, key, size - KC_CUT, KC_EVH_EXT + KC_SMALL_MAX, &res);
+		goto reserved;
+	}
 	switch ((size - KC_CUT + 7) / 8) {
 	KC_RESERVE(1)
 	KC_RESERVE(2)
@@ -342,11 +501,12 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	KC_RESERVE(15)
 	KC_RESERVE(16)
 	}
+reserved:
 	if (!r) {
 		st->lost++;
 		return 0;
 	}
-	d = r + 1;
+	d = kc_rec_data(r);
 	kc_word(d, ctx, size, 1);
 	kc_word(d, ctx, size, 2);
 	kc_word(d, ctx, size, 3);
@@ -522,31 +682,31 @@ _Static_assert(sizeof(struct kc_sys_rec) <= KC_SAMPLED_MAX, "syscall records are
 #define KC_SYS_ARG(i) (KC_ENTRY_SIZE + 4 + 8 * (i))
 
 /*
- * kc_sys_fill writes the part of a syscall record that words (the ring
- * record's size in 8-byte words, a constant at each call) covers: the
- * number, and the arguments on entry or ret on exit. Only stores inside
+ * kc_sys_fill writes at data, a syscall record's payload, the part that
+ * words (the ring record's size in 8-byte words, a constant at each call)
+ * covers: the number, and the arguments on entry or ret on exit. Only stores inside
  * the reservation are made, which the verifier checks.
  */
-static __always_inline void kc_sys_fill(struct kc_sys_rec *r, __u32 words, struct pt_regs *regs, long nr, __u32 exit, long ret)
+static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs *regs, long nr, __u32 exit, long ret)
 {
-	kc_put(__s32, r->data, KC_SYS_NR, nr);
+	kc_put(__s32, data, KC_SYS_NR, nr);
 	if (exit) {
 		if (words > 2)
-			kc_put(__u64, r->data, KC_SYS_ARG(0), ret);
+			kc_put(__u64, data, KC_SYS_ARG(0), ret);
 		return;
 	}
 	if (words > 2)
-		kc_put(__u64, r->data, KC_SYS_ARG(0), regs->di);
+		kc_put(__u64, data, KC_SYS_ARG(0), regs->di);
 	if (words > 3)
-		kc_put(__u64, r->data, KC_SYS_ARG(1), regs->si);
+		kc_put(__u64, data, KC_SYS_ARG(1), regs->si);
 	if (words > 4)
-		kc_put(__u64, r->data, KC_SYS_ARG(2), regs->dx);
+		kc_put(__u64, data, KC_SYS_ARG(2), regs->dx);
 	if (words > 5)
-		kc_put(__u64, r->data, KC_SYS_ARG(3), regs->r10);
+		kc_put(__u64, data, KC_SYS_ARG(3), regs->r10);
 	if (words > 6)
-		kc_put(__u64, r->data, KC_SYS_ARG(4), regs->r8);
+		kc_put(__u64, data, KC_SYS_ARG(4), regs->r8);
 	if (words > 7)
-		kc_put(__u64, r->data, KC_SYS_ARG(5), regs->r9);
+		kc_put(__u64, data, KC_SYS_ARG(5), regs->r9);
 }
 
 /*
@@ -557,7 +717,7 @@ static __always_inline void kc_sys_fill(struct kc_sys_rec *r, __u32 words, struc
 	case w:                                                                   \
 		r = (void *)kc_reserve(ring, st, cpu, sizeof(struct kc_rec) + 8 * (w), &res); \
 		if (r)                                                            \
-			kc_sys_fill(r, w, regs, nr, exit, ret);                   \
+			kc_sys_fill(r->data, w, regs, nr, exit, ret);             \
 		break;
 
 /*
@@ -591,6 +751,12 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr
 	size = info->size - KC_CUT;
 	if (size > KC_SYS_ARG(0))
 		size -= 4;
+	if (kc_pkt_on) {
+		r = (void *)kc_reserve_pkt(st, cpu, key, size, KC_EVH_EXT + sizeof(r->data), &res);
+		if (r)
+			kc_sys_fill(r, (size + 7) / 8, regs, nr, exit, ret);
+		goto reserved;
+	}
 	switch ((size + 7) / 8) {
 	KC_SYS_RESERVE(2)
 	KC_SYS_RESERVE(3)
@@ -602,11 +768,12 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr
 	default:
 		return; /* not a syscall record: the loader never maps one here */
 	}
+reserved:
 	if (!r) {
 		__sync_fetch_and_add(&st->lost, 1);
 		return;
 	}
-	kc_put_entry(r->data, info->id, pid);
+	kc_put_entry(kc_pkt_on ? (void *)r : (void *)r->data, info->id, pid);
 	kc_submit(ring, &r->hdr, st, key, size, cpu, &res, 1, 0);
 }
 
@@ -784,7 +951,7 @@ static __always_inline long kc_switch_state(__u64 *ctx, struct task_struct *prev
  * state in *ring, *cpu and *st, or NULL when there is none to write (a
  * full ring's record counted as lost).
  */
-static __always_inline struct kc_rec *kc_btf_begin(__u32 size, void **ring, __u32 *cpu, struct kc_cpu_state **st, struct kc_resv *res)
+static __always_inline struct kc_rec *kc_btf_begin(__u32 size, __u32 key, __u32 len, void **ring, __u32 *cpu, struct kc_cpu_state **st, struct kc_resv *res)
 {
 	struct kc_rec *r;
 
@@ -793,7 +960,10 @@ static __always_inline struct kc_rec *kc_btf_begin(__u32 size, void **ring, __u3
 	*ring = kc_cpu_ring(cpu, st);
 	if (!*ring)
 		return NULL;
-	r = kc_reserve(*ring, *st, *cpu, sizeof(*r) + size, res);
+	if (kc_pkt_on)
+		r = kc_reserve_pkt(*st, *cpu, key, len, KC_EVH_EXT + size, res);
+	else
+		r = kc_reserve(*ring, *st, *cpu, sizeof(*r) + size, res);
 	if (!r)
 		__sync_fetch_and_add(&(*st)->lost, 1);
 	return r;
@@ -809,11 +979,11 @@ int kc_btf_switch(__u64 *ctx)
 	void *ring, *d;
 	__u32 cpu;
 
-	r = kc_btf_begin(64, &ring, &cpu, &st, &res);
+	r = kc_btf_begin(64, kc_switch_key, 64 - KC_CUT, &ring, &cpu, &st, &res);
 	if (!r)
 		return 0;
 	/* The ring record: the trace record's offsets less KC_CUT. */
-	d = r + 1;
+	d = kc_rec_data(r);
 	kc_put_comm(d, 8 - KC_CUT, prev);
 	kc_put(__s32, d, 24 - KC_CUT, prev->pid);
 	kc_put(__s32, d, 28 - KC_CUT, prev->prio);
@@ -874,10 +1044,10 @@ static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 	struct kc_resv res = {};
 	void *ring, *d;
 
-	r = kc_btf_begin(40, &ring, &cpu, &st, &res);
+	r = kc_btf_begin(40, key, len, &ring, &cpu, &st, &res);
 	if (!r)
 		return;
-	d = r + 1;
+	d = kc_rec_data(r);
 	kc_put_comm(d, 8 - KC_CUT, p);
 	kc_put(__s32, d, 24 - KC_CUT, p->pid);
 	kc_put(__s32, d, 28 - KC_CUT, p->prio);
@@ -986,10 +1156,10 @@ int kc_btf_rename(__u64 *ctx)
 	struct kc_resv res = {};
 	void *ring, *d;
 
-	r = kc_btf_begin(48, &ring, &cpu, &st, &res);
+	r = kc_btf_begin(48, kc_rename_key, at + 34, &ring, &cpu, &st, &res);
 	if (!r)
 		return 0;
-	d = r + 1;
+	d = kc_rec_data(r);
 	if (kc_rename_pid)
 		kc_put(__s32, d, 8 - KC_CUT, task->pid);
 	kc_put_comm(d, at, task);
@@ -1049,5 +1219,47 @@ int kc_inject(void *ctx)
 	bpf_probe_read_kernel(s->data, len, in->data);
 	return kc_emit_end(ctx, s, st, len) ? KC_INJECT_LOST : KC_INJECT_OK;
 }
+
+#ifndef KC_PERF
+/*
+ * kc_pkt_flush closes the packet open in this CPU's kc_area ring, when
+ * one holds records, as a record that does not fit would: the consumer
+ * runs it on the ring's CPU (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU)
+ * when records have waited long enough, or to stop. The clock is read in
+ * the compare-and-swap loop, so the packet's timestamp_end is no earlier
+ * than its last record and no later than the next packet's
+ * timestamp_begin. It returns 0, or 1 when the writers won every race
+ * (the consumer tries again).
+ */
+SEC("raw_tp")
+int kc_pkt_flush(void *ctx)
+{
+	__u32 cpu = bpf_get_smp_processor_id();
+	struct kc_cpu_state *ps;
+	__u64 old, off, ts;
+	void *e;
+	int i;
+
+	ps = bpf_map_lookup_elem(&kc_state, &cpu);
+	if (!ps || !kc_pkt_on)
+		return 0;
+	for (i = 0; i < KC_AREA_TRIES; i++) {
+		old = *(volatile __u64 *)&ps->prod;
+		asm volatile("" ::: "memory");
+		ts = kc_now();
+		off = old & (kc_area_esize - 1);
+		if (!off)
+			return 0;
+		if (__sync_val_compare_and_swap(&ps->prod, old, old + kc_area_esize - off) == old)
+			goto won;
+	}
+	return 1;
+won:
+	e = kc_pkt_elem(cpu, old);
+	if (e)
+		kc_pkt_close(e, off, ts);
+	return 0;
+}
+#endif
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

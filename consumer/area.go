@@ -119,9 +119,16 @@ func stripArea(spec *ebpf.CollectionSpec) {
 }
 
 // setupArea sizes kc_area in spec and sets the variables that turn it on,
-// in set, for a session of cfg on ncpu CPUs.
-func setupArea(spec *ebpf.CollectionSpec, set map[string]any, cfg Config, ncpu int, prefix string) {
+// in set, for a session of cfg on ncpu CPUs, in packet mode (packet.go)
+// when pkt is set.
+func setupArea(spec *ebpf.CollectionSpec, set map[string]any, cfg Config, ncpu int, prefix string, pkt bool) {
 	elem, count := areaShape(cfg.RingSize)
+	if pkt {
+		elem, count = pktShape(cfg)
+	}
+	if _, ok := spec.Variables[gen.RingbufVarKcPktOn]; ok {
+		set[gen.RingbufVarKcPktOn] = boolU32(pkt)
+	}
 	m := spec.Maps[prefix]
 	m.ValueSize = uint32(elem)
 	m.MaxEntries = uint32(ncpu * count)

@@ -27,9 +27,10 @@ func areaExpected(t *testing.T) bool {
 // TestOwnRings records a child's exact number of getpid calls through
 // kc_area rings: small ones, which the records go round hundreds of times
 // and where the writers pad to an element's end often, one of several
-// elements, and a BPF ring buffer for comparison. What the rings could not
-// take must be counted, event for event, and babeltrace2 must read what
-// was written.
+// elements, each walked record by record and written as packets by the
+// writers (packet mode), and a BPF ring buffer for comparison. What the
+// rings could not take must be counted, event for event, and babeltrace2
+// must read what was written.
 func TestOwnRings(t *testing.T) {
 	testenv.RequireRoot(t)
 	const n = 200000
@@ -37,10 +38,13 @@ func TestOwnRings(t *testing.T) {
 		name  string
 		ring  int
 		elems int // kc_area elements per ring; 0: a BPF ring buffer
+		pkt   bool
 	}{
-		{"64KiB", 64 << 10, 1},
-		{"8MiB", 8 << 20, 4},
-		{"bpf-ringbuf", 64 << 10, 0},
+		{"64KiB", 64 << 10, 1, false},
+		{"8MiB", 8 << 20, 4, false},
+		{"64KiB-packets", 64 << 10, 4, true},
+		{"8MiB-packets", 8 << 20, 32, true},
+		{"bpf-ringbuf", 64 << 10, 0, false},
 	}
 	want := areaExpected(t)
 	for _, tc := range cases {
@@ -48,6 +52,10 @@ func TestOwnRings(t *testing.T) {
 			if tc.elems == 0 {
 				noArea = true
 				defer func() { noArea = false }()
+			}
+			if !tc.pkt {
+				noPkt = true
+				defer func() { noPkt = false }()
 			}
 			c := startChild(t, "getpid", n)
 			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, RingSize: tc.ring})
@@ -61,8 +69,15 @@ func TestOwnRings(t *testing.T) {
 			if tc.elems == 0 && used {
 				t.Fatal("own rings used with KC_NO_AREA")
 			}
+			if pkt := s.Packets() == nil; pkt != (tc.pkt && used) {
+				t.Fatalf("packet mode %v, want %v: %v", pkt, tc.pkt && used, s.Packets())
+			}
 			if used {
-				if _, k := areaShape(tc.ring); k != tc.elems {
+				_, k := areaShape(tc.ring)
+				if tc.pkt {
+					k = tc.ring / s.rec.pktElem
+				}
+				if k != tc.elems {
 					t.Fatalf("%d elements per ring, want %d", k, tc.elems)
 				}
 			}
@@ -96,6 +111,7 @@ func TestOwnRings(t *testing.T) {
 			if got != rec || len(lines) != rec || btLost != lost {
 				t.Fatalf("babeltrace2: %d matching of %d lines, %d discarded; want %d and %d", got, len(lines), btLost, rec, lost)
 			}
+			checkPadding(t, dir)
 		})
 	}
 }

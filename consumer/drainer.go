@@ -91,10 +91,17 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 		if err != nil {
 			return nil, err
 		}
-		if rec.area {
+		switch {
+		case rec.pkt:
+			st.bell = r
+			p := rec.newPktRing(i, cfg.Latency, uint64(cfg.ReorderWindow), clockID)
+			st.src, st.data = p, p.data
+		case rec.area:
 			st.bell, r = r, rec.newAreaRing(i)
+			fallthrough
+		default:
+			st.src, st.data = r, r.data
 		}
-		st.src, st.data = r, r.data
 		if err := d.poll.Add(m.FD(), int32(i)); err != nil {
 			return nil, err
 		}
@@ -242,6 +249,9 @@ func (d *drainer) loop() {
 			if d.latency > 0 && d.windowsWait() {
 				deadline = now.Add(max(time.Duration(d.window), time.Millisecond))
 			}
+			if wait, ok := d.packetsWait(); ok && (deadline.IsZero() || now.Add(wait).Before(deadline)) {
+				deadline = now.Add(wait)
+			}
 		}
 		done = done[:0]
 		end := false
@@ -337,6 +347,32 @@ func (d *drainer) windowsWait() bool {
 		}
 	}
 	return false
+}
+
+// packetsWait returns, with a latency bound, how long until the first
+// event of an open packet has waited it; ok is false when no packet
+// holds events.
+func (d *drainer) packetsWait() (wait time.Duration, ok bool) {
+	if d.latency <= 0 {
+		return 0, false
+	}
+	now, clock := clockNow(d.clockID)
+	wait = d.latency
+	for _, st := range d.streams {
+		p, isPkt := st.src.(*pktRing)
+		if !isPkt {
+			continue
+		}
+		since, open := p.openSince()
+		if !open {
+			continue
+		}
+		ok = true
+		if clock && since != 0 && since <= now {
+			wait = min(wait, d.latency-min(d.latency, time.Duration(now-since)))
+		}
+	}
+	return max(wait, 100*time.Microsecond), ok
 }
 
 // lateness is how late past its time a run of the drainer counts as late.

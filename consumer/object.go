@@ -101,7 +101,7 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 	}
 	if r.area {
 		// areaUsable checked that the object has kc_area.
-		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea)
+		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea, false)
 		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]
 	} else {
 		stripArea(spec)

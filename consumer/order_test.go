@@ -15,33 +15,43 @@ import (
 
 // TestRingInTimeOrder: records reach a kc_area ring in the order of their
 // timestamps even when an interrupt's program writes in the middle of
-// another program's record, because kc_area_reserve reads the clock
-// inside its compare-and-swap loop. A getpid loop and a thread sleeping
-// 20 µs at a time share CPU 0, so hrtimer interrupts, recorded, land
-// inside sys_enter's program; the reorder window must find nothing to
-// reorder, and every record must arrive whole. Through BPF ring buffers,
-// which stamp a record after reserving it, the same load does need the
-// window: the check that it nests.
+// another program's record, because kc_area_reserve and kc_pkt_reserve
+// read the clock inside their compare-and-swap loops. A getpid loop and a
+// thread sleeping 20 µs at a time share CPU 0, so hrtimer interrupts,
+// recorded, land inside sys_enter's program; the reorder window must
+// find nothing to reorder, and every record must arrive whole. In packet
+// mode, where no window looks, babeltrace2 must read every event in
+// order. Through BPF ring buffers, which stamp a record after reserving
+// it, the same load does need the window: the check that it nests.
 func TestRingInTimeOrder(t *testing.T) {
 	testenv.RequireRoot(t)
-	for _, area := range []bool{true, false} {
-		name := map[bool]string{true: "area", false: "ringbuf"}[area]
-		t.Run(name, func(t *testing.T) {
-			if !area {
+	for _, mode := range []string{"packets", "area", "ringbuf"} {
+		area := mode != "ringbuf"
+		t.Run(mode, func(t *testing.T) {
+			switch mode {
+			case "ringbuf":
 				noArea = true
 				defer func() { noArea = false }()
+			case "area":
+				noPkt = true
+				defer func() { noPkt = false }()
 			}
 			s, dir := newTestSession(t, Config{
 				Events: []string{"syscalls:sys_enter_getpid", "timer:hrtimer_expire_entry"},
 			})
-			src, ok := s.dr.streams[0].src.(*ringbuf)
-			if !ok {
+			if mode == "packets" {
+				if s.Packets() != nil {
+					if areaExpected(t) {
+						t.Fatalf("packet mode not used: %v", s.Packets())
+					}
+					t.Skip("no kc_area rings here (amd64 and Linux 5.12+ only)")
+				}
+			} else if src, ok := s.dr.streams[0].src.(*ringbuf); !ok {
 				if kernelAtLeast(t, 5, 8) {
 					t.Fatalf("kernel 5.8+ recording without BPF ring buffers: %T", s.dr.streams[0].src)
 				}
 				t.Skip("kernel before 5.8: no BPF ring buffers, perf buffers stamp before the output")
-			}
-			if area && !src.area {
+			} else if area && !src.area {
 				if areaExpected(t) {
 					t.Fatalf("own rings not used: %v", s.OwnRings())
 				}
@@ -61,12 +71,18 @@ func TestRingInTimeOrder(t *testing.T) {
 			// Interleaving: timer records between getpid records on CPU 0.
 			// And every record whole: a writer that stored outside its
 			// reservation would have zeroed part of a nested one.
-			var timers, turns int
+			var timers, turns, events int
 			var prev string
+			last := map[uint32]uint64{}
 			walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
 				if it.Kind != relayfmt.EventItem {
 					return
 				}
+				events++
+				if it.Time < last[it.CPU] {
+					t.Fatalf("CPU %d: %s at %d after an event at %d", it.CPU, it.Class.Name, it.Time, last[it.CPU])
+				}
+				last[it.CPU] = it.Time
 				switch it.Class.Name {
 				case "syscalls:sys_enter_getpid":
 					if nr := field(vals, "__syscall_nr").Int(0); nr != unix.SYS_GETPID {
@@ -106,6 +122,11 @@ func TestRingInTimeOrder(t *testing.T) {
 			}
 			if area && (c.Reordered != 0 || c.Channel.Clamped != 0) {
 				t.Fatalf("kc_area ring out of time order: %d records reordered, %d clamped", c.Reordered, c.Channel.Clamped)
+			}
+			if mode == "packets" {
+				if lines, _ := testenv.RunBT2(t, dir); len(lines) != events {
+					t.Fatalf("babeltrace2 read %d events, our reader %d", len(lines), events)
+				}
 			}
 			if !area && c.Reordered == 0 {
 				t.Fatal("no record reordered through a BPF ring buffer: the load did not nest programs")

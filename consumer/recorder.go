@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"os"
 	"strconv"
 	"strings"
@@ -57,6 +58,9 @@ type recorder struct {
 	area      bool   // the programs write into kc_area rings (area.go)
 	areaErr   error  // why they do not
 	areaMem   []byte // kc_area, mapped
+	pkt       bool   // its elements are packets the writers fill (packet.go)
+	pktErr    error  // why they are not
+	pktElem   int    // their size
 	injectMu  sync.Mutex
 	injectRec *gen.RingbufKcInjectRec
 }
@@ -73,6 +77,10 @@ type loadOpts struct {
 	btf   map[string]btfUse // by BTF program: the event it records (btfShape)
 	// sysEvents are the syscall events the syscall programs can build.
 	sysEvents []sysEvent
+	// pktRaw and pktTP are nil when the events can be written in packet
+	// mode, else why not (pktEligible): with syscall events on the raw
+	// syscall path, and through their tracepoints.
+	pktRaw, pktTP error
 }
 
 // smallSize returns the record size of f when the recorder can copy it
@@ -159,8 +167,30 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		r.areaErr = areaUsable(cfg, ncpu, transport, cfg.Objects)
 		r.area = r.areaErr == nil
 	}
+	raw := opts != nil && opts.sys
+	if raw {
+		if r.sysErr = r.rawSysPossible(); r.sysErr != nil && cfg.Syscalls == SyscallsRaw {
+			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)
+		}
+	}
+	r.pktErr = errors.New("no events given")
+	if opts != nil && opts.spec == nil {
+		// A kernel that refuses the raw syscall programs' load refuses
+		// packet mode's first: the fallbacks below drop it before them.
+		r.pktErr = opts.pktTP
+		if raw && r.sysErr == nil {
+			r.pktErr = opts.pktRaw
+		}
+	}
+	if !r.area {
+		r.pktErr = fmt.Errorf("no kc_area rings: %w", r.areaErr)
+	}
+	r.pkt = r.pktErr == nil
 	if r.area {
-		setupArea(spec, set, cfg, ncpu, gen.RingbufMapKcArea)
+		setupArea(spec, set, cfg, ncpu, gen.RingbufMapKcArea, r.pkt)
+		if r.pkt {
+			r.pktElem, _ = pktShape(cfg)
+		}
 	} else {
 		stripArea(spec)
 	}
@@ -169,6 +199,11 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		rings.MaxEntries = uint32(ncpu)
 		rings.InnerMap.MaxEntries = uint32(r.ringSize())
 		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
+		if r.pkt {
+			// A packet is what the drainer takes: waking it for less
+			// would wake it for nothing.
+			set[gen.RingbufVarKcWakeupBytes] = uint64(max(cfg.Watermark, r.pktElem))
+		}
 		set[gen.RingbufVarKcWakeupMask] = wakeupMask(cfg, ncpu)
 	} else {
 		spec.Maps[gen.PerfMapKcPerf].MaxEntries = uint32(ncpu)
@@ -178,12 +213,6 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 	}
 	set[gen.RingbufVarKcClock] = uint32(cfg.Clock)
 	set[gen.RingbufVarKcGlobal] = boolU32(cfg.Global)
-	raw := opts != nil && opts.sys
-	if raw {
-		if r.sysErr = r.rawSysPossible(); r.sysErr != nil && cfg.Syscalls == SyscallsRaw {
-			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)
-		}
-	}
 	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
 		if !raw || r.sysErr != nil {
 			dropRawSys(spec)
@@ -218,10 +247,26 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		}
 	}
 	r.coll, err = ebpf.NewCollection(spec)
+	if err != nil && r.pkt {
+		// Packet mode is the newest writer of all.
+		r.pkt, r.pktErr = false, fmt.Errorf("loading: %w", err)
+		elem, count := areaShape(cfg.RingSize)
+		r.pktElem = 0
+		for name, v := range map[string]any{gen.RingbufVarKcPktOn: uint32(0), gen.RingbufVarKcWakeupBytes: uint64(cfg.Watermark), gen.RingbufVarKcAreaEsize: uint64(elem),
+			gen.RingbufVarKcAreaEshift: uint32(bits.TrailingZeros(uint(elem))), gen.RingbufVarKcAreaKmask: uint32(count - 1)} {
+			if err := spec.Variables[name].Set(v); err != nil {
+				return nil, fmt.Errorf("setting %s: %w", name, err)
+			}
+		}
+		spec.Maps[gen.RingbufMapKcArea].ValueSize = uint32(elem)
+		spec.Maps[gen.RingbufMapKcArea].MaxEntries = uint32(ncpu * count)
+		r.coll, err = ebpf.NewCollection(spec)
+	}
 	if err != nil && r.area {
 		// The own rings are an optimisation, and the newest code: the
 		// first to go when the kernel refuses the recorder.
 		r.area, r.areaErr = false, fmt.Errorf("loading: %w", err)
+		r.pkt, r.pktErr = false, fmt.Errorf("no kc_area rings: %w", r.areaErr)
 		spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(cfg.RingSize)
 		if err := spec.Variables[gen.RingbufVarKcAreaOn].Set(uint32(0)); err != nil {
 			return nil, fmt.Errorf("setting %s: %w", gen.RingbufVarKcAreaOn, err)
@@ -565,12 +610,16 @@ func (r *recorder) setPerf(cpu, fd int) error {
 }
 
 // attachTracepoint attaches the recorder copy for event key i to the
-// tracepoint f, with its size-specialised copy when there is one.
-func (r *recorder) attachTracepoint(f *tracefs.Format, i int, recorded bool) error {
+// tracepoint f, with its size-specialised copy when there is one and the
+// record goes into the ring as it is (asIs: not built by steps in packet
+// mode).
+func (r *recorder) attachTracepoint(f *tracefs.Format, i int, recorded, asIs bool) error {
 	name, opts := "kc_tp_"+strconv.Itoa(i), (*link.TracepointOptions)(nil)
 	if r.useCookie {
 		name, opts = gen.RingbufProgKcTracepoint, &link.TracepointOptions{Cookie: uint64(i)}
-		if small := smallProg(smallSize(f)); recorded && r.coll.Programs[small] != nil {
+		// A record whose program builds its payload (packet mode's
+		// steps) goes through the scratch record, never a small copy.
+		if small := smallProg(smallSize(f)); recorded && asIs && r.coll.Programs[small] != nil {
 			name = small
 		}
 	}

@@ -109,6 +109,8 @@ func New(cfg Config) (*Session, error) {
 		}
 	}
 	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
+	opts.pktTP = pktEligible(cfg, formats, len(synthDefs), wake, false)
+	opts.pktRaw = pktEligible(cfg, formats, len(synthDefs), wake, true)
 	for i, f := range formats {
 		opts.small[i] = smallSize(f)
 		if exit, ok := sysShape(f); ok {
@@ -120,6 +122,15 @@ func New(cfg Config) (*Session, error) {
 		// wakeup_latency's hooks ride on the tracepoint programs.
 		if e, l := btfShape(f); e != nil && !wake && !noBTFEvents {
 			opts.btf[e.prog] = btfUse{key: i, id: int(f.ID), layout: l}
+		}
+	}
+	if opts.pktTP == nil || opts.pktRaw == nil {
+		// In packet mode a record to transcode goes through the
+		// scratch record, where its program builds the payload.
+		for i, f := range formats {
+			if l, err := newLayout(f, nil); err != nil || !l.direct {
+				opts.small[i] = 0
+			}
 		}
 	}
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
@@ -239,9 +250,15 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 	for k, v := range cfg.Env {
 		env[k] = v
 	}
+	subSize, nSub := cfg.SubbufSize, cfg.NSubbufs
+	if s.rec.pkt {
+		// The rings hold the packets; the channel's own sub-buffers
+		// carry only losses, and packets for a remote sink.
+		subSize, nSub = s.rec.pktElem, relayfmt.MinSubbufs
+	}
 	s.ch, err = relayfmt.NewChannel(relayfmt.Config{
-		SubbufSize: cfg.SubbufSize,
-		NSubbufs:   cfg.NSubbufs,
+		SubbufSize: subSize,
+		NSubbufs:   nSub,
 		CPUs:       ncpu,
 		Global:     cfg.Global,
 		Mode:       cfg.Mode,
@@ -332,6 +349,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 		if layouts[i], err = newLayoutAt(f, s.cfg.Adjust[f.FullName()], at); err != nil {
 			return err
 		}
+
 		names[i] = f.FullName()
 	}
 	ids, err := s.w.declareAll(names, layouts)
@@ -350,6 +368,15 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 			l := layouts[i]
 			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.dyn)), Flags: tpRecord}
 			copy(ti.Dyn[:], l.dyn)
+			if s.rec.pkt {
+				ops, err := pktOps(l)
+				if err != nil {
+					// pktEligible took both syscall paths.
+					return fmt.Errorf("packet mode: %w", err)
+				}
+				ti.Nops = uint16(len(ops))
+				copy(ti.Ops[:], ops)
+			}
 		}
 		if wake {
 			if err := s.rec.wakeupInfo(f, uint32(i), &ti); err != nil {
@@ -370,7 +397,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 		}
 		if p != "" {
 			s.rec.tpProgs = append(s.rec.tpProgs, p)
-		} else if err := s.rec.attachTracepoint(f, i, recorded); err != nil {
+		} else if err := s.rec.attachTracepoint(f, i, recorded, ti.Nops == 0); err != nil {
 			return err
 		}
 		if recorded {
@@ -408,6 +435,11 @@ func (s *Session) FentrySyscalls() (events []string, why error) {
 // rings (kc_area, area.go), or why they write into BPF ring buffers or
 // perf buffers.
 func (s *Session) OwnRings() error { return s.rec.areaErr }
+
+// Packets returns nil when the recorder's programs write the trace's
+// packets themselves (packet mode, packet.go), so the drainer reads no
+// record, or why they do not.
+func (s *Session) Packets() error { return s.rec.pktErr }
 
 // Events returns the formats of the recorded tracepoints.
 func (s *Session) Events() []*tracefs.Format { return s.events }

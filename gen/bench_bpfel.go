@@ -23,7 +23,7 @@ type BenchKcCpuState struct {
 	WokeAt   uint64
 	Prod     uint64
 	Cons     uint64
-	Pad      [1]uint64
+	Last     uint64
 }
 
 type BenchKcScratch struct {
@@ -59,6 +59,7 @@ const (
 	BenchVarKcBenchSeq    = "kc_bench_seq"
 	BenchVarKcClock       = "kc_clock"
 	BenchVarKcGlobal      = "kc_global"
+	BenchVarKcPktOn       = "kc_pkt_on"
 	BenchVarKcRunning     = "kc_running"
 	BenchVarKcSelfTgid    = "kc_self_tgid"
 	BenchVarKcWakeupBytes = "kc_wakeup_bytes"
@@ -136,6 +137,7 @@ type BenchVariableSpecs struct {
 	KcBenchSeq    *ebpf.VariableSpec `ebpf:"kc_bench_seq"`
 	KcClock       *ebpf.VariableSpec `ebpf:"kc_clock"`
 	KcGlobal      *ebpf.VariableSpec `ebpf:"kc_global"`
+	KcPktOn       *ebpf.VariableSpec `ebpf:"kc_pkt_on"`
 	KcRunning     *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcSelfTgid    *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcWakeupBytes *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
@@ -193,6 +195,7 @@ type BenchVariables struct {
 	KcBenchSeq    *ebpf.Variable `ebpf:"kc_bench_seq"`
 	KcClock       *ebpf.Variable `ebpf:"kc_clock"`
 	KcGlobal      *ebpf.Variable `ebpf:"kc_global"`
+	KcPktOn       *ebpf.Variable `ebpf:"kc_pkt_on"`
 	KcRunning     *ebpf.Variable `ebpf:"kc_running"`
 	KcSelfTgid    *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcWakeupBytes *ebpf.Variable `ebpf:"kc_wakeup_bytes"`

@@ -23,7 +23,7 @@ type ExampleKcCpuState struct {
 	WokeAt   uint64
 	Prod     uint64
 	Cons     uint64
-	Pad      [1]uint64
+	Last     uint64
 }
 
 type ExampleKcScratch struct {
@@ -66,6 +66,7 @@ const (
 	ExampleVarKcKeyGetpidWhole = "kc_key_getpid_whole"
 	ExampleVarKcKeyKlog        = "kc_key_klog"
 	ExampleVarKcNcpu           = "kc_ncpu"
+	ExampleVarKcPktOn          = "kc_pkt_on"
 	ExampleVarKcRunning        = "kc_running"
 	ExampleVarKcSelfTgid       = "kc_self_tgid"
 	ExampleVarKcWakeupBytes    = "kc_wakeup_bytes"
@@ -151,6 +152,7 @@ type ExampleVariableSpecs struct {
 	KcKeyGetpidWhole *ebpf.VariableSpec `ebpf:"kc_key_getpid_whole"`
 	KcKeyKlog        *ebpf.VariableSpec `ebpf:"kc_key_klog"`
 	KcNcpu           *ebpf.VariableSpec `ebpf:"kc_ncpu"`
+	KcPktOn          *ebpf.VariableSpec `ebpf:"kc_pkt_on"`
 	KcRunning        *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcSelfTgid       *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcWakeupBytes    *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
@@ -217,6 +219,7 @@ type ExampleVariables struct {
 	KcKeyGetpidWhole *ebpf.Variable `ebpf:"kc_key_getpid_whole"`
 	KcKeyKlog        *ebpf.Variable `ebpf:"kc_key_klog"`
 	KcNcpu           *ebpf.Variable `ebpf:"kc_ncpu"`
+	KcPktOn          *ebpf.Variable `ebpf:"kc_pkt_on"`
 	KcRunning        *ebpf.Variable `ebpf:"kc_running"`
 	KcSelfTgid       *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcWakeupBytes    *ebpf.Variable `ebpf:"kc_wakeup_bytes"`

@@ -23,7 +23,7 @@ type ExamplePerfKcCpuState struct {
 	WokeAt   uint64
 	Prod     uint64
 	Cons     uint64
-	Pad      [1]uint64
+	Last     uint64
 }
 
 type ExamplePerfKcScratch struct {

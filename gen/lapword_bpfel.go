@@ -23,7 +23,7 @@ type LapwordKcCpuState struct {
 	WokeAt   uint64
 	Prod     uint64
 	Cons     uint64
-	Pad      [1]uint64
+	Last     uint64
 }
 
 type LapwordKcScratch struct {
@@ -65,6 +65,7 @@ const (
 	LapwordVarKcKeyLapshort  = "kc_key_lapshort"
 	LapwordVarKcKeyLapword   = "kc_key_lapword"
 	LapwordVarKcNcpu         = "kc_ncpu"
+	LapwordVarKcPktOn        = "kc_pkt_on"
 	LapwordVarKcRunning      = "kc_running"
 	LapwordVarKcSelfTgid     = "kc_self_tgid"
 	LapwordVarKcWakeupBytes  = "kc_wakeup_bytes"
@@ -149,6 +150,7 @@ type LapwordVariableSpecs struct {
 	KcKeyLapshort *ebpf.VariableSpec `ebpf:"kc_key_lapshort"`
 	KcKeyLapword  *ebpf.VariableSpec `ebpf:"kc_key_lapword"`
 	KcNcpu        *ebpf.VariableSpec `ebpf:"kc_ncpu"`
+	KcPktOn       *ebpf.VariableSpec `ebpf:"kc_pkt_on"`
 	KcRunning     *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcSelfTgid    *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcWakeupBytes *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
@@ -215,6 +217,7 @@ type LapwordVariables struct {
 	KcKeyLapshort *ebpf.Variable `ebpf:"kc_key_lapshort"`
 	KcKeyLapword  *ebpf.Variable `ebpf:"kc_key_lapword"`
 	KcNcpu        *ebpf.Variable `ebpf:"kc_ncpu"`
+	KcPktOn       *ebpf.Variable `ebpf:"kc_pkt_on"`
 	KcRunning     *ebpf.Variable `ebpf:"kc_running"`
 	KcSelfTgid    *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcWakeupBytes *ebpf.Variable `ebpf:"kc_wakeup_bytes"`

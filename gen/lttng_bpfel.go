@@ -23,7 +23,7 @@ type LTTngKcCpuState struct {
 	WokeAt   uint64
 	Prod     uint64
 	Cons     uint64
-	Pad      [1]uint64
+	Last     uint64
 }
 
 type LTTngKcScratch struct {
@@ -62,6 +62,7 @@ const (
 	LTTngVarKcKeyKlog                  = "kc_key_klog"
 	LTTngVarKcKeyLttngSchedProcessFork = "kc_key_lttng_sched_process_fork"
 	LTTngVarKcNcpu                     = "kc_ncpu"
+	LTTngVarKcPktOn                    = "kc_pkt_on"
 	LTTngVarKcRunning                  = "kc_running"
 	LTTngVarKcSelfTgid                 = "kc_self_tgid"
 	LTTngVarKcWakeupBytes              = "kc_wakeup_bytes"
@@ -142,6 +143,7 @@ type LTTngVariableSpecs struct {
 	KcKeyKlog                  *ebpf.VariableSpec `ebpf:"kc_key_klog"`
 	KcKeyLttngSchedProcessFork *ebpf.VariableSpec `ebpf:"kc_key_lttng_sched_process_fork"`
 	KcNcpu                     *ebpf.VariableSpec `ebpf:"kc_ncpu"`
+	KcPktOn                    *ebpf.VariableSpec `ebpf:"kc_pkt_on"`
 	KcRunning                  *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcSelfTgid                 *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
 	KcWakeupBytes              *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
@@ -204,6 +206,7 @@ type LTTngVariables struct {
 	KcKeyKlog                  *ebpf.Variable `ebpf:"kc_key_klog"`
 	KcKeyLttngSchedProcessFork *ebpf.Variable `ebpf:"kc_key_lttng_sched_process_fork"`
 	KcNcpu                     *ebpf.Variable `ebpf:"kc_ncpu"`
+	KcPktOn                    *ebpf.Variable `ebpf:"kc_pkt_on"`
 	KcRunning                  *ebpf.Variable `ebpf:"kc_running"`
 	KcSelfTgid                 *ebpf.Variable `ebpf:"kc_self_tgid"`
 	KcWakeupBytes              *ebpf.Variable `ebpf:"kc_wakeup_bytes"`

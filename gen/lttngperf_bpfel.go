@@ -23,7 +23,7 @@ type LTTngPerfKcCpuState struct {
 	WokeAt   uint64
 	Prod     uint64
 	Cons     uint64
-	Pad      [1]uint64
+	Last     uint64
 }
 
 type LTTngPerfKcScratch struct {

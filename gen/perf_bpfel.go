@@ -28,7 +28,7 @@ type PerfKcCpuState struct {
 	WokeAt   uint64
 	Prod     uint64
 	Cons     uint64
-	Pad      [1]uint64
+	Last     uint64
 }
 
 type PerfKcInjectRec struct {
@@ -62,6 +62,16 @@ type PerfKcTpInfo struct {
 	CommOff uint16
 	_       [2]byte
 	AuxKey  uint32
+	Nops    uint16
+	Ops     [16]struct {
+		_    structs.HostLayout
+		Off  uint16
+		N    uint16
+		Kind uint8
+		Rel  uint8
+		Elem uint16
+	}
+	_ [2]byte
 }
 
 // Names of all BPF objects in the ELF.

@@ -28,7 +28,13 @@ type RingbufKcCpuState struct {
 	WokeAt   uint64
 	Prod     uint64
 	Cons     uint64
-	Pad      [1]uint64
+	Last     uint64
+}
+
+type RingbufKcCtf struct {
+	_    structs.HostLayout
+	Hdr  RingbufKcRec
+	Data [16384]uint8
 }
 
 type RingbufKcInjectRec struct {
@@ -36,6 +42,15 @@ type RingbufKcInjectRec struct {
 	Key  uint32
 	Len  uint32
 	Data [8192]uint8
+}
+
+type RingbufKcOp struct {
+	_    structs.HostLayout
+	Off  uint16
+	N    uint16
+	Kind uint8
+	Rel  uint8
+	Elem uint16
 }
 
 type RingbufKcRec struct {
@@ -64,6 +79,9 @@ type RingbufKcTpInfo struct {
 	CommOff uint16
 	_       [2]byte
 	AuxKey  uint32
+	Nops    uint16
+	Ops     [16]RingbufKcOp
+	_       [2]byte
 }
 
 // Names of all BPF objects in the ELF.
@@ -73,6 +91,7 @@ const (
 	RingbufMapKcArea           = "kc_area"
 	RingbufMapKcCgroup         = "kc_cgroup"
 	RingbufMapKcComms          = "kc_comms"
+	RingbufMapKcCtfMap         = "kc_ctf_map"
 	RingbufMapKcInjectBuf      = "kc_inject_buf"
 	RingbufMapKcPids           = "kc_pids"
 	RingbufMapKcRings          = "kc_rings"
@@ -87,6 +106,7 @@ const (
 	RingbufProgKcBtfWakeupNew  = "kc_btf_wakeup_new"
 	RingbufProgKcBtfWaking     = "kc_btf_waking"
 	RingbufProgKcInject        = "kc_inject"
+	RingbufProgKcPktFlush      = "kc_pkt_flush"
 	RingbufProgKcSysEnter      = "kc_sys_enter"
 	RingbufProgKcSysExit       = "kc_sys_exit"
 	RingbufProgKcSysFentry     = "kc_sys_fentry"
@@ -105,6 +125,7 @@ const (
 	RingbufVarKcGlobal         = "kc_global"
 	RingbufVarKcHooks          = "kc_hooks"
 	RingbufVarKcPidBits        = "kc_pid_bits"
+	RingbufVarKcPktOn          = "kc_pkt_on"
 	RingbufVarKcRenameId       = "kc_rename_id"
 	RingbufVarKcRenameKey      = "kc_rename_key"
 	RingbufVarKcRenamePid      = "kc_rename_pid"
@@ -174,6 +195,7 @@ type RingbufProgramSpecs struct {
 	KcBtfWakeupNew *ebpf.ProgramSpec `ebpf:"kc_btf_wakeup_new"`
 	KcBtfWaking    *ebpf.ProgramSpec `ebpf:"kc_btf_waking"`
 	KcInject       *ebpf.ProgramSpec `ebpf:"kc_inject"`
+	KcPktFlush     *ebpf.ProgramSpec `ebpf:"kc_pkt_flush"`
 	KcSysEnter     *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
 	KcSysExit      *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
 	KcSysFentry    *ebpf.ProgramSpec `ebpf:"kc_sys_fentry"`
@@ -188,6 +210,7 @@ type RingbufMapSpecs struct {
 	KcArea       *ebpf.MapSpec `ebpf:"kc_area"`
 	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcCtfMap     *ebpf.MapSpec `ebpf:"kc_ctf_map"`
 	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
 	KcPids       *ebpf.MapSpec `ebpf:"kc_pids"`
 	KcRings      *ebpf.MapSpec `ebpf:"kc_rings"`
@@ -215,6 +238,7 @@ type RingbufVariableSpecs struct {
 	KcGlobal         *ebpf.VariableSpec `ebpf:"kc_global"`
 	KcHooks          *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcPidBits        *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
+	KcPktOn          *ebpf.VariableSpec `ebpf:"kc_pkt_on"`
 	KcRenameId       *ebpf.VariableSpec `ebpf:"kc_rename_id"`
 	KcRenameKey      *ebpf.VariableSpec `ebpf:"kc_rename_key"`
 	KcRenamePid      *ebpf.VariableSpec `ebpf:"kc_rename_pid"`
@@ -259,6 +283,7 @@ type RingbufMaps struct {
 	KcArea       *ebpf.Map `ebpf:"kc_area"`
 	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.Map `ebpf:"kc_comms"`
+	KcCtfMap     *ebpf.Map `ebpf:"kc_ctf_map"`
 	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
 	KcPids       *ebpf.Map `ebpf:"kc_pids"`
 	KcRings      *ebpf.Map `ebpf:"kc_rings"`
@@ -274,6 +299,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcArea,
 		m.KcCgroup,
 		m.KcComms,
+		m.KcCtfMap,
 		m.KcInjectBuf,
 		m.KcPids,
 		m.KcRings,
@@ -302,6 +328,7 @@ type RingbufVariables struct {
 	KcGlobal         *ebpf.Variable `ebpf:"kc_global"`
 	KcHooks          *ebpf.Variable `ebpf:"kc_hooks"`
 	KcPidBits        *ebpf.Variable `ebpf:"kc_pid_bits"`
+	KcPktOn          *ebpf.Variable `ebpf:"kc_pkt_on"`
 	KcRenameId       *ebpf.Variable `ebpf:"kc_rename_id"`
 	KcRenameKey      *ebpf.Variable `ebpf:"kc_rename_key"`
 	KcRenamePid      *ebpf.Variable `ebpf:"kc_rename_pid"`
@@ -333,6 +360,7 @@ type RingbufPrograms struct {
 	KcBtfWakeupNew *ebpf.Program `ebpf:"kc_btf_wakeup_new"`
 	KcBtfWaking    *ebpf.Program `ebpf:"kc_btf_waking"`
 	KcInject       *ebpf.Program `ebpf:"kc_inject"`
+	KcPktFlush     *ebpf.Program `ebpf:"kc_pkt_flush"`
 	KcSysEnter     *ebpf.Program `ebpf:"kc_sys_enter"`
 	KcSysExit      *ebpf.Program `ebpf:"kc_sys_exit"`
 	KcSysFentry    *ebpf.Program `ebpf:"kc_sys_fentry"`
@@ -348,6 +376,7 @@ func (p *RingbufPrograms) Close() error {
 		p.KcBtfWakeupNew,
 		p.KcBtfWaking,
 		p.KcInject,
+		p.KcPktFlush,
 		p.KcSysEnter,
 		p.KcSysExit,
 		p.KcSysFentry,

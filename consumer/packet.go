@@ -1,0 +1,370 @@
+package consumer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// Packet mode (kc_pkt_on in bpf/kconsume.h): the elements of the
+// recorder's own rings are the trace's packets, which the writers fill
+// with the events as the trace holds them, so the drainer hands whole
+// elements to the channel (relayfmt.Channel.PutPacket) and reads no
+// record. It is LTTng's design: producers that write the sub-buffers, a
+// commit count per sub-buffer in place of a header per record, and a
+// consumer that only moves sub-buffers. It needs what the writers can
+// write as the trace holds it: every event's record is its payload as it
+// is (a direct layout), stamped in its reservation (no wakeup_latency,
+// whose time is its sched_switch's), from the recorder's programs alone,
+// into per-CPU rings that are not overwritten. A record that is not its
+// payload as it is (__data_loc strings and arrays, holes between fields)
+// is built by the program that records it, with the steps the consumer's
+// transcoder would take (pktOps, kc_ctf_build), so it goes through the
+// scratch record, never straight into the ring (kc_record_small).
+
+// Element sizes of packet mode: a packet must hold the largest record
+// many times over, and a ring at least pktMinElems of them.
+const (
+	pktMinElem  = 16 << 10
+	pktMinElems = 4
+	// pktCommit is the commit word's offset in an element (KC_PKT_COMMIT).
+	pktCommit = 64
+)
+
+// noPkt turns packet mode off where it would be used, so that tests cover
+// the record walk on one kernel too (KC_NO_PKT=1 in the environment sets
+// it too).
+var noPkt = os.Getenv("KC_NO_PKT") == "1"
+
+// pktShape returns the element size and count of a packet-mode ring of
+// cfg: the largest power of two up to the sub-buffer size (the trace's
+// packets are the elements), within what the ring and an array value
+// allow, and at least pktMinElem.
+func pktShape(cfg Config) (elem, count int) {
+	elem = 1 << (bits.Len(uint(cfg.SubbufSize)) - 1)
+	elem = min(elem, cfg.RingSize/pktMinElems, areaMaxElem)
+	elem = max(elem, pktMinElem)
+	return elem, cfg.RingSize / elem
+}
+
+// pktEligible returns nil when a session of cfg recording formats, with
+// synthetic events defined or wakeup_latency hooked as wake says, can be
+// written in packet mode (given kc_area rings), or why not; with raw set
+// its syscall events are recorded by the raw syscall programs (sysShape),
+// else by their tracepoints.
+func pktEligible(cfg Config, formats []*tracefs.Format, synths int, wake, raw bool) error {
+	switch {
+	case noPkt:
+		return errors.New("turned off (KC_NO_PKT)")
+	case wake:
+		return errors.New("synthetic:wakeup_latency takes its sched_switch's time")
+	case synths > 0:
+		return errors.New("synthetic events are transcoded")
+	case len(cfg.Objects) > 0:
+		return errors.New("users' programs write records of their own")
+	case cfg.Global:
+		return errors.New("one stream of all CPUs carries each event's CPU")
+	case cfg.Mode != relayfmt.NoOverwrite:
+		return errors.New("flight-recorder mode keeps the channel's own sub-buffers")
+	case len(cfg.Adjust) > 0:
+		return errors.New("adjusted fields are transcoded")
+	case cfg.SubbufSize < pktMinElem:
+		return fmt.Errorf("sub-buffers of %d bytes are smaller than a packet of the rings, %d bytes at least", cfg.SubbufSize, pktMinElem)
+	case cfg.RingSize/pktMinElem < pktMinElems:
+		return fmt.Errorf("ring size %d holds fewer than %d packets of %d bytes", cfg.RingSize, pktMinElems, pktMinElem)
+	}
+	for _, f := range formats {
+		at := ringOff
+		// The raw syscall programs' dispatch (rawSyscalls) takes
+		// these; the others go through their tracepoints.
+		if _, ok := sysShape(f); ok && raw {
+			if nr, known := sysNr(f); known && nr >= 0 && nr < sysMax {
+				at = sysRingOff
+			}
+		}
+		l, err := newLayoutAt(f, nil, at)
+		if err != nil {
+			return err
+		}
+		if _, err := pktOps(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// maxPktOps mirrors KC_MAX_OPS in bpf/kconsume.bpf.c.
+const maxPktOps = 16
+
+// BPF steps of kc_ctf_build (KC_OP_*).
+const (
+	pktOpCopy = iota
+	pktOpString
+	pktOpSeq
+)
+
+// pktOps returns the steps with which the BPF programs build l's payload
+// in packet mode (kc_tp_info.ops), none for a layout whose payload is the
+// record as it is, or why they cannot: a step they do not take (an
+// adjusted field) or more steps than they take.
+func pktOps(l *layout) ([]gen.RingbufKcOp, error) {
+	if l.direct {
+		return nil, nil
+	}
+	if len(l.ops) > maxPktOps {
+		return nil, fmt.Errorf("event %s takes %d steps to transcode, the BPF programs at most %d", l.name, len(l.ops), maxPktOps)
+	}
+	ops := make([]gen.RingbufKcOp, len(l.ops))
+	for i, o := range l.ops {
+		op := gen.RingbufKcOp{Off: uint16(o.off), N: uint16(o.n), Rel: uint8(boolU32(o.rel)), Elem: uint16(o.elem)}
+		switch o.kind {
+		case opCopy:
+			op.Kind = pktOpCopy
+		case opString:
+			op.Kind = pktOpString
+		case opSeq:
+			op.Kind = pktOpSeq
+		default:
+			return nil, fmt.Errorf("event %s has a field the BPF programs do not transcode", l.name)
+		}
+		ops[i] = op
+	}
+	return ops, nil
+}
+
+// flushPkt closes the packet open in cpu's ring, if it holds events, by
+// running kc_pkt_flush on cpu; on a CPU that cannot run it (offline: its
+// writers are done) it closes it from here, at the time now on the
+// rings' clock (clock_gettime's clockID).
+func (r *recorder) flushPkt(cpu int, clockID int32) error {
+	prog := r.coll.Programs[gen.RingbufProgKcPktFlush]
+	for range 8 {
+		ret, err := prog.Run(&ebpf.RunOptions{CPU: uint32(cpu), Flags: unix.BPF_F_TEST_RUN_ON_CPU})
+		if errors.Is(err, unix.ENXIO) {
+			now, ok := clockNow(clockID)
+			if !ok {
+				return fmt.Errorf("closing the packet of offline CPU %d: no clock %d", cpu, clockID)
+			}
+			return r.flushPktHere(cpu, now)
+		}
+		if err != nil {
+			return fmt.Errorf("closing the packet of CPU %d: %w", cpu, err)
+		}
+		if ret == 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("closing the packet of CPU %d: the writers won every race", cpu)
+}
+
+// flushPktHere is kc_pkt_flush from user space, for a CPU whose writers
+// cannot run.
+func (r *recorder) flushPktHere(cpu int, now uint64) error {
+	cs := r.cpuState(cpu)
+	esize := uint64(r.pktElem)
+	for {
+		old := atomic.LoadUint64(&cs.Prod)
+		off := old & (esize - 1)
+		if off == 0 {
+			return nil
+		}
+		if !atomic.CompareAndSwapUint64(&cs.Prod, old, old+esize-off) {
+			continue
+		}
+		ring := uint64(r.cfg.RingSize)
+		e := r.areaMem[uint64(cpu)*ring+(old&(ring-1)&^(esize-1)):]
+		le := binary.LittleEndian
+		begin := le.Uint64(e[pktBegin:])
+		le.PutUint64(e[pktEnd:], max(now, begin))
+		le.PutUint64(e[pktContent:], off*8)
+		atomic.AddUint64((*uint64)(unsafe.Pointer(&e[pktCommit])), esize-off)
+		return nil
+	}
+}
+
+// Offsets of the fields the writers write in an element's packet header
+// (relayfmt/FORMAT.md; KC_PKT_BEGIN, KC_PKT_END, KC_PKT_CONTENT).
+const (
+	pktBegin   = 32
+	pktEnd     = 40
+	pktContent = 48
+)
+
+// pktRing reads a packet-mode ring: whole elements, once their commit
+// word says every byte of them is written.
+type pktRing struct {
+	rec     *recorder
+	cpu     int
+	data    []byte // the ring's elements
+	esize   uint64
+	mask    uint64
+	consPos *uint64
+	prodPos *uint64
+	cons    uint64
+	got     uint64 // events in the packets taken
+	// latency is how long events may wait in an open packet (0: until it
+	// fills or the session flushes), window how far the drain's cutoff
+	// lags now.
+	latency, window uint64
+	clockID         int32
+	// failed counts packets the channel refused (events discarded).
+	failed uint64
+}
+
+// newPktRing returns the reader of stream i's packet-mode ring.
+func (r *recorder) newPktRing(i int, latency time.Duration, window uint64, clockID int32) *pktRing {
+	size := uint64(r.cfg.RingSize)
+	cs := r.cpuState(i)
+	p := &pktRing{
+		rec:     r,
+		cpu:     i,
+		data:    r.areaMem[uint64(i)*size : uint64(i+1)*size : uint64(i+1)*size],
+		esize:   uint64(r.pktElem),
+		mask:    size - 1,
+		consPos: &cs.Cons,
+		prodPos: &cs.Prod,
+		latency: uint64(latency),
+		window:  window,
+		clockID: clockID,
+	}
+	p.cons = atomic.LoadUint64(p.consPos)
+	return p
+}
+
+// elem returns the element at the consumer position and its commit word.
+func (p *pktRing) elem() ([]byte, uint64) {
+	o := p.cons & p.mask
+	e := p.data[o : o+p.esize : o+p.esize]
+	return e, atomic.LoadUint64((*uint64)(unsafe.Pointer(&e[pktCommit])))
+}
+
+// drain hands the ring's complete packets to the channel, after the
+// losses counted for the stream, and closes the open one first when
+// cutoff says everything is to go out (^0) or its first event has waited
+// the latency; a packet still being written after that is taken at a
+// later drain.
+func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
+	l.placeKernel(st)
+	for st.win.n > 0 {
+		w.emit(st, st.win.pop()) // loss notices
+	}
+	flushed := false
+	for tries := 0; ; {
+		e, cw := p.elem()
+		if uint32(cw) != uint32(p.esize) {
+			prod := atomic.LoadUint64(p.prodPos)
+			if prod == p.cons {
+				return
+			}
+			if !flushed && prod-p.cons < p.esize && p.due(e, cutoff) {
+				if err := p.rec.flushPkt(p.cpu, p.clockID); err == nil {
+					flushed = true
+					continue
+				}
+			}
+			if cutoff == ^uint64(0) && tries < 100 {
+				// A writer inside the packet (preempted, on a
+				// faultable tracepoint): a flush waits for it a
+				// while.
+				tries++
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			return
+		}
+		// The padding goes out as zeroes; the events were all written
+		// over what an earlier lap left.
+		if c := binary.LittleEndian.Uint64(e[pktContent:]) / 8; c >= relayfmt.PacketHeaderSize && c <= p.esize {
+			clear(e[c:])
+		}
+		ok, err := w.ch.PutPacket(st.idx, e, cw>>32)
+		if !ok && err == nil {
+			return // no sub-buffer free for a remote sink: later
+		}
+		if err != nil {
+			p.failed++
+			_ = w.ch.Discard(st.idx, cw>>32)
+		}
+		p.got += cw >> 32
+		p.release(e)
+		flushed = false
+	}
+}
+
+// release hands the element e at the consumer position back to the
+// writers. Only its header is cleared, the commit word and the fields
+// the writers read or fill among them: every byte of an event is
+// written by its writer, and the padding is cleared before a packet goes
+// out, so the rest of the element need not be (a ring of records does
+// need it, ringbuf.release).
+func (p *pktRing) release(e []byte) {
+	clear(e[:relayfmt.PacketHeaderSize])
+	p.cons += p.esize
+	atomic.StoreUint64(p.consPos, p.cons)
+}
+
+// due reports whether the open packet e is to be closed now: at a flush,
+// or once its first event has waited the latency.
+func (p *pktRing) due(e []byte, cutoff uint64) bool {
+	if cutoff == ^uint64(0) {
+		return true
+	}
+	if p.latency == 0 || cutoff == 0 {
+		return false
+	}
+	begin := binary.LittleEndian.Uint64(e[pktBegin:])
+	return begin != 0 && cutoff+p.window >= begin+p.latency
+}
+
+// openSince returns the time the open packet's first event was written,
+// when one holds events: the latency runs from there.
+func (p *pktRing) openSince() (uint64, bool) {
+	prod := atomic.LoadUint64(p.prodPos)
+	if prod == p.cons || prod-p.cons >= p.esize {
+		return 0, prod != p.cons
+	}
+	e, _ := p.elem()
+	return binary.LittleEndian.Uint64(e[pktBegin:]), true
+}
+
+// waiting returns the bytes of the closed packets the ring holds once
+// the first of them is complete, else 0: the open one is taken only when
+// it closes (the watermark that wakes the drainer is at least a packet),
+// and a packet a writer is still inside holds up those after it, so a
+// drain now would take nothing.
+func (p *pktRing) waiting() uint64 {
+	if _, cw := p.elem(); uint32(cw) != uint32(p.esize) {
+		return 0
+	}
+	return atomic.LoadUint64(p.prodPos)&^(p.esize-1) - p.cons
+}
+
+// skipAll drops the packets the ring holds (reset), the open one closed
+// first; one whose writer is still inside it is written when complete.
+func (p *pktRing) skipAll() {
+	_ = p.rec.flushPkt(p.cpu, p.clockID)
+	for {
+		e, cw := p.elem()
+		if uint32(cw) != uint32(p.esize) {
+			return
+		}
+		p.release(e)
+	}
+}
+
+// lost returns 0: the recorder counts the reservations that failed.
+func (p *pktRing) lost() uint64 { return 0 }
+
+func (p *pktRing) close() { p.data = nil }
