@@ -219,8 +219,6 @@ type pktRing struct {
 	// lags now.
 	latency, window uint64
 	clockID         int32
-	// failed counts packets the channel refused (events discarded).
-	failed uint64
 }
 
 // newPktRing returns the reader of stream i's packet-mode ring.
@@ -294,7 +292,7 @@ func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 			return // no sub-buffer free for a remote sink: later
 		}
 		if err != nil {
-			p.failed++
+			// Counted where the channel's losses are: Stats, the stream.
 			_ = w.ch.Discard(st.idx, cw>>32)
 		}
 		p.got += cw >> 32
