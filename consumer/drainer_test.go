@@ -167,31 +167,14 @@ func TestDrainerLate(t *testing.T) {
 	}
 	pinDrainer(t, s, 0)
 	// Other processes' context switches wake the drainer: keep some
-	// coming, for a guest whose own are few.
-	stop := make(chan struct{})
-	busyDone := make(chan struct{})
-	go func() {
-		defer close(busyDone)
-		// On CPU 1, and the processes it starts with it: on CPU 0 the
-		// hold would stop them too, and with them the records that wake
-		// the drainer while it is held. The thread ends with the
-		// goroutine.
-		runtime.LockOSThread()
-		if runtime.NumCPU() > 1 {
-			var c1 unix.CPUSet
-			c1.Set(1)
-			_ = unix.SchedSetaffinity(0, &c1)
-		}
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(2 * time.Millisecond):
-				_ = exec.Command("true").Run()
-			}
-		}
-	}()
-	defer func() { close(stop); <-busyDone }()
+	// coming, for a guest whose own are few. They come from a process
+	// that sleeps 1 ms at a time on CPU 1, a switch each: on CPU 0 the
+	// hold would stop them too, and with them the records that wake the
+	// drainer while it is held. A child started for each switch (exec of
+	// true) costs tens of ms on an emulated guest, so its records may
+	// come too far apart for one to arrive early in the hold.
+	ticker := tickCPU1(t, time.Millisecond)
+	defer ticker()
 	var before DrainerStats
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if before = s.Drainer(); before.Waits > 0 {
@@ -209,9 +192,11 @@ func TestDrainerLate(t *testing.T) {
 		t.Fatalf("drainer %+v: late by %v with nothing holding its CPU", before, before.LongestOverrun)
 	}
 	// The drainer may be in a pass, not asleep, when the CPU is taken:
-	// then it runs late without a sleep to show it. Try again.
+	// then it runs late without a sleep to show it. Try again, with a
+	// longer hold each time, which gives a record more time to arrive
+	// early in it on a guest whose host runs it late.
 	var after DrainerStats
-	for try := 0; try < 5; try++ {
+	for try := 0; try < 5; try, hold = try+1, min(hold*3/2, 800*time.Millisecond) {
 		w := s.Drainer().Waits
 		if err := holdCPU0(hold); err != nil {
 			t.Fatalf("holding CPU 0 with a SCHED_FIFO thread: %v", err)
@@ -225,6 +210,7 @@ func TestDrainerLate(t *testing.T) {
 		if after.LongestOverrun >= hold*2/3 {
 			break
 		}
+		t.Logf("try %d: CPU 0 held for %v: drainer %+v", try, hold, after)
 	}
 	if after.LongestOverrun < hold*2/3 || after.Late <= before.Late {
 		t.Fatalf("CPU 0 held for %v: drainer %+v, before %+v", hold, after, before)
@@ -254,6 +240,48 @@ func holdCPU0(d time.Duration) error {
 		return fmt.Errorf("holding child: %w: %s", err, out)
 	}
 	return nil
+}
+
+// tickCPU1 starts a process that sleeps for d at a time on CPU 1 (or on
+// the only CPU) until the returned function stops it: a context switch
+// of a process other than the test's every d.
+func tickCPU1(t *testing.T, d time.Duration) (stop func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "KC_TICK_CPU1="+d.String())
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("ticking child: %v", err)
+	}
+	return func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+}
+
+// tickChild is tickCPU1's process: it sleeps for the duration in
+// KC_TICK_CPU1 in a loop, on CPU 1 when there is one, until killed.
+func tickChild(arg string) int {
+	d, err := time.ParseDuration(arg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	runtime.LockOSThread()
+	if runtime.NumCPU() > 1 {
+		var c1 unix.CPUSet
+		c1.Set(1)
+		if err := unix.SchedSetaffinity(0, &c1); err != nil {
+			fmt.Fprintln(os.Stderr, "affinity:", err)
+			return 3
+		}
+	}
+	ts := unix.NsecToTimespec(int64(d))
+	for {
+		// A raw call: the runtime's own sleep would park the thread
+		// and wake others of this process, not always on CPU 1.
+		unix.RawSyscall(unix.SYS_NANOSLEEP, uintptr(unsafe.Pointer(&ts)), 0, 0)
+	}
 }
 
 // holdChild is holdCPU0's process: it spins on CPU 0 at SCHED_FIFO for

@@ -24,13 +24,17 @@ import (
 
 // The test binary doubles as the traced child: with KC_CHILD set it prints
 // its thread id, waits for a line on stdin, runs the named load and exits;
-// with KC_HOLD_CPU0 set it holds CPU 0 (holdCPU0).
+// with KC_HOLD_CPU0 set it holds CPU 0 (holdCPU0); with KC_TICK_CPU1 set
+// it sleeps in a loop on CPU 1 (tickCPU1).
 func TestMain(m *testing.M) {
 	if mode := os.Getenv("KC_CHILD"); mode != "" {
 		os.Exit(child(mode))
 	}
 	if d := os.Getenv("KC_HOLD_CPU0"); d != "" {
 		os.Exit(holdChild(d))
+	}
+	if d := os.Getenv("KC_TICK_CPU1"); d != "" {
+		os.Exit(tickChild(d))
 	}
 	code := m.Run()
 	testenv.RemoveBin()
