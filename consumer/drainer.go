@@ -94,7 +94,7 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 		switch {
 		case rec.pkt:
 			st.bell = r
-			p := rec.newPktRing(i, cfg.Latency, uint64(cfg.ReorderWindow), clockID)
+			p := rec.newPktRing(i, clockID)
 			st.src, st.data = p, p.data
 		case rec.area:
 			st.bell, r = r, rec.newAreaRing(i)
@@ -249,9 +249,6 @@ func (d *drainer) loop() {
 			if d.latency > 0 && d.windowsWait() {
 				deadline = now.Add(max(time.Duration(d.window), time.Millisecond))
 			}
-			if wait, ok := d.packetsWait(); ok && (deadline.IsZero() || now.Add(wait).Before(deadline)) {
-				deadline = now.Add(wait)
-			}
 		}
 		done = done[:0]
 		end := false
@@ -347,32 +344,6 @@ func (d *drainer) windowsWait() bool {
 		}
 	}
 	return false
-}
-
-// packetsWait returns, with a latency bound, how long until the first
-// event of an open packet has waited it; ok is false when no packet
-// holds events.
-func (d *drainer) packetsWait() (wait time.Duration, ok bool) {
-	if d.latency <= 0 {
-		return 0, false
-	}
-	now, clock := clockNow(d.clockID)
-	wait = d.latency
-	for _, st := range d.streams {
-		p, isPkt := st.src.(*pktRing)
-		if !isPkt {
-			continue
-		}
-		since, open := p.openSince()
-		if !open {
-			continue
-		}
-		ok = true
-		if clock && since != 0 && since <= now {
-			wait = min(wait, d.latency-min(d.latency, time.Duration(now-since)))
-		}
-	}
-	return max(wait, 100*time.Microsecond), ok
 }
 
 // lateness is how late past its time a run of the drainer counts as late.

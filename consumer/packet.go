@@ -68,6 +68,12 @@ func pktEligible(cfg Config, formats []*tracefs.Format, synths int, wake, raw bo
 	switch {
 	case noPkt:
 		return errors.New("turned off (KC_NO_PKT)")
+	case cfg.Latency > 0:
+		// The bound takes records out of the ring within it. In packet
+		// mode that means closing the open packet, and every packet
+		// fills a whole sub-buffer of the file: at 1 ms a few events a
+		// period made 1.4 GB of padding in 3 s.
+		return errors.New("a latency bound would close a packet, padded to a whole sub-buffer, each period")
 	case wake:
 		return errors.New("synthetic:wakeup_latency takes its sched_switch's time")
 	case synths > 0:
@@ -214,15 +220,11 @@ type pktRing struct {
 	prodPos *uint64
 	cons    uint64
 	got     uint64 // events in the packets taken
-	// latency is how long events may wait in an open packet (0: until it
-	// fills or the session flushes), window how far the drain's cutoff
-	// lags now.
-	latency, window uint64
-	clockID         int32
+	clockID int32
 }
 
 // newPktRing returns the reader of stream i's packet-mode ring.
-func (r *recorder) newPktRing(i int, latency time.Duration, window uint64, clockID int32) *pktRing {
+func (r *recorder) newPktRing(i int, clockID int32) *pktRing {
 	size := uint64(r.cfg.RingSize)
 	cs := r.cpuState(i)
 	p := &pktRing{
@@ -233,8 +235,6 @@ func (r *recorder) newPktRing(i int, latency time.Duration, window uint64, clock
 		mask:    size - 1,
 		consPos: &cs.Cons,
 		prodPos: &cs.Prod,
-		latency: uint64(latency),
-		window:  window,
 		clockID: clockID,
 	}
 	p.cons = atomic.LoadUint64(p.consPos)
@@ -250,9 +250,8 @@ func (p *pktRing) elem() ([]byte, uint64) {
 
 // drain hands the ring's complete packets to the channel, after the
 // losses counted for the stream, and closes the open one first when
-// cutoff says everything is to go out (^0) or its first event has waited
-// the latency; a packet still being written after that is taken at a
-// later drain.
+// cutoff says everything is to go out (^0): a packet still being written
+// after that is waited for a while, then taken at a later drain.
 func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 	l.placeKernel(st)
 	for st.win.n > 0 {
@@ -266,7 +265,7 @@ func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 			if prod == p.cons {
 				return
 			}
-			if !flushed && prod-p.cons < p.esize && p.due(e, cutoff) {
+			if !flushed && prod-p.cons < p.esize && cutoff == ^uint64(0) {
 				if err := p.rec.flushPkt(p.cpu, p.clockID); err == nil {
 					flushed = true
 					continue
@@ -311,30 +310,6 @@ func (p *pktRing) release(e []byte) {
 	clear(e[:relayfmt.PacketHeaderSize])
 	p.cons += p.esize
 	atomic.StoreUint64(p.consPos, p.cons)
-}
-
-// due reports whether the open packet e is to be closed now: at a flush,
-// or once its first event has waited the latency.
-func (p *pktRing) due(e []byte, cutoff uint64) bool {
-	if cutoff == ^uint64(0) {
-		return true
-	}
-	if p.latency == 0 || cutoff == 0 {
-		return false
-	}
-	begin := binary.LittleEndian.Uint64(e[pktBegin:])
-	return begin != 0 && cutoff+p.window >= begin+p.latency
-}
-
-// openSince returns the time the open packet's first event was written,
-// when one holds events: the latency runs from there.
-func (p *pktRing) openSince() (uint64, bool) {
-	prod := atomic.LoadUint64(p.prodPos)
-	if prod == p.cons || prod-p.cons >= p.esize {
-		return 0, prod != p.cons
-	}
-	e, _ := p.elem()
-	return binary.LittleEndian.Uint64(e[pktBegin:]), true
 }
 
 // waiting returns the bytes of the closed packets the ring holds once

@@ -68,7 +68,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	fs.StringVar(&clock, "clock", "mono", "mono, boot (5.8+) or tai (6.1+)")
 	fs.StringVar(&syscalls, "syscalls", "auto", "how syscalls:* events are recorded: fentry (on each recorded syscall's function: other syscalls pay nothing; for a few events), raw (from sys_enter/sys_exit: cheaper per event, but runs on every syscall), tracepoint (each event's own), or auto (fentry for up to 32 events, else raw, where the kernel allows)")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: until Ctrl-C or the command's exit)")
-	fs.DurationVar(&latency, "latency", 0, "longest a record of another process waits in a ring before the consumer picks it up (0: no bound, the consumer wakes when a quarter of a ring is full; each bound costs a wakeup per period while data arrives)")
+	fs.DurationVar(&latency, "latency", 0, "longest a record of another process waits in a ring before the consumer picks it up (0: no bound, the consumer wakes when a quarter of a ring is full; each bound costs a wakeup per period while data arrives, and keeps the consumer reading records: the BPF programs then write no packets)")
 	fs.BoolVar(&o.force, "force", false, "replace a trace already in the output directory")
 	fs.StringVar(&o.session, "session", "", "session `name` for kconsume ctl (default: the output directory's name)")
 	fs.BoolVar(&o.quiet, "q", false, "no live status line")
