@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/internal/control"
 	"github.com/kconsume/kconsume/internal/testenv"
 )
 
@@ -118,6 +119,32 @@ func TestE2EKillRecover(t *testing.T) {
 	out2 := filepath.Join(t.TempDir(), "t")
 	if o, code := shell(t, bin+" record -q -o "+out2+" --session t -e sched:sched_switch --duration 100ms"); code != 0 {
 		t.Fatalf("record after a killed session: %d %s", code, o)
+	}
+}
+
+// TestE2EBrokenPipe: a recording whose output nobody reads any more
+// (record ... | true) ends as it would have: exit status 0, whole files,
+// and no control directory left behind, which a SIGPIPE at the summary
+// used to leave.
+func TestE2EBrokenPipe(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := testenv.KconsumeBin(t)
+	dir := t.TempDir()
+	out, status := filepath.Join(dir, "t"), filepath.Join(dir, "status")
+	const name = "kc-broken-pipe"
+	ctl := filepath.Join(control.DefaultRoot, name)
+	t.Cleanup(func() { _ = os.RemoveAll(ctl) })
+	if o, code := shell(t, "("+bin+" record -o "+out+" --session "+name+" -e sched:sched_switch --duration 300ms; echo $? >"+status+") | true"); code != 0 {
+		t.Fatalf("pipeline: %d %s", code, o)
+	}
+	if _, err := os.Stat(ctl); !os.IsNotExist(err) {
+		t.Errorf("control directory left behind: %v", err)
+	}
+	if b, err := os.ReadFile(status); err != nil || strings.TrimSpace(string(b)) != "0" {
+		t.Fatalf("record's exit status: %q %v", b, err)
+	}
+	if lines, _ := testenv.RunBT2(t, out); len(lines) == 0 {
+		t.Fatal("babeltrace2 read no event")
 	}
 }
 

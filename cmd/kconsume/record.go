@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/kconsume/kconsume/consumer"
@@ -171,6 +173,15 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if err := checkPrivileges(); err != nil {
 		return err
 	}
+	// A reader of the output that goes away (record ... | head -1) must
+	// not kill the recorder between its last drain and its cleanup,
+	// leaving the control directory behind: with SIGPIPE caught, a write
+	// to a closed stdout or stderr fails with EPIPE instead (os/signal),
+	// which the status line and the summary pass over. A caught signal is
+	// the default again in the command record starts.
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
 	// Before the session starts its threads, which take it from theirs.
 	cmdNice, prio, err := raisePriority(o.nice, o.niceSet)
 	if err != nil {
