@@ -100,7 +100,10 @@ func (r saturationRun) lostShare() float64 {
 // -d --no-filter -b KB`, both recording saturationEvents system-wide with
 // the same buffer memory per CPU (saturationBudgets), in rounds
 // (KCONSUME_BENCH_ROUNDS, default 3) in which the order of the three
-// turns, so no tool always runs after the same one. Each tracer runs
+// turns, and every other round runs backwards, so no tool always runs
+// after the same one (what a run leaves behind, such as its trace's
+// pages still being written back, falls on different tools). A plain
+// rotation kept the same neighbours in every round. Each tracer runs
 // hackbench as its command: hackbench's own "Total time" leaves the
 // tracers' start and stop out. Reported per budget, medians of the
 // rounds: hackbench's untraced seconds and CPU seconds; for each tracer
@@ -163,6 +166,9 @@ func BenchmarkSaturation(b *testing.B) {
 			for r := range rounds * b.N {
 				for i := range order {
 					tool := order[(i+r)%len(order)]
+					if r%2 == 1 {
+						tool = order[(len(order)-1-i+r)%len(order)]
+					}
 					var run saturationRun
 					for try := 1; ; try++ {
 						var err error
