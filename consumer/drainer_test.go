@@ -261,22 +261,35 @@ func tickCPU1(t *testing.T, d time.Duration) (stop func()) {
 	}
 }
 
-// tickChild is tickCPU1's process: it sleeps for the duration in
-// KC_TICK_CPU1 in a loop, on CPU 1 when there is one, until killed.
-func tickChild(arg string) int {
+// childOnCPU parses a child process's duration argument and locks the
+// calling goroutine to its thread on cpu. It returns the duration, and
+// an exit status for the child other than 0 when either fails.
+func childOnCPU(arg string, cpu int) (time.Duration, int) {
 	d, err := time.ParseDuration(arg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 2
+		return 0, 2
 	}
 	runtime.LockOSThread()
-	if runtime.NumCPU() > 1 {
-		var c1 unix.CPUSet
-		c1.Set(1)
-		if err := unix.SchedSetaffinity(0, &c1); err != nil {
-			fmt.Fprintln(os.Stderr, "affinity:", err)
-			return 3
-		}
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		fmt.Fprintln(os.Stderr, "affinity:", err)
+		return 0, 3
+	}
+	return d, 0
+}
+
+// tickChild is tickCPU1's process: it sleeps for the duration in
+// KC_TICK_CPU1 in a loop, on CPU 1 when there is one, until killed.
+func tickChild(arg string) int {
+	cpu := 1
+	if runtime.NumCPU() == 1 {
+		cpu = 0
+	}
+	d, code := childOnCPU(arg, cpu)
+	if code != 0 {
+		return code
 	}
 	ts := unix.NsecToTimespec(int64(d))
 	for {
@@ -292,17 +305,9 @@ func tickChild(arg string) int {
 // spins (the raw clock_gettime system call), so the runtime never stops
 // it.
 func holdChild(arg string) int {
-	d, err := time.ParseDuration(arg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	runtime.LockOSThread()
-	var c0 unix.CPUSet
-	c0.Set(0)
-	if err := unix.SchedSetaffinity(0, &c0); err != nil {
-		fmt.Fprintln(os.Stderr, "affinity:", err)
-		return 3
+	d, code := childOnCPU(arg, 0)
+	if code != 0 {
+		return code
 	}
 	attr := unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: 1}
 	attr.Size = uint32(unsafe.Sizeof(attr))
