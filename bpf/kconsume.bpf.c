@@ -1225,7 +1225,7 @@ int kc_inject(void *ctx)
  * kc_pkt_flush closes the packet open in this CPU's kc_area ring, when
  * one holds records, as a record that does not fit would: the consumer
  * runs it on the ring's CPU (BPF_PROG_TEST_RUN with BPF_F_TEST_RUN_ON_CPU)
- * when records have waited long enough, or to stop. The clock is read in
+ * at a flush (ctl flush, --live-timer) and at the end. The clock is read in
  * the compare-and-swap loop, so the packet's timestamp_end is no earlier
  * than its last record and no later than the next packet's
  * timestamp_begin. It returns 0, or 1 when the writers won every race

@@ -418,8 +418,8 @@ wake:
  *   records.
  * - Only an element's opener checks the consumer position: the element
  *   is then free up to its end.
- * - The consumer closes an element that waits too long with kc_pkt_flush,
- *   run on the ring's CPU.
+ * - The consumer closes the open element at a flush and at the end with
+ *   kc_pkt_flush, run on the ring's CPU.
  */
 const volatile __u32 kc_pkt_on = 0;
 

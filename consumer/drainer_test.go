@@ -168,13 +168,13 @@ func TestDrainerLate(t *testing.T) {
 	pinDrainer(t, s, 0)
 	// Other processes' context switches wake the drainer: keep some
 	// coming, for a guest whose own are few. They come from a process
-	// that sleeps 5 ms at a time on CPU 1, a switch each, well within a
-	// third of any hold, and sparse enough to leave the drainer asleep
-	// most of the time: on CPU 0 the
-	// hold would stop them too, and with them the records that wake the
-	// drainer while it is held. A child started for each switch (exec of
-	// true) costs tens of ms on an emulated guest, so its records may
-	// come too far apart for one to arrive early in the hold.
+	// that sleeps 5 ms at a time, a switch each: well within a third of
+	// any hold, and sparse enough to leave the drainer asleep most of the
+	// time. It runs on CPU 1: on CPU 0 the hold would stop it too, and
+	// with it the records that wake the drainer while it is held. A
+	// child started for each switch (exec of true) costs tens of ms on an
+	// emulated guest, so its records may come too far apart for one to
+	// arrive early in the hold.
 	ticker := tickCPU1(t, 5*time.Millisecond)
 	defer ticker()
 	var before DrainerStats
