@@ -79,12 +79,18 @@ struct kc_tp_info {
 	__u16 comm_off; /* sched_switch hook: offset of next_comm */
 	__u32 aux_key;  /* sched_switch hook: class of synthetic:wakeup_latency */
 	__u16 nops;     /* packet mode: entries used in ops, 0 for a record written as it is */
+	__u8 user_n;    /* KC_TP_SYSUSER: the user-space fields (kc_sys_user), at most KC_SYS_USER_CNT */
+	__s8 user_len;  /* KC_TP_SYSUSER: the argument that bounds an array's copy, -1 for strings */
+	__u8 user_arg[3]; /* KC_TP_SYSUSER: the argument each field's data comes from */
+	__u8 user_max;  /* KC_TP_SYSUSER: bytes kept of each (syscall_user_buf_size) */
+	__u16 user_loc; /* KC_TP_SYSUSER: offset of the first field's __data_loc in the trace record */
 	struct kc_op ops[KC_MAX_OPS];
 };
 
 #define KC_TP_RECORD 1 /* write the event into the trace */
 #define KC_TP_WAKING 2 /* remember when the task in pid_off was woken */
 #define KC_TP_SWITCH 4 /* emit wakeup_latency for the task switched in */
+#define KC_TP_SYSUSER 8 /* a syscall event with user-space fields to fill (kc_sys_user) */
 
 /* Set when synthetic:wakeup_latency is recorded, so the hooks cost nothing otherwise. */
 const volatile __u32 kc_hooks = 0;
@@ -223,6 +229,129 @@ static __always_inline long kc_ctf_build(struct kc_scratch *s, struct kc_ctf *t,
 }
 #endif
 
+#ifndef KC_PERF
+/*
+ * Syscall events' user-space fields (Linux 6.19+). The kernel appends to
+ * some sys_enter events a __data_loc char[] field per pointer argument,
+ * right after the arguments, and fills it with what the argument points
+ * to (kernel/trace/trace_syscalls.c: sys_fault_user, syscall_put_data).
+ * A program on a syscall tracepoint gets only the number and the
+ * arguments (perf_call_bpf_enter), so kc_sys_user reads the data, by the
+ * kernel's rules:
+ * - a string: up to KC_SYS_USER_READ bytes and its NUL
+ *   (strncpy_from_user), each unprintable byte (isprint of lib/ctype.c)
+ *   stored as '.'; longer than user_max bytes, it is cut there and
+ *   "..." and a NUL follow, else its NUL ends it;
+ * - an array (write's buf): min(the length argument, KC_SYS_USER_READ)
+ *   bytes read, the first user_max of them kept as they are;
+ * - a read that faults, or a user_max of 0: an empty field.
+ * bpf_probe_read_user cannot fault a page in where the kernel's copy
+ * can, but perf_syscall_enter has made the same copy of the same memory
+ * just before it runs the program, so the pages are there.
+ */
+#define KC_SYS_USER_CNT 3    /* SYSCALL_FAULT_MAX_CNT */
+#define KC_SYS_USER_MAX 165  /* SYSCALL_FAULT_USER_MAX */
+#define KC_SYS_USER_READ 169 /* SYSCALL_FAULT_ARG_SZ - 1: what the kernel reads */
+
+/*
+ * kc_sys_user_unread counts per CPU the user-space values kc_sys_user
+ * could not read: a bad pointer (the kernel's own event holds an empty
+ * value then too) or memory not paged in (where it holds the data).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} kc_sys_user_unread SEC(".maps");
+
+/* kc_unprintable reports whether isprint (lib/ctype.c's table) is false for c. */
+static __always_inline int kc_unprintable(__u8 c)
+{
+	return c < 0x20 || c == 0x7f || (c >= 0x80 && c < 0xa0);
+}
+
+/*
+ * kc_sys_user fills the user-space fields of info's syscall event into
+ * d, a ring record holding the number and the arguments, and returns
+ * the trace record's size, or 0 for an info the loader never writes.
+ */
+static __always_inline __u32 kc_sys_user(__u8 *d, struct kc_tp_info *info)
+{
+	__u32 loc = info->user_loc, max = info->user_max, end, dst, n, x, a, bad;
+	const void *ptr;
+	__u64 cnt;
+	long r;
+	int j;
+
+	if (loc < 16 || loc > 16 + 8 * 6 || info->user_n > KC_SYS_USER_CNT || max > KC_SYS_USER_MAX)
+		return 0;
+	end = loc + 4 * info->user_n;
+#pragma unroll
+	for (j = 0; j < KC_SYS_USER_CNT; j++) {
+		if (j >= info->user_n)
+			break;
+		/* Argument i sits at 16 + 8 * i of the trace record, KC_CUT before in the ring record. */
+		a = info->user_arg[j];
+		if (a > 5)
+			return 0;
+		ptr = (const void *)*(__u64 *)(d + 16 - KC_CUT + 8 * a);
+		dst = (end - KC_CUT) & 0x3ff;
+		n = 0;
+		bad = 1;
+		if (!max) {
+			/* The kernel reads nothing. */
+		} else if (info->user_len >= 0) {
+			a = info->user_len;
+			if (a > 5)
+				return 0;
+			cnt = *(__u64 *)(d + 16 - KC_CUT + 8 * a);
+			if (cnt > KC_SYS_USER_READ)
+				cnt = KC_SYS_USER_READ;
+			/* Older verifiers (5.10, 6.1) lose the bound without the mask. */
+			barrier_var(cnt);
+			cnt &= 0xff;
+			if (!bpf_probe_read_user(d + dst, cnt, ptr)) {
+				n = cnt < max ? cnt : max;
+				bad = 0;
+			}
+		} else {
+			r = bpf_probe_read_user_str(d + dst, KC_SYS_USER_READ + 1, ptr);
+			if (r > 0) {
+				bad = 0;
+				r--; /* the string's bytes, without the NUL read after them */
+				n = r < max ? r : max;
+				for (x = 0; x < KC_SYS_USER_MAX; x++) {
+					if (x >= n)
+						break;
+					if (kc_unprintable(d[(dst + x) & 0x3ff]))
+						d[(dst + x) & 0x3ff] = '.';
+				}
+				if (r > max) {
+					d[(dst + max) & 0x3ff] = '.';
+					d[(dst + max + 1) & 0x3ff] = '.';
+					d[(dst + max + 2) & 0x3ff] = '.';
+					d[(dst + max + 3) & 0x3ff] = 0;
+					n = max + 4;
+				} else {
+					n = r + 1; /* its NUL, read with it */
+				}
+			}
+		}
+		if (max && bad) {
+			__u32 zero = 0;
+			__u64 *unread = bpf_map_lookup_elem(&kc_sys_user_unread, &zero);
+
+			if (unread)
+				*unread += 1;
+		}
+		*(__u32 *)(d + ((loc - KC_CUT + 4 * j) & 0x7f)) = end | n << 16;
+		end += n;
+	}
+	return end;
+}
+#endif
+
 /*
  * kc_record writes the trace record at ctx as event key and returns its
  * timestamp, or 0 when the gate is closed for this CPU or the record was
@@ -241,6 +370,20 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 	s = kc_emit_begin(key, &st);
 	if (!s)
 		return 0;
+#ifndef KC_PERF
+	if (info->flags & KC_TP_SYSUSER) {
+		/* The context holds the number and the arguments, nothing after them. */
+		size = info->user_loc;
+		if (size < 16 || size > 16 + 8 * 6)
+			return 0;
+		bpf_probe_read_kernel(s->data + KC_ENTRY_SIZE, size - 8, ctx + 8);
+		size = kc_sys_user(s->data, info);
+		if (size < 16)
+			return 0;
+		size -= 8;
+		goto copied;
+	}
+#endif
 	size = info->size;
 #pragma unroll
 	for (i = 0; i < KC_MAX_DYN; i++) {
@@ -267,6 +410,9 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 	barrier_var(size);
 	size &= KC_PAYLOAD_MASK;
 	bpf_probe_read_kernel(s->data + KC_ENTRY_SIZE, size, ctx + 8);
+#ifndef KC_PERF
+copied:
+#endif
 	kc_put_entry(s->data, info->id, bpf_get_current_pid_tgid());
 #ifndef KC_PERF
 	if (kc_pkt_on && info->nops) {
@@ -812,6 +958,93 @@ int kc_sys_exit(__u64 *ctx)
 
 	/* trace_syscalls.c:ftrace_syscall_exit: the number is orig_ax. */
 	kc_sys_record(regs, regs->orig_ax, 1, (long)ctx[1]);
+	return 0;
+}
+
+/*
+ * kc_sys_user_keys maps a syscall number to the event key + 1 of its
+ * sys_enter event where that event has user-space fields (kc_sys_user)
+ * and is recorded, else to 0.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, KC_SYS_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+} kc_sys_user_keys SEC(".maps");
+
+extern int bpf_copy_from_user_str(void *dst, __u32 dst__sz, const void *unsafe_ptr__ign, __u64 flags) __ksym;
+
+/* kc_reg_arg returns syscall argument i (0 to 5) from regs (syscall_get_arguments). */
+static __always_inline __u64 kc_reg_arg(struct pt_regs *regs, __u32 i)
+{
+	switch (i) {
+	case 0:
+		return regs->di;
+	case 1:
+		return regs->si;
+	case 2:
+		return regs->dx;
+	case 3:
+		return regs->r10;
+	case 4:
+		return regs->r8;
+	}
+	return regs->r9;
+}
+
+/*
+ * kc_sys_user_fault pages in the user memory that kc_sys_user will read
+ * for a recorded syscall event with user-space fields, by copying it as
+ * the kernel copies it for its own events (sys_fault_user): the program
+ * is sleepable (Linux 7.x takes such programs on the faultable syscall
+ * tracepoints), so its copy may fault, where kc_sys_user's cannot. The
+ * loader attaches it before the syscall events, and a tracepoint calls
+ * its probes in the order they came (kernel/tracepoint.c, func_add), so
+ * it runs before perf_syscall_enter runs kc_tracepoint. The loader makes
+ * it sleepable (BPF_F_SLEEPABLE: cilium/ebpf reads no tp_btf.s section).
+ */
+SEC("tp_btf/sys_enter")
+int kc_sys_user_fault(__u64 *ctx)
+{
+	struct pt_regs *regs = (struct pt_regs *)ctx[0];
+	__u8 buf[KC_SYS_USER_READ + 1];
+	struct kc_tp_info *info;
+	__u32 slot, key, *k, a;
+	long nr = ctx[1];
+	__u64 cnt, id;
+	int j;
+
+	if (!kc_running || (__u64)nr >= KC_SYS_MAX)
+		return 0;
+	slot = nr;
+	k = bpf_map_lookup_elem(&kc_sys_user_keys, &slot);
+	/*
+	 * Only the pid filter: a sleepable program may not use kc_pass's
+	 * cgroup array, and paging in what the syscall is about to read
+	 * itself changes nothing for a task the other filters leave out.
+	 */
+	id = bpf_get_current_pid_tgid();
+	if (!k || !*k || kc_sys_task() < 0 || (!kc_pass_pid(id) && !kc_pass_pid(id >> 32)))
+		return 0;
+	key = *k - 1;
+	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
+	if (!info || !(info->flags & KC_TP_SYSUSER) || !info->user_max)
+		return 0;
+#pragma unroll
+	for (j = 0; j < KC_SYS_USER_CNT; j++) {
+		if (j >= info->user_n)
+			break;
+		a = info->user_arg[j];
+		if (info->user_len >= 0) {
+			cnt = kc_reg_arg(regs, info->user_len);
+			if (cnt > KC_SYS_USER_READ)
+				cnt = KC_SYS_USER_READ;
+			bpf_copy_from_user(buf, cnt, (const void *)kc_reg_arg(regs, a));
+		} else {
+			bpf_copy_from_user_str(buf, sizeof(buf), (const void *)kc_reg_arg(regs, a), 0);
+		}
+	}
 	return 0;
 }
 

@@ -141,7 +141,7 @@ func newLayoutAt(f *tracefs.Format, adjust map[string]Adjust, at func(int) int) 
 			}
 			l.dyn = append(l.dyn, d)
 			o := op{off: at(fl.Offset), rel: fl.Loc == tracefs.RelLoc}
-			if fl.IsChar() {
+			if fl.IsChar() && !sysUserBytes(f, fl) {
 				o.kind = opString
 				l.fields = append(l.fields, relayfmt.StringField(fl.Name))
 			} else {

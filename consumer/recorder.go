@@ -61,8 +61,13 @@ type recorder struct {
 	pkt       bool   // its elements are packets the writers fill (packet.go)
 	pktErr    error  // why they are not
 	pktElem   int    // their size
-	injectMu  sync.Mutex
-	injectRec *gen.RingbufKcInjectRec
+	// userFault is set when kc_sys_user_fault pages in the user memory
+	// of syscall events' user-space fields (sysuser.go); userFaultErr
+	// says why not, where some event has them.
+	userFault    bool
+	userFaultErr error
+	injectMu     sync.Mutex
+	injectRec    *gen.RingbufKcInjectRec
 }
 
 // loadOpts replaces the recorder by another object built on kconsume.h
@@ -74,6 +79,7 @@ type loadOpts struct {
 	hooks bool
 	small []uint32          // per event key: its record size when smallSize allows, or 0
 	sys   bool              // some event may take the raw syscall path (sysShape)
+	user  bool              // some event has user-space fields (sysUserOf)
 	btf   map[string]btfUse // by BTF program: the event it records (btfShape)
 	// sysEvents are the syscall events the syscall programs can build.
 	sysEvents []sysEvent
@@ -237,6 +243,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		uses = opts.btf
 	}
 	r.setupBTF(spec, set, uses)
+	r.setupUserFault(spec, opts != nil && opts.user)
 	for name, v := range set {
 		vs := spec.Variables[name]
 		if vs == nil {
@@ -247,6 +254,12 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		}
 	}
 	r.coll, err = ebpf.NewCollection(spec)
+	if err != nil && spec.Programs[gen.RingbufProgKcSysUserFault] != nil {
+		// Paging user memory in is the newest part: the first to go.
+		r.userFaultErr = fmt.Errorf("loading: %w", err)
+		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
+		r.coll, err = ebpf.NewCollection(spec)
+	}
 	if err != nil && r.pkt {
 		// Packet mode is the newest writer of all.
 		r.pkt, r.pktErr = false, fmt.Errorf("loading: %w", err)

@@ -92,6 +92,10 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
+	users, userBuf, err := sysUsers(fs, formats)
+	if err != nil {
+		return nil, err
+	}
 	synthDefs, err := resolveSynth(cfg.Synth, synths)
 	if err != nil {
 		return nil, err
@@ -109,6 +113,7 @@ func New(cfg Config) (*Session, error) {
 		}
 	}
 	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
+	opts.user = slices.ContainsFunc(users, func(u *sysUser) bool { return u != nil })
 	opts.pktTP = pktEligible(cfg, formats, len(synthDefs), wake, false)
 	opts.pktRaw = pktEligible(cfg, formats, len(synthDefs), wake, true)
 	for i, f := range formats {
@@ -137,7 +142,7 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	err = s.addTracepoints(formats, hooks, wake)
+	err = s.addTracepoints(formats, hooks, wake, users, userBuf)
 	if err == nil {
 		err = s.addSynth(synthDefs)
 	}
@@ -332,13 +337,16 @@ func clockDesc(c Clock, id int32) relayfmt.Clock {
 // each event's layout and attaches it; event i gets key i, its class id.
 // The hooks (tracepoints wakeup_latency needs but the trace does not
 // record) take the keys after them. With wake set, the sched_waking and
-// sched_switch keys carry the wakeup_latency hooks.
-func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) error {
+// sched_switch keys carry the wakeup_latency hooks. users holds each
+// recorded event's user-space fields, of which the recorder keeps
+// userBuf bytes each (sysUsers).
+func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, users []*sysUser, userBuf int) error {
 	info := s.rec.coll.Maps[gen.RingbufMapKcTpInfoMap]
 	raw, err := s.rec.rawSyscalls(formats)
 	if err != nil {
 		return err
 	}
+	s.rec.attachUserFault(formats, users)
 	// One declaration for all: each one rewrites the whole metadata.
 	names, layouts := make([]string, len(formats)), make([]*layout, len(formats))
 	for i, f := range formats {
@@ -368,6 +376,12 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool) er
 			l := layouts[i]
 			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.dyn)), Flags: tpRecord}
 			copy(ti.Dyn[:], l.dyn)
+			if u := users[i]; u != nil {
+				if s.rec.transport != Ringbuf {
+					return fmt.Errorf("%w: event %s: its user-space fields need BPF ring buffers, not %s", ErrNotSupported, f.FullName(), s.rec.transport)
+				}
+				u.put(&ti, userBuf)
+			}
 			if s.rec.pkt {
 				ops, err := pktOps(l)
 				if err != nil {

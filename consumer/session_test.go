@@ -98,6 +98,8 @@ func child(mode string) int {
 			_ = unix.Close(closeBase + i)
 			_, _, _ = unix.Syscall6(unix.SYS_MMAP, mmapArgs(i, 0), mmapArgs(i, 1), mmapArgs(i, 2), mmapArgs(i, 3), mmapArgs(i, 4), mmapArgs(i, 5))
 		}
+	case "sysuser":
+		return sysUserCalls()
 	case "int80":
 		// 32-bit getpid through int $0x80, then one close as a marker.
 		for i := 0; i < n; i++ {

@@ -34,10 +34,18 @@ type CPUStats struct {
 	// been filtered out, and the raw syscall programs run for syscalls
 	// that are not recorded too, so those misses are an upper bound and
 	// stay out of the stream.
-	Missed    uint64
-	Reordered uint64 // records written before a record that reached the ring earlier
-	Wakeups   uint64 // times the consumer was woken for this ring
-	Disabled  bool   // recording stopped on this CPU alone
+	Missed uint64
+	// UserUnread counts the user-space values of syscall events
+	// (Linux 6.19+: the path of an openat, the bytes of a write) the
+	// recorder could not read: those of a bad pointer, empty in the
+	// kernel's own events too, and, where the recorder cannot page user
+	// memory in (Session.UserFault), memory not in RAM, which the
+	// kernel's own events would hold. Those events are recorded with
+	// the value empty.
+	UserUnread uint64
+	Reordered  uint64 // records written before a record that reached the ring earlier
+	Wakeups    uint64 // times the consumer was woken for this ring
+	Disabled   bool   // recording stopped on this CPU alone
 	// missedPlaced is the part of Missed placed in the stream.
 	missedPlaced uint64
 }
@@ -60,6 +68,11 @@ func (d *drainer) stats(ch *relayfmt.Channel) []CPUStats {
 		}
 	}
 	d.loss.fill(out)
+	for cpu, n := range d.rec.userUnread() {
+		if cpu < len(out) {
+			out[cpu].UserUnread = n
+		}
+	}
 	for _, st := range d.streams {
 		o := &out[st.idx]
 		o.Channel, _ = ch.StatsCPU(st.idx)

@@ -10,9 +10,10 @@ import (
 
 // Flags of kc_tp_info (bpf/kconsume.bpf.c).
 const (
-	tpRecord = 1 // KC_TP_RECORD
-	tpWaking = 2 // KC_TP_WAKING
-	tpSwitch = 4 // KC_TP_SWITCH
+	tpRecord  = 1 // KC_TP_RECORD
+	tpWaking  = 2 // KC_TP_WAKING
+	tpSwitch  = 4 // KC_TP_SWITCH
+	tpSysUser = 8 // KC_TP_SYSUSER
 )
 
 // The tracepoints synthetic:wakeup_latency is computed from.

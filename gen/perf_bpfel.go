@@ -63,6 +63,11 @@ type PerfKcTpInfo struct {
 	_       [2]byte
 	AuxKey  uint32
 	Nops    uint16
+	UserN   uint8
+	UserLen int8
+	UserArg [3]uint8
+	UserMax uint8
+	UserLoc uint16
 	Ops     [16]struct {
 		_    structs.HostLayout
 		Off  uint16

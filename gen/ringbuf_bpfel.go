@@ -80,6 +80,11 @@ type RingbufKcTpInfo struct {
 	_       [2]byte
 	AuxKey  uint32
 	Nops    uint16
+	UserN   uint8
+	UserLen int8
+	UserArg [3]uint8
+	UserMax uint8
+	UserLoc uint16
 	Ops     [16]RingbufKcOp
 	_       [2]byte
 }
@@ -98,6 +103,8 @@ const (
 	RingbufMapKcScratchMap     = "kc_scratch_map"
 	RingbufMapKcState          = "kc_state"
 	RingbufMapKcSysKeys        = "kc_sys_keys"
+	RingbufMapKcSysUserKeys    = "kc_sys_user_keys"
+	RingbufMapKcSysUserUnread  = "kc_sys_user_unread"
 	RingbufMapKcTpInfoMap      = "kc_tp_info_map"
 	RingbufMapKcWakeTs         = "kc_wake_ts"
 	RingbufProgKcBtfRename     = "kc_btf_rename"
@@ -111,6 +118,7 @@ const (
 	RingbufProgKcSysExit       = "kc_sys_exit"
 	RingbufProgKcSysFentry     = "kc_sys_fentry"
 	RingbufProgKcSysFexit      = "kc_sys_fexit"
+	RingbufProgKcSysUserFault  = "kc_sys_user_fault"
 	RingbufProgKcTracepoint    = "kc_tracepoint"
 	RingbufVarKcAreaEshift     = "kc_area_eshift"
 	RingbufVarKcAreaEsize      = "kc_area_esize"
@@ -200,6 +208,7 @@ type RingbufProgramSpecs struct {
 	KcSysExit      *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
 	KcSysFentry    *ebpf.ProgramSpec `ebpf:"kc_sys_fentry"`
 	KcSysFexit     *ebpf.ProgramSpec `ebpf:"kc_sys_fexit"`
+	KcSysUserFault *ebpf.ProgramSpec `ebpf:"kc_sys_user_fault"`
 	KcTracepoint   *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
@@ -207,18 +216,20 @@ type RingbufProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufMapSpecs struct {
-	KcArea       *ebpf.MapSpec `ebpf:"kc_area"`
-	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
-	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
-	KcCtfMap     *ebpf.MapSpec `ebpf:"kc_ctf_map"`
-	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
-	KcPids       *ebpf.MapSpec `ebpf:"kc_pids"`
-	KcRings      *ebpf.MapSpec `ebpf:"kc_rings"`
-	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
-	KcState      *ebpf.MapSpec `ebpf:"kc_state"`
-	KcSysKeys    *ebpf.MapSpec `ebpf:"kc_sys_keys"`
-	KcTpInfoMap  *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
-	KcWakeTs     *ebpf.MapSpec `ebpf:"kc_wake_ts"`
+	KcArea          *ebpf.MapSpec `ebpf:"kc_area"`
+	KcCgroup        *ebpf.MapSpec `ebpf:"kc_cgroup"`
+	KcComms         *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcCtfMap        *ebpf.MapSpec `ebpf:"kc_ctf_map"`
+	KcInjectBuf     *ebpf.MapSpec `ebpf:"kc_inject_buf"`
+	KcPids          *ebpf.MapSpec `ebpf:"kc_pids"`
+	KcRings         *ebpf.MapSpec `ebpf:"kc_rings"`
+	KcScratchMap    *ebpf.MapSpec `ebpf:"kc_scratch_map"`
+	KcState         *ebpf.MapSpec `ebpf:"kc_state"`
+	KcSysKeys       *ebpf.MapSpec `ebpf:"kc_sys_keys"`
+	KcSysUserKeys   *ebpf.MapSpec `ebpf:"kc_sys_user_keys"`
+	KcSysUserUnread *ebpf.MapSpec `ebpf:"kc_sys_user_unread"`
+	KcTpInfoMap     *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
+	KcWakeTs        *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
 
 // RingbufVariableSpecs contains global variables before they are loaded into the kernel.
@@ -280,18 +291,20 @@ func (o *RingbufObjects) Close() error {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufMaps struct {
-	KcArea       *ebpf.Map `ebpf:"kc_area"`
-	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
-	KcComms      *ebpf.Map `ebpf:"kc_comms"`
-	KcCtfMap     *ebpf.Map `ebpf:"kc_ctf_map"`
-	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
-	KcPids       *ebpf.Map `ebpf:"kc_pids"`
-	KcRings      *ebpf.Map `ebpf:"kc_rings"`
-	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
-	KcState      *ebpf.Map `ebpf:"kc_state"`
-	KcSysKeys    *ebpf.Map `ebpf:"kc_sys_keys"`
-	KcTpInfoMap  *ebpf.Map `ebpf:"kc_tp_info_map"`
-	KcWakeTs     *ebpf.Map `ebpf:"kc_wake_ts"`
+	KcArea          *ebpf.Map `ebpf:"kc_area"`
+	KcCgroup        *ebpf.Map `ebpf:"kc_cgroup"`
+	KcComms         *ebpf.Map `ebpf:"kc_comms"`
+	KcCtfMap        *ebpf.Map `ebpf:"kc_ctf_map"`
+	KcInjectBuf     *ebpf.Map `ebpf:"kc_inject_buf"`
+	KcPids          *ebpf.Map `ebpf:"kc_pids"`
+	KcRings         *ebpf.Map `ebpf:"kc_rings"`
+	KcScratchMap    *ebpf.Map `ebpf:"kc_scratch_map"`
+	KcState         *ebpf.Map `ebpf:"kc_state"`
+	KcSysKeys       *ebpf.Map `ebpf:"kc_sys_keys"`
+	KcSysUserKeys   *ebpf.Map `ebpf:"kc_sys_user_keys"`
+	KcSysUserUnread *ebpf.Map `ebpf:"kc_sys_user_unread"`
+	KcTpInfoMap     *ebpf.Map `ebpf:"kc_tp_info_map"`
+	KcWakeTs        *ebpf.Map `ebpf:"kc_wake_ts"`
 }
 
 func (m *RingbufMaps) Close() error {
@@ -306,6 +319,8 @@ func (m *RingbufMaps) Close() error {
 		m.KcScratchMap,
 		m.KcState,
 		m.KcSysKeys,
+		m.KcSysUserKeys,
+		m.KcSysUserUnread,
 		m.KcTpInfoMap,
 		m.KcWakeTs,
 	)
@@ -365,6 +380,7 @@ type RingbufPrograms struct {
 	KcSysExit      *ebpf.Program `ebpf:"kc_sys_exit"`
 	KcSysFentry    *ebpf.Program `ebpf:"kc_sys_fentry"`
 	KcSysFexit     *ebpf.Program `ebpf:"kc_sys_fexit"`
+	KcSysUserFault *ebpf.Program `ebpf:"kc_sys_user_fault"`
 	KcTracepoint   *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
@@ -381,6 +397,7 @@ func (p *RingbufPrograms) Close() error {
 		p.KcSysExit,
 		p.KcSysFentry,
 		p.KcSysFexit,
+		p.KcSysUserFault,
 		p.KcTracepoint,
 	)
 }

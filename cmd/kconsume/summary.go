@@ -35,8 +35,9 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	records, bytes, discarded := totals(stats)
 	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded)
 	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "missed", "dropped", "overwritten", "invalid", "reordered")
-	var kernel, missed, dropped, over uint64
+	var kernel, missed, dropped, over, unread uint64
 	for _, c := range stats {
+		unread += c.UserUnread
 		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 && c.Missed == 0 {
 			continue
 		}
@@ -59,6 +60,13 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	}
 	if dropped > 0 {
 		fmt.Fprintf(w, "advice: %d events were dropped because every sub-buffer was full: raise --subbuf-size or --n-subbufs, or write to a faster disk\n", dropped)
+	}
+	if unread > 0 {
+		why := ""
+		if r.s != nil && r.s.UserFault() != nil {
+			why = fmt.Sprintf(", or memory not paged in, which the kernel's own events would hold (kconsume cannot page it in here: %v)", r.s.UserFault())
+		}
+		fmt.Fprintf(w, "note: %d user-space values of syscall events (paths, write buffers) could not be read and are recorded empty: bad pointers, empty in the kernel's own events too%s\n", unread, why)
 	}
 	if over > 0 {
 		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", over)

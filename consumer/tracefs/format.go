@@ -77,6 +77,9 @@ type Format struct {
 	// Skipped names the flexible-array fields ("buf[]", size 0) left out:
 	// the format gives no length for them.
 	Skipped []string
+	// Print is the event's print fmt: its format string and arguments,
+	// as the file has them after "print fmt: ".
+	Print string
 }
 
 // FullName returns "system:name".
@@ -133,6 +136,7 @@ func ParseFormat(system string, data []byte) (*Format, error) {
 			inFields = true
 		case strings.HasPrefix(text, "print fmt:"):
 			inFields = false
+			f.Print = strings.TrimSpace(strings.TrimPrefix(text, "print fmt:"))
 		case inFields && trimmed == "":
 			// The kernel separates the common fields from the event's own
 			// with an empty line.

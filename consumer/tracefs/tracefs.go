@@ -1,11 +1,13 @@
 package tracefs
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/kconsume/kconsume/internal/mounts"
@@ -103,4 +105,24 @@ func (fs FS) Format(e Event) (*Format, error) {
 		return nil, fmt.Errorf("tracefs: event %s: %w", e, err)
 	}
 	return ParseFormat(e.System, data)
+}
+
+// SyscallUserBufSize returns how many bytes of the user-space data a
+// syscall event points to the kernel records in the top instance's
+// syscall events (the file syscall_user_buf_size, Linux 6.19+), and
+// false when the kernel has no such file. It fails when the file cannot
+// be read or holds no number.
+func (fs FS) SyscallUserBufSize() (int, bool, error) {
+	data, err := os.ReadFile(filepath.Join(fs.Root, "syscall_user_buf_size"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("tracefs: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || n < 0 {
+		return 0, false, fmt.Errorf("tracefs: syscall_user_buf_size holds %q, not a size", strings.TrimSpace(string(data)))
+	}
+	return n, true, nil
 }

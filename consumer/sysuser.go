@@ -1,0 +1,281 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
+)
+
+// Syscall events' user-space fields. Since Linux 6.19 the kernel appends
+// to some sys_enter events a `__data_loc char[] __ARG_val` field for each
+// pointer argument whose data it copies into the record: the path of an
+// openat, the bytes of a write (kernel/trace/trace_syscalls.c,
+// check_faultable_syscall and sys_fault_user). A BPF program on a
+// syscall tracepoint sees only the number and the arguments
+// (perf_call_bpf_enter), so the recorder reads that data itself
+// (kc_sys_user in bpf/kconsume.bpf.c), by the kernel's rules.
+
+// sysUserMax is SYSCALL_FAULT_USER_MAX (kernel/trace/trace.h): the most
+// bytes of one field the kernel keeps, and the largest
+// syscall_user_buf_size it takes.
+const sysUserMax = 165
+
+// sysUserCnt is SYSCALL_FAULT_MAX_CNT: the most user-space fields of one
+// event (KC_SYS_USER_CNT).
+const sysUserCnt = 3
+
+// sysUserDefault is the default of CONFIG_TRACE_SYSCALL_BUF_SIZE_DEFAULT,
+// the size used where a kernel has the fields but no
+// syscall_user_buf_size file to say it.
+const sysUserDefault = 63
+
+// sysArrayLen holds the syscalls whose user-space data the kernel copies
+// as bytes, as many as an argument says, rather than as a string up to
+// its NUL: the argument that says how many (check_faultable_syscall's
+// user_arg_size). write's buf is such data; sethostname's name too,
+// though its print fmt shows it as a string.
+var sysArrayLen = map[string]int{
+	"write": 2, "pwrite64": 2, "mq_timedsend": 2,
+	"sethostname": 1, "setdomainname": 1, "kexec_file_load": 3,
+}
+
+// sysUser is what the recorder needs to fill a syscall event's
+// user-space fields.
+type sysUser struct {
+	loc    int   // trace-record offset of the first field's __data_loc
+	args   []int // the argument each field's data comes from, in field order
+	lenArg int   // the argument that bounds an array's copy, or -1 for strings
+}
+
+// sysUserOf returns the user-space fields of the syscall event f, or nil
+// for an event without them. It fails for fields the recorder cannot
+// fill as the kernel does: one that names no argument, more than
+// sysUserCnt, fields not right after the arguments, or data the print
+// fmt shows as an array of a syscall whose length argument sysArrayLen
+// does not know.
+func sysUserOf(f *tracefs.Format) (*sysUser, error) {
+	if f.System != "syscalls" || !strings.HasPrefix(f.Name, "sys_enter_") {
+		return nil, nil
+	}
+	var args []string
+	var vals []tracefs.Field
+	for _, fl := range f.Fields {
+		switch {
+		case fl.Name == "__syscall_nr":
+		case fl.Loc == tracefs.Inline && len(vals) == 0:
+			args = append(args, fl.Name)
+		default:
+			vals = append(vals, fl)
+		}
+	}
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	u := &sysUser{loc: 16 + 8*len(args), lenArg: -1}
+	name := f.FullName()
+	if len(vals) > sysUserCnt {
+		return nil, fmt.Errorf("event %s: %d user-space fields, more than the kernel's %d", name, len(vals), sysUserCnt)
+	}
+	for j, fl := range vals {
+		if fl.Loc != tracefs.DataLoc || !fl.IsChar() || fl.Offset != u.loc+4*j {
+			return nil, fmt.Errorf("event %s: field %s (%s at %d) is not a user-space field after the arguments", name, fl.Name, fl.Type, fl.Offset)
+		}
+		arg := -1
+		for i, a := range args {
+			if fl.Name == "__"+a+"_val" {
+				arg = i
+			}
+		}
+		if arg < 0 || arg >= 6 {
+			return nil, fmt.Errorf("event %s: user-space field %s names no argument", name, fl.Name)
+		}
+		u.args = append(u.args, arg)
+		if strings.Contains(f.Print, "__print_dynamic_array("+fl.Name+",") {
+			if _, ok := sysArrayLen[sysName(f)]; !ok {
+				return nil, fmt.Errorf("event %s: user-space field %s holds bytes whose length argument kconsume does not know", name, fl.Name)
+			}
+		}
+	}
+	if i, ok := sysArrayLen[sysName(f)]; ok {
+		if len(vals) != 1 || i >= len(args) {
+			return nil, fmt.Errorf("event %s: %d user-space fields and %d arguments, not one field bounded by argument %d", name, len(vals), len(args), i)
+		}
+		u.lenArg = i
+	}
+	return u, nil
+}
+
+// sysUserBytes reports whether fl is a user-space field of the syscall
+// event f that holds bytes (write's __buf_val), which the trace keeps as
+// a sequence of bytes: they may hold NULs, where a string would end.
+// Fields copied as bytes but shown as text (sethostname's) stay strings,
+// as the kernel prints them.
+func sysUserBytes(f *tracefs.Format, fl tracefs.Field) bool {
+	if f.System != "syscalls" || fl.Loc != tracefs.DataLoc {
+		return false
+	}
+	_, ok := sysArrayLen[sysName(f)]
+	return ok && strings.Contains(f.Print, "__print_dynamic_array("+fl.Name+",")
+}
+
+// sysUserBuf returns how many bytes of each user-space field the
+// recorder keeps: the top instance's syscall_user_buf_size, as the
+// kernel's own syscall events there (and trace-cmd's recording) keep,
+// at most sysUserMax.
+func sysUserBuf(fs tracefs.FS) (int, error) {
+	n, ok, err := fs.SyscallUserBufSize()
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return sysUserDefault, nil
+	}
+	return min(n, sysUserMax), nil
+}
+
+// sysUsers returns, per format, its user-space fields (sysUserOf), and
+// the bytes of each the recorder keeps (sysUserBuf) where some event has
+// them. It fails as sysUserOf does, with ErrNotSupported, and when
+// syscall_user_buf_size cannot be read.
+func sysUsers(fs tracefs.FS, formats []*tracefs.Format) ([]*sysUser, int, error) {
+	users := make([]*sysUser, len(formats))
+	any := false
+	for i, f := range formats {
+		u, err := sysUserOf(f)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: %w", ErrNotSupported, err)
+		}
+		users[i], any = u, any || u != nil
+	}
+	if !any {
+		return users, 0, nil
+	}
+	buf, err := sysUserBuf(fs)
+	if err != nil {
+		return nil, 0, err
+	}
+	return users, buf, nil
+}
+
+// put sets in ti the fields and the flag by which kc_sys_user fills the
+// user-space fields u describes, keeping buf bytes of each.
+func (u *sysUser) put(ti *gen.RingbufKcTpInfo, buf int) {
+	ti.Flags |= tpSysUser
+	ti.UserN = uint8(len(u.args))
+	ti.UserLen = int8(u.lenArg)
+	for j, a := range u.args {
+		ti.UserArg[j] = uint8(a)
+	}
+	ti.UserMax = uint8(buf)
+	ti.UserLoc = uint16(u.loc)
+}
+
+// userFaultProbe loads an empty sleepable program on the sys_enter
+// tracepoint and returns the kernel's error, if any: Linux 7.x takes
+// sleepable programs on the faultable syscall tracepoints, older kernels
+// refuse them.
+func userFaultProbe() error {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "kc_sleep_probe",
+		Type:         ebpf.Tracing,
+		AttachType:   ebpf.AttachTraceRawTp,
+		AttachTo:     "sys_enter",
+		Flags:        unix.BPF_F_SLEEPABLE,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return err
+	}
+	return p.Close()
+}
+
+// setupUserFault keeps kc_sys_user_fault in spec, made sleepable, where
+// need says some recorded event has user-space fields and the kernel
+// takes the program; else it removes it, and r.userFaultErr says why
+// when it was needed.
+func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need bool) {
+	ps := spec.Programs[gen.RingbufProgKcSysUserFault]
+	if ps == nil {
+		return
+	}
+	var err error
+	switch {
+	case !need:
+	case r.transport != Ringbuf:
+		err = errors.New("needs BPF ring buffers")
+	default:
+		if err = userFaultProbe(); err != nil {
+			err = fmt.Errorf("a sleepable program on sys_enter: %w", err)
+		}
+	}
+	if !need || err != nil {
+		r.userFaultErr = err
+		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
+		return
+	}
+	ps.Flags |= unix.BPF_F_SLEEPABLE
+}
+
+// attachUserFault attaches kc_sys_user_fault, where it was loaded, for
+// the recorded events with user-space fields (users, indexed by event
+// key like formats), before their tracepoints attach: it must run
+// before them. Where it fails, the events are recorded without it and
+// r.userFaultErr says why.
+func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) {
+	prog := r.coll.Programs[gen.RingbufProgKcSysUserFault]
+	if prog == nil {
+		return
+	}
+	keys := r.coll.Maps[gen.RingbufMapKcSysUserKeys]
+	for i, u := range users {
+		nr, known := sysNr(formats[i])
+		if u == nil || !known || nr < 0 || nr >= sysMax {
+			continue
+		}
+		if err := keys.Put(uint32(nr), uint32(i+1)); err != nil {
+			r.userFaultErr = fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err)
+			return
+		}
+	}
+	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+	if err != nil {
+		r.userFaultErr = fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err)
+		return
+	}
+	r.links = append(r.links, l)
+	r.userFault = true
+}
+
+// userUnread returns per CPU the user-space values the recorder could
+// not read (kc_sys_user_unread), or nil where it has no such counter.
+func (r *recorder) userUnread() []uint64 {
+	m := r.coll.Maps[gen.RingbufMapKcSysUserUnread]
+	if m == nil {
+		return nil
+	}
+	var per []uint64
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		return nil
+	}
+	return per
+}
+
+// UserFault returns nil when the recorder pages in the user memory that
+// syscall events' user-space fields hold before it reads it, as the
+// kernel does for its own events, or why it does not; nil too when no
+// recorded event has such fields.
+func (s *Session) UserFault() error {
+	if s.rec.userFault {
+		return nil
+	}
+	return s.rec.userFaultErr
+}
