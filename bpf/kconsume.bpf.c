@@ -245,9 +245,11 @@ static __always_inline long kc_ctf_build(struct kc_scratch *s, struct kc_ctf *t,
  * - an array (write's buf): min(the length argument, KC_SYS_USER_READ)
  *   bytes read, the first user_max of them kept as they are;
  * - a read that faults, or a user_max of 0: an empty field.
- * bpf_probe_read_user cannot fault a page in where the kernel's copy
- * can, but perf_syscall_enter has made the same copy of the same memory
- * just before it runs the program, so the pages are there.
+ * bpf_probe_read_user cannot page memory in where the kernel's copy can,
+ * and nothing has paged it in for a program alone (seen on 7.3: a page
+ * the task never touched read as a fault), so kc_sys_user_fault does
+ * that first where the kernel allows it; a value still unread is
+ * counted in kc_sys_user_unread.
  */
 #define KC_SYS_USER_CNT 3    /* SYSCALL_FAULT_MAX_CNT */
 #define KC_SYS_USER_MAX 165  /* SYSCALL_FAULT_USER_MAX */
