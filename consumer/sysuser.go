@@ -198,11 +198,15 @@ func userFaultProbe() error {
 	return p.Close()
 }
 
-// setupUserFault keeps kc_sys_user_fault in spec, made sleepable, where
-// need says some recorded event has user-space fields and the kernel
-// takes the program; else it removes it, and r.userFaultErr says why
-// when it was needed.
+// setupUserFault turns kc_sys_user on in spec where need says some
+// recorded event has user-space fields, and keeps kc_sys_user_fault,
+// made sleepable, where the kernel takes it; else it removes that
+// program, and r.userFaultErr says why when it was needed.
 func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need bool) {
+	if v := spec.Variables[gen.RingbufVarKcSysUserOn]; v != nil {
+		// Without it the verifier leaves kc_sys_user out.
+		_ = v.Set(boolU32(need))
+	}
 	ps := spec.Programs[gen.RingbufProgKcSysUserFault]
 	if ps == nil {
 		return

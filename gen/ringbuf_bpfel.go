@@ -142,6 +142,7 @@ const (
 	RingbufVarKcSwitchId       = "kc_switch_id"
 	RingbufVarKcSwitchKey      = "kc_switch_key"
 	RingbufVarKcSwitchStateArg = "kc_switch_state_arg"
+	RingbufVarKcSysUserOn      = "kc_sys_user_on"
 	RingbufVarKcTaskBtf        = "kc_task_btf"
 	RingbufVarKcUseCookie      = "kc_use_cookie"
 	RingbufVarKcWakeSuccess    = "kc_wake_success"
@@ -258,6 +259,7 @@ type RingbufVariableSpecs struct {
 	KcSwitchId       *ebpf.VariableSpec `ebpf:"kc_switch_id"`
 	KcSwitchKey      *ebpf.VariableSpec `ebpf:"kc_switch_key"`
 	KcSwitchStateArg *ebpf.VariableSpec `ebpf:"kc_switch_state_arg"`
+	KcSysUserOn      *ebpf.VariableSpec `ebpf:"kc_sys_user_on"`
 	KcTaskBtf        *ebpf.VariableSpec `ebpf:"kc_task_btf"`
 	KcUseCookie      *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeSuccess    *ebpf.VariableSpec `ebpf:"kc_wake_success"`
@@ -352,6 +354,7 @@ type RingbufVariables struct {
 	KcSwitchId       *ebpf.Variable `ebpf:"kc_switch_id"`
 	KcSwitchKey      *ebpf.Variable `ebpf:"kc_switch_key"`
 	KcSwitchStateArg *ebpf.Variable `ebpf:"kc_switch_state_arg"`
+	KcSysUserOn      *ebpf.Variable `ebpf:"kc_sys_user_on"`
 	KcTaskBtf        *ebpf.Variable `ebpf:"kc_task_btf"`
 	KcUseCookie      *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeSuccess    *ebpf.Variable `ebpf:"kc_wake_success"`
