@@ -66,6 +66,7 @@ type recorder struct {
 	// says why not, where some event has them.
 	userFault    bool
 	userFaultErr error
+	userOn       bool // kc_sys_user is on: some event has user-space fields
 	injectMu     sync.Mutex
 	injectRec    *gen.RingbufKcInjectRec
 }

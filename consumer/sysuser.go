@@ -206,6 +206,7 @@ func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need bool) {
 	if v := spec.Variables[gen.RingbufVarKcSysUserOn]; v != nil {
 		// Without it the verifier leaves kc_sys_user out.
 		_ = v.Set(boolU32(need))
+		r.userOn = need
 	}
 	ps := spec.Programs[gen.RingbufProgKcSysUserFault]
 	if ps == nil {
@@ -260,10 +261,11 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 }
 
 // userUnread returns per CPU the user-space values the recorder could
-// not read (kc_sys_user_unread), or nil where it has no such counter.
+// not read (kc_sys_user_unread), or nil where no recorded event has
+// user-space fields.
 func (r *recorder) userUnread() []uint64 {
 	m := r.coll.Maps[gen.RingbufMapKcSysUserUnread]
-	if m == nil {
+	if m == nil || !r.userOn {
 		return nil
 	}
 	var per []uint64
