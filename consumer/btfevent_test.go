@@ -83,30 +83,13 @@ func TestBTFEventsMatchFtrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst := filepath.Join(fs.Root, "instances", fmt.Sprintf("kc-btf-%d", os.Getpid()))
-	if err := os.Mkdir(inst, 0o755); err != nil {
-		t.Fatalf("creating an ftrace instance: %v", err)
-	}
-	enable := func(v string) error {
-		for _, n := range names {
-			if err := os.WriteFile(filepath.Join(inst, "events/sched", n, "enable"), []byte(v), 0); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	t.Cleanup(func() {
-		_ = enable("0")
-		if err := os.Remove(inst); err != nil {
-			t.Errorf("removing the ftrace instance: %v", err)
-		}
-	})
-	if err := os.WriteFile(filepath.Join(inst, "buffer_size_kb"), []byte("8192"), 0); err != nil {
-		t.Fatal(err)
-	}
 	var events []string
 	for _, n := range names {
 		events = append(events, "sched:"+n)
+	}
+	inst, enable := ftraceInstance(t, fs, "btf", events)
+	if err := os.WriteFile(filepath.Join(inst, "buffer_size_kb"), []byte("8192"), 0); err != nil {
+		t.Fatal(err)
 	}
 	s, dir := newTestSession(t, Config{Events: events, Transport: Ringbuf})
 	got, why := s.BTFEvents()

@@ -157,19 +157,7 @@ func TestTaskRenameMatchFtrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	withPid := slices.ContainsFunc(format.Fields, func(f tracefs.Field) bool { return f.Name == "pid" })
-	inst := filepath.Join(fs.Root, "instances", fmt.Sprintf("kc-rename-%d", os.Getpid()))
-	if err := os.Mkdir(inst, 0o755); err != nil {
-		t.Fatalf("creating an ftrace instance: %v", err)
-	}
-	enable := func(v string) error {
-		return os.WriteFile(filepath.Join(inst, "events/task/task_rename/enable"), []byte(v), 0)
-	}
-	t.Cleanup(func() {
-		_ = enable("0")
-		if err := os.Remove(inst); err != nil {
-			t.Errorf("removing the ftrace instance: %v", err)
-		}
-	})
+	inst, enable := ftraceInstance(t, fs, "rename", []string{"task:task_rename"})
 	s, dir := newTestSession(t, Config{Events: []string{"task:task_rename"}, Transport: Ringbuf})
 	if got, why := s.BTFEvents(); len(got) != 1 {
 		t.Fatalf("task_rename is not on the BTF path: %v", why)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
@@ -234,6 +236,34 @@ func walkTrace(t *testing.T, dir string, fn func(it *relayfmt.Item, vals []relay
 	if err := m.Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ftraceInstance creates the ftrace instance kc-NAME-PID, which the
+// test's cleanup disables and removes, and returns its directory and a
+// function that writes v ("1" or "0") to the enable file of each of
+// events ("system:name").
+func ftraceInstance(t *testing.T, fs tracefs.FS, name string, events []string) (string, func(v string) error) {
+	t.Helper()
+	inst := filepath.Join(fs.Root, "instances", fmt.Sprintf("kc-%s-%d", name, os.Getpid()))
+	if err := os.Mkdir(inst, 0o755); err != nil {
+		t.Fatalf("creating an ftrace instance: %v", err)
+	}
+	enable := func(v string) error {
+		for _, e := range events {
+			sys, ev, _ := strings.Cut(e, ":")
+			if err := os.WriteFile(filepath.Join(inst, "events", sys, ev, "enable"), []byte(v), 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	t.Cleanup(func() {
+		_ = enable("0")
+		if err := os.Remove(inst); err != nil {
+			t.Errorf("removing the ftrace instance: %v", err)
+		}
+	})
+	return inst, enable
 }
 
 // field returns the value of the named field, or a zero Value.

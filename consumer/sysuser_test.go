@@ -237,25 +237,13 @@ func TestSyscallUserFields(t *testing.T) {
 
 func testSyscallUserFields(t *testing.T, fs tracefs.FS) {
 	c := startChild(t, "sysuser", 1)
-	inst := filepath.Join(fs.Root, "instances", fmt.Sprintf("kc-sysuser-%d", os.Getpid()))
-	if err := os.Mkdir(inst, 0o755); err != nil {
-		t.Fatalf("creating an ftrace instance: %v", err)
-	}
+	inst, enableAll := ftraceInstance(t, fs, "sysuser", sysUserEvents)
 	enable := func(v string) {
 		t.Helper()
-		for _, e := range sysUserEvents {
-			ev, _ := tracefs.ParseEvent(e)
-			if err := os.WriteFile(filepath.Join(inst, "events", ev.System, ev.Name, "enable"), []byte(v), 0); err != nil {
-				t.Fatal(err)
-			}
+		if err := enableAll(v); err != nil {
+			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() {
-		enable("0")
-		if err := os.Remove(inst); err != nil {
-			t.Errorf("removing the ftrace instance: %v", err)
-		}
-	})
 	if err := os.WriteFile(filepath.Join(inst, "set_event_pid"), []byte(fmt.Sprint(c.tid)), 0); err != nil {
 		t.Fatal(err)
 	}
