@@ -57,6 +57,19 @@ struct {
 	__type(value, __u8);
 } kc_comms SEC(".maps");
 
+/* kc_pass_comm returns whether the current task passes the command-name filter. */
+static __always_inline int kc_pass_comm(void)
+{
+	if (kc_filter_comm) {
+		struct kc_comm c = {};
+
+		bpf_get_current_comm(c.comm, sizeof(c.comm));
+		if (!bpf_map_lookup_elem(&kc_comms, &c))
+			return 0;
+	}
+	return 1;
+}
+
 /* kc_pass returns whether the current task passes every enabled filter. */
 static __always_inline int kc_pass(void)
 {
@@ -71,14 +84,7 @@ static __always_inline int kc_pass(void)
 	}
 	if (kc_filter_cgroup && bpf_current_task_under_cgroup(&kc_cgroup, 0) != 1)
 		return 0;
-	if (kc_filter_comm) {
-		struct kc_comm c = {};
-
-		bpf_get_current_comm(c.comm, sizeof(c.comm));
-		if (!bpf_map_lookup_elem(&kc_comms, &c))
-			return 0;
-	}
-	return 1;
+	return kc_pass_comm();
 }
 
 /*

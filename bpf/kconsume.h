@@ -663,6 +663,31 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 }
 
 /*
+ * kc_emit_counted is kc_emit, counting in st with atomic adds where
+ * atomic is set: for a caller that programs of ours may interrupt on its
+ * CPU (kc_sys_user_fault's record, made with preemption disabled, which
+ * an interrupt's tp_btf program can still cut into).
+ */
+static __always_inline long kc_emit_counted(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len, int stamp, int atomic)
+{
+	long err;
+
+	barrier_var(len);
+	len &= KC_PAYLOAD_MASK;
+	s->hdr.len = len;
+	err = kc_output(ctx, s, sizeof(struct kc_rec) + len, st, atomic, stamp);
+	if (atomic && err)
+		__sync_fetch_and_add(&st->lost, 1);
+	else if (atomic)
+		__sync_fetch_and_add(&st->emitted, 1);
+	else if (err)
+		st->lost++;
+	else
+		st->emitted++;
+	return err;
+}
+
+/*
  * kc_emit outputs len payload bytes of s, stamped by kc_output when stamp
  * is set (the time then in s->hdr.ts), else with the time s holds.
  * Returns 0 or a negative errno, which has been counted in the CPU's lost
@@ -670,17 +695,7 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
  */
 static __always_inline long kc_emit(void *ctx, struct kc_scratch *s, struct kc_cpu_state *st, __u32 len, int stamp)
 {
-	long err;
-
-	barrier_var(len);
-	len &= KC_PAYLOAD_MASK;
-	s->hdr.len = len;
-	err = kc_output(ctx, s, sizeof(struct kc_rec) + len, st, 0, stamp);
-	if (err)
-		st->lost++;
-	else
-		st->emitted++;
-	return err;
+	return kc_emit_counted(ctx, s, st, len, stamp, 0);
 }
 
 /*

@@ -67,8 +67,11 @@ type recorder struct {
 	userFault    bool
 	userFaultErr error
 	userOn       bool // kc_sys_user is on: some event has user-space fields
-	injectMu     sync.Mutex
-	injectRec    *gen.RingbufKcInjectRec
+	// userRec is set when kc_sys_user_fault, once attached, records the
+	// events it pages memory in for, which then need no tracepoint.
+	userRec   bool
+	injectMu  sync.Mutex
+	injectRec *gen.RingbufKcInjectRec
 }
 
 // loadOpts replaces the recorder by another object built on kconsume.h

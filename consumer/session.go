@@ -15,6 +15,7 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -346,7 +347,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 	if err != nil {
 		return err
 	}
-	s.rec.attachUserFault(formats, users)
+	user := s.rec.attachUserFault(formats, users)
 	// One declaration for all: each one rewrites the whole metadata.
 	names, layouts := make([]string, len(formats)), make([]*layout, len(formats))
 	for i, f := range formats {
@@ -404,7 +405,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 		// they were loaded and attach; its tracepoint otherwise.
 		var p string
 		if recorded {
-			p = raw[i]
+			p = cmp.Or(raw[i], user[i])
 		}
 		if recorded && p == "" && s.rec.btfKeys[i] != "" {
 			p = s.rec.attachBTF(i)
@@ -422,11 +423,12 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 }
 
 // RawSyscalls returns the syscall events recorded through the raw
-// syscall path (Config.Syscalls) and, when the raw path could have
+// syscall path (Config.Syscalls), those with user-space fields that
+// kc_sys_user_fault records included, and, when the raw path could have
 // recorded some of the session's events but did not run, why.
 func (s *Session) RawSyscalls() (events []string, why error) {
 	for i, p := range s.rec.tpProgs[:len(s.events)] {
-		if p == gen.RingbufProgKcSysEnter || p == gen.RingbufProgKcSysExit {
+		if p == gen.RingbufProgKcSysEnter || p == gen.RingbufProgKcSysExit || p == gen.RingbufProgKcSysUserFault {
 			events = append(events, s.events[i].FullName())
 		}
 	}

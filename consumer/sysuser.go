@@ -201,7 +201,10 @@ func userFaultProbe() error {
 // setupUserFault turns kc_sys_user on in spec where need says some
 // recorded event has user-space fields, and keeps kc_sys_user_fault,
 // made sleepable, where the kernel takes it; else it removes that
-// program, and r.userFaultErr says why when it was needed.
+// program, and r.userFaultErr says why when it was needed. The program
+// also records those events (kc_sys_user_rec) unless a cgroup filter,
+// which it cannot test, or Config.Syscalls SyscallsTracepoint keeps
+// them on their tracepoints.
 func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need bool) {
 	if v := spec.Variables[gen.RingbufVarKcSysUserOn]; v != nil {
 		// Without it the verifier leaves kc_sys_user out.
@@ -228,17 +231,23 @@ func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need bool) {
 		return
 	}
 	ps.Flags |= unix.BPF_F_SLEEPABLE
+	if v := spec.Variables[gen.RingbufVarKcSysUserRec]; v != nil && r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint {
+		r.userRec = v.Set(uint32(1)) == nil
+	}
 }
 
 // attachUserFault attaches kc_sys_user_fault, where it was loaded, for
 // the recorded events with user-space fields (users, indexed by event
 // key like formats), before their tracepoints attach: it must run
-// before them. Where it fails, the events are recorded without it and
-// r.userFaultErr says why.
-func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) {
+// before them. It returns, by event key, the program's name for the
+// events it records itself (r.userRec), which need no tracepoint, and
+// "" for the others. Where it fails, the events are recorded without it
+// and r.userFaultErr says why.
+func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) []string {
+	progs := make([]string, len(formats))
 	prog := r.coll.Programs[gen.RingbufProgKcSysUserFault]
 	if prog == nil {
-		return
+		return progs
 	}
 	keys := r.coll.Maps[gen.RingbufMapKcSysUserKeys]
 	for i, u := range users {
@@ -248,16 +257,20 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 		}
 		if err := keys.Put(uint32(nr), uint32(i+1)); err != nil {
 			r.userFaultErr = fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err)
-			return
+			return make([]string, len(formats))
+		}
+		if r.userRec {
+			progs[i] = gen.RingbufProgKcSysUserFault
 		}
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 	if err != nil {
 		r.userFaultErr = fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err)
-		return
+		return make([]string, len(formats))
 	}
 	r.links = append(r.links, l)
 	r.userFault = true
+	return progs
 }
 
 // userUnread returns per CPU the user-space values the recorder could

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -226,16 +227,18 @@ func TestSyscallUserFields(t *testing.T) {
 	if buf != sysUserDefault {
 		t.Fatalf("syscall_user_buf_size is %d: the test expects the default %d", buf, sysUserDefault)
 	}
-	for _, pkt := range []bool{true, false} {
-		t.Run(fmt.Sprintf("packets=%v", pkt), func(t *testing.T) {
-			noPkt = !pkt
-			defer func() { noPkt = false }()
-			testSyscallUserFields(t, fs)
-		})
+	for _, sys := range []Syscalls{SyscallsAuto, SyscallsTracepoint} {
+		for _, pkt := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v/packets=%v", sys, pkt), func(t *testing.T) {
+				noPkt = !pkt
+				defer func() { noPkt = false }()
+				testSyscallUserFields(t, fs, sys)
+			})
+		}
 	}
 }
 
-func testSyscallUserFields(t *testing.T, fs tracefs.FS) {
+func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls) {
 	c := startChild(t, "sysuser", 1)
 	inst, enableAll := ftraceInstance(t, fs, "sysuser", sysUserEvents)
 	enable := func(v string) {
@@ -248,7 +251,7 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS) {
 		t.Fatal(err)
 	}
 	enable("1")
-	s, dir := newTestSession(t, Config{Events: sysUserEvents, PIDs: []int{c.tid}})
+	s, dir := newTestSession(t, Config{Events: sysUserEvents, PIDs: []int{c.tid}, Syscalls: sys})
 	if got := s.Packets() == nil; got != !noPkt && pktExpected(t, s) {
 		t.Fatalf("packet mode %v, want %v: %v", got, !noPkt, s.Packets())
 	}
@@ -257,6 +260,16 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS) {
 	paging := userFaultProbe() == nil
 	if why := s.UserFault(); paging && why != nil {
 		t.Fatalf("the kernel takes sleepable programs on sys_enter, but the recorder does not page user memory in: %v", why)
+	}
+	// There the program that pages memory in records the events too,
+	// unless they are to keep their tracepoints.
+	for i, p := range s.rec.tpProgs[:len(s.events)] {
+		if want := paging && sys != SyscallsTracepoint; (p == gen.RingbufProgKcSysUserFault) != want {
+			t.Fatalf("%s recorded by %q; by kc_sys_user_fault: %v, want %v", s.events[i].FullName(), p, !want, want)
+		}
+	}
+	if raw, _ := s.RawSyscalls(); paging && sys != SyscallsTracepoint && len(raw) != len(s.events) {
+		t.Fatalf("raw syscall path: %v, want all of %d events", raw, len(s.events))
 	}
 	stats := recordChild(t, s, c)
 	enable("0")

@@ -104,6 +104,7 @@ const (
 	RingbufMapKcState          = "kc_state"
 	RingbufMapKcSysKeys        = "kc_sys_keys"
 	RingbufMapKcSysUserKeys    = "kc_sys_user_keys"
+	RingbufMapKcSysUserScratch = "kc_sys_user_scratch"
 	RingbufMapKcSysUserUnread  = "kc_sys_user_unread"
 	RingbufMapKcTpInfoMap      = "kc_tp_info_map"
 	RingbufMapKcWakeTs         = "kc_wake_ts"
@@ -143,6 +144,7 @@ const (
 	RingbufVarKcSwitchKey      = "kc_switch_key"
 	RingbufVarKcSwitchStateArg = "kc_switch_state_arg"
 	RingbufVarKcSysUserOn      = "kc_sys_user_on"
+	RingbufVarKcSysUserRec     = "kc_sys_user_rec"
 	RingbufVarKcTaskBtf        = "kc_task_btf"
 	RingbufVarKcUseCookie      = "kc_use_cookie"
 	RingbufVarKcWakeSuccess    = "kc_wake_success"
@@ -217,20 +219,21 @@ type RingbufProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type RingbufMapSpecs struct {
-	KcArea          *ebpf.MapSpec `ebpf:"kc_area"`
-	KcCgroup        *ebpf.MapSpec `ebpf:"kc_cgroup"`
-	KcComms         *ebpf.MapSpec `ebpf:"kc_comms"`
-	KcCtfMap        *ebpf.MapSpec `ebpf:"kc_ctf_map"`
-	KcInjectBuf     *ebpf.MapSpec `ebpf:"kc_inject_buf"`
-	KcPids          *ebpf.MapSpec `ebpf:"kc_pids"`
-	KcRings         *ebpf.MapSpec `ebpf:"kc_rings"`
-	KcScratchMap    *ebpf.MapSpec `ebpf:"kc_scratch_map"`
-	KcState         *ebpf.MapSpec `ebpf:"kc_state"`
-	KcSysKeys       *ebpf.MapSpec `ebpf:"kc_sys_keys"`
-	KcSysUserKeys   *ebpf.MapSpec `ebpf:"kc_sys_user_keys"`
-	KcSysUserUnread *ebpf.MapSpec `ebpf:"kc_sys_user_unread"`
-	KcTpInfoMap     *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
-	KcWakeTs        *ebpf.MapSpec `ebpf:"kc_wake_ts"`
+	KcArea           *ebpf.MapSpec `ebpf:"kc_area"`
+	KcCgroup         *ebpf.MapSpec `ebpf:"kc_cgroup"`
+	KcComms          *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcCtfMap         *ebpf.MapSpec `ebpf:"kc_ctf_map"`
+	KcInjectBuf      *ebpf.MapSpec `ebpf:"kc_inject_buf"`
+	KcPids           *ebpf.MapSpec `ebpf:"kc_pids"`
+	KcRings          *ebpf.MapSpec `ebpf:"kc_rings"`
+	KcScratchMap     *ebpf.MapSpec `ebpf:"kc_scratch_map"`
+	KcState          *ebpf.MapSpec `ebpf:"kc_state"`
+	KcSysKeys        *ebpf.MapSpec `ebpf:"kc_sys_keys"`
+	KcSysUserKeys    *ebpf.MapSpec `ebpf:"kc_sys_user_keys"`
+	KcSysUserScratch *ebpf.MapSpec `ebpf:"kc_sys_user_scratch"`
+	KcSysUserUnread  *ebpf.MapSpec `ebpf:"kc_sys_user_unread"`
+	KcTpInfoMap      *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
+	KcWakeTs         *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
 
 // RingbufVariableSpecs contains global variables before they are loaded into the kernel.
@@ -260,6 +263,7 @@ type RingbufVariableSpecs struct {
 	KcSwitchKey      *ebpf.VariableSpec `ebpf:"kc_switch_key"`
 	KcSwitchStateArg *ebpf.VariableSpec `ebpf:"kc_switch_state_arg"`
 	KcSysUserOn      *ebpf.VariableSpec `ebpf:"kc_sys_user_on"`
+	KcSysUserRec     *ebpf.VariableSpec `ebpf:"kc_sys_user_rec"`
 	KcTaskBtf        *ebpf.VariableSpec `ebpf:"kc_task_btf"`
 	KcUseCookie      *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeSuccess    *ebpf.VariableSpec `ebpf:"kc_wake_success"`
@@ -293,20 +297,21 @@ func (o *RingbufObjects) Close() error {
 //
 // It can be passed to LoadRingbufObjects or ebpf.CollectionSpec.LoadAndAssign.
 type RingbufMaps struct {
-	KcArea          *ebpf.Map `ebpf:"kc_area"`
-	KcCgroup        *ebpf.Map `ebpf:"kc_cgroup"`
-	KcComms         *ebpf.Map `ebpf:"kc_comms"`
-	KcCtfMap        *ebpf.Map `ebpf:"kc_ctf_map"`
-	KcInjectBuf     *ebpf.Map `ebpf:"kc_inject_buf"`
-	KcPids          *ebpf.Map `ebpf:"kc_pids"`
-	KcRings         *ebpf.Map `ebpf:"kc_rings"`
-	KcScratchMap    *ebpf.Map `ebpf:"kc_scratch_map"`
-	KcState         *ebpf.Map `ebpf:"kc_state"`
-	KcSysKeys       *ebpf.Map `ebpf:"kc_sys_keys"`
-	KcSysUserKeys   *ebpf.Map `ebpf:"kc_sys_user_keys"`
-	KcSysUserUnread *ebpf.Map `ebpf:"kc_sys_user_unread"`
-	KcTpInfoMap     *ebpf.Map `ebpf:"kc_tp_info_map"`
-	KcWakeTs        *ebpf.Map `ebpf:"kc_wake_ts"`
+	KcArea           *ebpf.Map `ebpf:"kc_area"`
+	KcCgroup         *ebpf.Map `ebpf:"kc_cgroup"`
+	KcComms          *ebpf.Map `ebpf:"kc_comms"`
+	KcCtfMap         *ebpf.Map `ebpf:"kc_ctf_map"`
+	KcInjectBuf      *ebpf.Map `ebpf:"kc_inject_buf"`
+	KcPids           *ebpf.Map `ebpf:"kc_pids"`
+	KcRings          *ebpf.Map `ebpf:"kc_rings"`
+	KcScratchMap     *ebpf.Map `ebpf:"kc_scratch_map"`
+	KcState          *ebpf.Map `ebpf:"kc_state"`
+	KcSysKeys        *ebpf.Map `ebpf:"kc_sys_keys"`
+	KcSysUserKeys    *ebpf.Map `ebpf:"kc_sys_user_keys"`
+	KcSysUserScratch *ebpf.Map `ebpf:"kc_sys_user_scratch"`
+	KcSysUserUnread  *ebpf.Map `ebpf:"kc_sys_user_unread"`
+	KcTpInfoMap      *ebpf.Map `ebpf:"kc_tp_info_map"`
+	KcWakeTs         *ebpf.Map `ebpf:"kc_wake_ts"`
 }
 
 func (m *RingbufMaps) Close() error {
@@ -322,6 +327,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcState,
 		m.KcSysKeys,
 		m.KcSysUserKeys,
+		m.KcSysUserScratch,
 		m.KcSysUserUnread,
 		m.KcTpInfoMap,
 		m.KcWakeTs,
@@ -355,6 +361,7 @@ type RingbufVariables struct {
 	KcSwitchKey      *ebpf.Variable `ebpf:"kc_switch_key"`
 	KcSwitchStateArg *ebpf.Variable `ebpf:"kc_switch_state_arg"`
 	KcSysUserOn      *ebpf.Variable `ebpf:"kc_sys_user_on"`
+	KcSysUserRec     *ebpf.Variable `ebpf:"kc_sys_user_rec"`
 	KcTaskBtf        *ebpf.Variable `ebpf:"kc_task_btf"`
 	KcUseCookie      *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeSuccess    *ebpf.Variable `ebpf:"kc_wake_success"`
