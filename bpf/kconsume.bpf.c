@@ -1091,17 +1091,16 @@ static __always_inline void kc_sys_user_emit(struct pt_regs *regs, long nr, __u3
 		return;
 	s->hdr.key = key;
 	s->hdr.cpu = cpu;
-	size = info->user_loc;
-	if (size < 16 || size > 16 + 8 * 6)
-		return;
 	kc_put(__s32, s->data, KC_ENTRY_SIZE, nr);
 	kc_put(__u32, s->data, KC_ENTRY_SIZE + 4, 0);
+	/*
+	 * All six, whatever the event's count: kc_sys_user writes the
+	 * fields over those past it. A store per argument it has would
+	 * have the verifier check the rest once for each count.
+	 */
 #pragma unroll
-	for (j = 0; j < 6; j++) {
-		if (16 + 8 * j >= size)
-			break;
+	for (j = 0; j < 6; j++)
 		kc_put(__u64, s->data, 16 - KC_CUT + 8 * j, kc_reg_arg(regs, j));
-	}
 	size = kc_sys_user(s->data, info);
 	if (size < 16)
 		return;

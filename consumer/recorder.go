@@ -68,8 +68,10 @@ type recorder struct {
 	userFaultErr error
 	userOn       bool // kc_sys_user is on: some event has user-space fields
 	// userRec is set when kc_sys_user_fault, once attached, records the
-	// events it pages memory in for, which then need no tracepoint.
+	// events it pages memory in for, which then need no tracepoint;
+	// userTP when kc_tracepoint fills user-space fields, for the others.
 	userRec   bool
+	userTP    bool
 	injectMu  sync.Mutex
 	injectRec *gen.RingbufKcInjectRec
 }
@@ -78,13 +80,14 @@ type recorder struct {
 // (the bench producer), with values for its own variables, or turns on
 // the recorder's hooks (synthetic:wakeup_latency).
 type loadOpts struct {
-	spec  *ebpf.CollectionSpec
-	vars  map[string]any
-	hooks bool
-	small []uint32          // per event key: its record size when smallSize allows, or 0
-	sys   bool              // some event may take the raw syscall path (sysShape)
-	user  bool              // some event has user-space fields (sysUserOf)
-	btf   map[string]btfUse // by BTF program: the event it records (btfShape)
+	spec   *ebpf.CollectionSpec
+	vars   map[string]any
+	hooks  bool
+	small  []uint32          // per event key: its record size when smallSize allows, or 0
+	sys    bool              // some event may take the raw syscall path (sysShape)
+	user   bool              // some event has user-space fields (sysUserOf)
+	userNr bool              // each such event has a number kc_sys_user_fault dispatches by
+	btf    map[string]btfUse // by BTF program: the event it records (btfShape)
 	// sysEvents are the syscall events the syscall programs can build.
 	sysEvents []sysEvent
 	// pktRaw and pktTP are nil when the events can be written in packet
@@ -247,7 +250,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		uses = opts.btf
 	}
 	r.setupBTF(spec, set, uses)
-	r.setupUserFault(spec, opts != nil && opts.user)
+	r.setupUserFault(spec, opts != nil && opts.user, opts != nil && opts.userNr)
 	for name, v := range set {
 		vs := spec.Variables[name]
 		if vs == nil {
@@ -262,6 +265,8 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		// Paging user memory in is the newest part: the first to go.
 		r.userFaultErr = fmt.Errorf("loading: %w", err)
 		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
+		r.userRec, r.userTP = false, true
+		r.setUserVars(spec)
 		r.coll, err = ebpf.NewCollection(spec)
 	}
 	if err != nil && r.pkt {

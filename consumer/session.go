@@ -115,6 +115,12 @@ func New(cfg Config) (*Session, error) {
 	}
 	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
 	opts.user = slices.ContainsFunc(users, func(u *sysUser) bool { return u != nil })
+	opts.userNr = true
+	for i, u := range users {
+		if nr, known := sysNr(formats[i]); u != nil && (!known || nr < 0 || nr >= sysMax) {
+			opts.userNr = false
+		}
+	}
 	opts.pktTP = pktEligible(cfg, formats, len(synthDefs), wake, false)
 	opts.pktRaw = pktEligible(cfg, formats, len(synthDefs), wake, true)
 	for i, f := range formats {
@@ -347,7 +353,10 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 	if err != nil {
 		return err
 	}
-	user := s.rec.attachUserFault(formats, users)
+	user, err := s.rec.attachUserFault(formats, users)
+	if err != nil {
+		return err
+	}
 	// One declaration for all: each one rewrites the whole metadata.
 	names, layouts := make([]string, len(formats)), make([]*layout, len(formats))
 	for i, f := range formats {

@@ -198,26 +198,23 @@ func userFaultProbe() error {
 	return p.Close()
 }
 
-// setupUserFault turns kc_sys_user on in spec where need says some
-// recorded event has user-space fields, and keeps kc_sys_user_fault,
-// made sleepable, where the kernel takes it; else it removes that
-// program, and r.userFaultErr says why when it was needed. The program
-// also records those events (kc_sys_user_rec) unless a cgroup filter,
-// which it cannot test, or Config.Syscalls SyscallsTracepoint keeps
-// them on their tracepoints.
-func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need bool) {
-	if v := spec.Variables[gen.RingbufVarKcSysUserOn]; v != nil {
-		// Without it the verifier leaves kc_sys_user out.
-		_ = v.Set(boolU32(need))
-		r.userOn = need
-	}
+// setupUserFault readies spec for the recorded events with user-space
+// fields, where need says there are some. It keeps kc_sys_user_fault,
+// made sleepable, where the kernel takes it, else removes it, and
+// r.userFaultErr says why. The program then records those events itself
+// (kc_sys_user_rec, r.userRec) unless a cgroup filter, which it cannot
+// test, or Config.Syscalls SyscallsTracepoint keeps them on their
+// tracepoints. kc_tracepoint fills user-space fields (kc_sys_user_on,
+// r.userTP), which costs every copy of it a longer load, only where
+// some such event stays on its tracepoint: all of them without
+// r.userRec, else those whose syscall number the dispatch does not
+// know (byNr unset).
+func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
+	r.userOn = need
 	ps := spec.Programs[gen.RingbufProgKcSysUserFault]
-	if ps == nil {
-		return
-	}
 	var err error
 	switch {
-	case !need:
+	case !need || ps == nil:
 	case r.transport != Ringbuf:
 		err = errors.New("needs BPF ring buffers")
 	default:
@@ -228,11 +225,23 @@ func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need bool) {
 	if !need || err != nil {
 		r.userFaultErr = err
 		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
-		return
+	} else if ps != nil {
+		ps.Flags |= unix.BPF_F_SLEEPABLE
+		r.userRec = r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint
 	}
-	ps.Flags |= unix.BPF_F_SLEEPABLE
-	if v := spec.Variables[gen.RingbufVarKcSysUserRec]; v != nil && r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint {
-		r.userRec = v.Set(uint32(1)) == nil
+	r.userTP = need && (!r.userRec || !byNr)
+	r.setUserVars(spec)
+}
+
+// setUserVars sets kc_sys_user_rec and kc_sys_user_on in spec from
+// r.userRec and r.userTP.
+func (r *recorder) setUserVars(spec *ebpf.CollectionSpec) {
+	if v := spec.Variables[gen.RingbufVarKcSysUserRec]; v != nil {
+		_ = v.Set(boolU32(r.userRec))
+	}
+	if v := spec.Variables[gen.RingbufVarKcSysUserOn]; v != nil {
+		// Without it the verifier leaves kc_sys_user out of kc_tracepoint.
+		_ = v.Set(boolU32(r.userTP))
 	}
 }
 
@@ -242,12 +251,14 @@ func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need bool) {
 // before them. It returns, by event key, the program's name for the
 // events it records itself (r.userRec), which need no tracepoint, and
 // "" for the others. Where it fails, the events are recorded without it
-// and r.userFaultErr says why.
-func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) []string {
+// and r.userFaultErr says why; but where it was to record them and
+// kc_tracepoint was loaded without the means to fill their fields
+// (r.userTP), it fails with ErrNotSupported.
+func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) ([]string, error) {
 	progs := make([]string, len(formats))
 	prog := r.coll.Programs[gen.RingbufProgKcSysUserFault]
 	if prog == nil {
-		return progs
+		return progs, nil
 	}
 	keys := r.coll.Maps[gen.RingbufMapKcSysUserKeys]
 	for i, u := range users {
@@ -257,7 +268,7 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 		}
 		if err := keys.Put(uint32(nr), uint32(i+1)); err != nil {
 			r.userFaultErr = fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err)
-			return make([]string, len(formats))
+			return r.userFailed(formats)
 		}
 		if r.userRec {
 			progs[i] = gen.RingbufProgKcSysUserFault
@@ -266,11 +277,21 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 	if err != nil {
 		r.userFaultErr = fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err)
-		return make([]string, len(formats))
+		return r.userFailed(formats)
 	}
 	r.links = append(r.links, l)
 	r.userFault = true
-	return progs
+	return progs, nil
+}
+
+// userFailed is attachUserFault's result once the program failed to
+// dispatch or attach: no event recorded by it, and an error where it was
+// to record some that kc_tracepoint cannot then fill.
+func (r *recorder) userFailed(formats []*tracefs.Format) ([]string, error) {
+	if r.userRec && !r.userTP {
+		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.userFaultErr)
+	}
+	return make([]string, len(formats)), nil
 }
 
 // userUnread returns per CPU the user-space values the recorder could
