@@ -70,12 +70,26 @@ vmlinux:
 	bpftool btf dump file /sys/kernel/btf/vmlinux format c > bpf/include/vmlinux.h
 
 # consumer/sysnr_amd64.go, the x86_64 numbers of the syscall events, from the
-# syscall table of a Debian linux-headers package (apt-get download: needs the
-# archive). Syscalls newer than that kernel keep their tracepoints.
-SYSNR_PKG ?= linux-headers-6.12.117+deb12-amd64
+# syscall table of a Debian linux-headers package of SYSNR_SUITE, fetched
+# with apt-get through a private configuration (needs the archive; the
+# newest kernels are in trixie-backports). Syscall numbers are ABI, so the
+# newest table is right on older kernels too; syscalls newer than it keep
+# their tracepoints.
+SYSNR_PKG ?= linux-headers-7.3.4+deb13-amd64
+SYSNR_SUITE ?= trixie-backports
 syscall-table:
 	set -e; d=$$(mktemp -d); trap 'rm -rf '$$d EXIT; \
-	(cd $$d && apt-get download -q $(SYSNR_PKG) && dpkg-deb -x $(SYSNR_PKG)_*.deb x); \
+	mkdir -p $$d/apt/lists/partial $$d/apt/cache/archives/partial $$d/apt/etc/sources.list.d \
+		$$d/apt/etc/apt.conf.d $$d/apt/etc/preferences.d; touch $$d/apt/status; \
+	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $(SYSNR_SUITE) main" \
+		> $$d/apt/etc/sources.list; \
+	apt="apt-get -q -o Dir::Etc=$$d/apt/etc -o Dir::Etc::SourceList=$$d/apt/etc/sources.list \
+		-o Dir::Etc::SourceParts=$$d/apt/etc/sources.list.d -o Dir::Etc::Parts=$$d/apt/etc/apt.conf.d \
+		-o Dir::State=$$d/apt -o Dir::State::Lists=$$d/apt/lists -o Dir::State::status=$$d/apt/status \
+		-o Dir::Cache=$$d/apt/cache -o APT::Architecture=amd64 -o APT::Architectures=amd64 \
+		-o Debug::NoLocking=1 -o APT::Sandbox::User=root"; \
+	$$apt update >/dev/null; \
+	(cd $$d && $$apt download $(SYSNR_PKG) && dpkg-deb -x $(SYSNR_PKG)_*.deb x); \
 	$(GO) run ./consumer/internal/mksysnr "$$(cd $$d && ls $(SYSNR_PKG)_*.deb)" \
 		$$d/x/usr/src/$(SYSNR_PKG)/arch/x86/include/generated/asm/syscalls_64.h > consumer/sysnr_amd64.go.tmp; \
 	mv consumer/sysnr_amd64.go.tmp consumer/sysnr_amd64.go
