@@ -251,7 +251,12 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls) {
 		t.Fatal(err)
 	}
 	enable("1")
-	s, dir := newTestSession(t, Config{Events: sysUserEvents, PIDs: []int{c.tid}, Syscalls: sys})
+	// Both filters a sleepable program can test.
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c.tid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, dir := newTestSession(t, Config{Events: sysUserEvents, PIDs: []int{c.tid}, Comms: []string{strings.TrimSpace(string(comm))}, Syscalls: sys})
 	if got := s.Packets() == nil; got != !noPkt && pktExpected(t, s) {
 		t.Fatalf("packet mode %v, want %v: %v", got, !noPkt, s.Packets())
 	}
