@@ -1023,6 +1023,7 @@ struct {
 } kc_sys_user_keys SEC(".maps");
 
 extern int bpf_copy_from_user_str(void *dst, __u32 dst__sz, const void *unsafe_ptr__ign, __u64 flags) __ksym;
+
 /* kc_reg_arg returns syscall argument i (0 to 5) from regs (syscall_get_arguments). */
 static __always_inline __u64 kc_reg_arg(struct pt_regs *regs, __u32 i)
 {
@@ -1048,7 +1049,7 @@ extern void bpf_preempt_enable(void) __ksym;
  * Set by the loader where kc_sys_user_fault records the events it pages
  * memory in for (kc_sys_user_emit), so that they need no tracepoint of
  * their own: not under a cgroup filter, which a sleepable program cannot
- * test.
+ * test, nor with --syscalls tracepoint.
  */
 const volatile __u32 kc_sys_user_rec = 0;
 
