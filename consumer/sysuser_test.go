@@ -227,19 +227,40 @@ func TestSyscallUserFields(t *testing.T) {
 	if buf != sysUserDefault {
 		t.Fatalf("syscall_user_buf_size is %d: the test expects the default %d", buf, sysUserDefault)
 	}
-	for _, sys := range []Syscalls{SyscallsAuto, SyscallsTracepoint} {
+	// kc_sys_user_fault records the events, or, with --syscalls
+	// tracepoint or a cgroup filter (which it cannot test), their
+	// tracepoints do.
+	for _, v := range []struct {
+		name   string
+		sys    Syscalls
+		cgroup bool
+	}{{"auto", SyscallsAuto, false}, {"tracepoint", SyscallsTracepoint, false}, {"cgroup", SyscallsAuto, true}} {
 		for _, pkt := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%v/packets=%v", sys, pkt), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/packets=%v", v.name, pkt), func(t *testing.T) {
 				noPkt = !pkt
 				defer func() { noPkt = false }()
-				testSyscallUserFields(t, fs, sys)
+				testSyscallUserFields(t, fs, v.sys, v.cgroup)
 			})
 		}
 	}
 }
 
-func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls) {
+func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls, cgroup bool) {
+	var cg string
+	if cgroup {
+		cg = filepath.Join(cgroup2Root(t), fmt.Sprintf("kconsume-sysuser-%d", os.Getpid()))
+		if err := os.Mkdir(cg, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// Registered first, so run last: after the child is gone.
+		t.Cleanup(func() { _ = os.Remove(cg) })
+	}
 	c := startChild(t, "sysuser", 1)
+	if cgroup {
+		if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(fmt.Sprint(c.cmd.Process.Pid)), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 	inst, enableAll := ftraceInstance(t, fs, "sysuser", sysUserEvents)
 	enable := func(v string) {
 		t.Helper()
@@ -256,7 +277,7 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, dir := newTestSession(t, Config{Events: sysUserEvents, PIDs: []int{c.tid}, Comms: []string{strings.TrimSpace(string(comm))}, Syscalls: sys})
+	s, dir := newTestSession(t, Config{Events: sysUserEvents, PIDs: []int{c.tid}, Comms: []string{strings.TrimSpace(string(comm))}, Syscalls: sys, Cgroup: cg})
 	if got := s.Packets() == nil; got != !noPkt && pktExpected(t, s) {
 		t.Fatalf("packet mode %v, want %v: %v", got, !noPkt, s.Packets())
 	}
@@ -268,12 +289,13 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls) {
 	}
 	// There the program that pages memory in records the events too,
 	// unless they are to keep their tracepoints.
+	byFault := paging && sys != SyscallsTracepoint && !cgroup
 	for i, p := range s.rec.tpProgs[:len(s.events)] {
-		if want := paging && sys != SyscallsTracepoint; (p == gen.RingbufProgKcSysUserFault) != want {
-			t.Fatalf("%s recorded by %q; by kc_sys_user_fault: %v, want %v", s.events[i].FullName(), p, !want, want)
+		if (p == gen.RingbufProgKcSysUserFault) != byFault {
+			t.Fatalf("%s recorded by %q; by kc_sys_user_fault: %v, want %v", s.events[i].FullName(), p, !byFault, byFault)
 		}
 	}
-	if raw, _ := s.RawSyscalls(); paging && sys != SyscallsTracepoint && len(raw) != len(s.events) {
+	if raw, _ := s.RawSyscalls(); byFault && len(raw) != len(s.events) {
 		t.Fatalf("raw syscall path: %v, want all of %d events", raw, len(s.events))
 	}
 	stats := recordChild(t, s, c)
