@@ -46,6 +46,10 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 	r := newRig(b, tr, payload, ring, relayfmt.Overwrite, nil, own)
 	var read uint64
 	var next func() error
+	// flush, where set, makes the reader hand over what is left once the
+	// producer stopped: perf.Reader is woken only at its watermark, and
+	// the records below it would otherwise stay unread.
+	var flush func() error
 	if !own {
 		if tr == Perf {
 			// perf.Reader opens its own perf events into the array.
@@ -58,6 +62,7 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 			}
 			defer rd.Close()
 			var rec perf.Record
+			flush = rd.Flush
 			next = func() error {
 				rd.SetDeadline(time.Now().Add(10 * time.Millisecond))
 				return rd.ReadInto(&rec)
@@ -131,9 +136,19 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 				case err == nil:
 					read++
 				case errors.Is(err, os.ErrDeadlineExceeded):
-					if produced.Load() {
+					if !produced.Load() {
+						break
+					}
+					if flush == nil {
 						return // producer stopped and the ring is empty
 					}
+					if err := flush(); err != nil {
+						errc <- err
+						return
+					}
+					flush = nil
+				case errors.Is(err, perf.ErrFlushed):
+					return // the records left below the watermark, read
 				default:
 					errc <- err
 					return
