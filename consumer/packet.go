@@ -96,7 +96,7 @@ func pktEligible(cfg Config, formats []*tracefs.Format, synths int, wake, raw bo
 		// The raw syscall programs' dispatch (rawSyscalls) takes
 		// these; the others go through their tracepoints.
 		if _, ok := sysShape(f); ok && raw {
-			if nr, known := sysNr(f); known && nr >= 0 && nr < sysMax {
+			if _, known := sysNr(f); known {
 				at = sysRingOff
 			}
 		}

@@ -265,7 +265,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		// Paging user memory in is the newest part: the first to go.
 		r.userFaultErr = fmt.Errorf("loading: %w", err)
 		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
-		r.userRec, r.userTP = false, true
+		r.userRec, r.userTP = false, r.userOn
 		r.setUserVars(spec)
 		r.coll, err = ebpf.NewCollection(spec)
 	}

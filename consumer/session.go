@@ -117,7 +117,7 @@ func New(cfg Config) (*Session, error) {
 	opts.user = slices.ContainsFunc(users, func(u *sysUser) bool { return u != nil })
 	opts.userNr = true
 	for i, u := range users {
-		if nr, known := sysNr(formats[i]); u != nil && (!known || nr < 0 || nr >= sysMax) {
+		if _, known := sysNr(formats[i]); u != nil && !known {
 			opts.userNr = false
 		}
 	}

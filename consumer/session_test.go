@@ -250,8 +250,11 @@ func ftraceInstance(t *testing.T, fs tracefs.FS, name string, events []string) (
 	}
 	enable := func(v string) error {
 		for _, e := range events {
-			sys, ev, _ := strings.Cut(e, ":")
-			if err := os.WriteFile(filepath.Join(inst, "events", sys, ev, "enable"), []byte(v), 0); err != nil {
+			ev, err := tracefs.ParseEvent(e)
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(inst, "events", ev.System, ev.Name, "enable"), []byte(v), 0); err != nil {
 				return err
 			}
 		}

@@ -127,7 +127,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	for i, f := range formats {
 		exit, ok := sysShape(f)
 		nr, known := sysNr(f)
-		if progs[i] != "" || !ok || !known || nr < 0 || nr >= sysMax {
+		if progs[i] != "" || !ok || !known {
 			continue
 		}
 		slot := uint32(nr)
@@ -357,12 +357,13 @@ func (r *recorder) attachFentry(progs []string) error {
 
 // sysNr returns the x86_64 syscall number of the syscall event f, from
 // the kernel's syscall table (sysnr_amd64.go), or false for a syscall
-// the table does not have, newer than the kernel it comes from.
+// the table does not have, newer than the kernel it comes from, or one
+// whose number the programs' dispatch tables (sysMax) cannot hold.
 func sysNr(f *tracefs.Format) (int32, bool) {
 	name, ok := strings.CutPrefix(f.Name, "sys_enter_")
 	if !ok {
 		name, ok = strings.CutPrefix(f.Name, "sys_exit_")
 	}
 	nr, known := sysNrs[name]
-	return nr, ok && known
+	return nr, ok && known && nr >= 0 && nr < sysMax
 }

@@ -263,7 +263,7 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 	keys := r.coll.Maps[gen.RingbufMapKcSysUserKeys]
 	for i, u := range users {
 		nr, known := sysNr(formats[i])
-		if u == nil || !known || nr < 0 || nr >= sysMax {
+		if u == nil || !known {
 			continue
 		}
 		if err := keys.Put(uint32(nr), uint32(i+1)); err != nil {
