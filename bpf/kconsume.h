@@ -678,10 +678,14 @@ static __always_inline long kc_emit_counted(void *ctx, struct kc_scratch *s, str
 	err = kc_output(ctx, s, sizeof(struct kc_rec) + len, st, atomic, stamp);
 	if (atomic && err)
 		__sync_fetch_and_add(&st->lost, 1);
-	else if (atomic)
-		__sync_fetch_and_add(&st->emitted, 1);
 	else if (err)
 		st->lost++;
+#ifndef KC_PERF
+	else if (kc_area_on)
+		; /* kc_area's drainer counts what it reads, as for kc_submit */
+#endif
+	else if (atomic)
+		__sync_fetch_and_add(&st->emitted, 1);
 	else
 		st->emitted++;
 	return err;
