@@ -490,20 +490,27 @@ copied:
 
 #ifndef KC_PERF
 /*
- * kc_cpu_ring returns the ring this CPU writes into, with this CPU's
- * number in *cpu and its state in *st; or NULL when this CPU's buffer is
- * stopped.
+ * kc_cpu_ring returns this CPU's state, with its number in *cpu and, for
+ * the BPF ring buffer transport, the ring it writes into in *ring; or NULL
+ * when this CPU's buffer is stopped. A kc_area ring needs no ring buffer
+ * to write (*ring is NULL then): kc_area_wake looks up its doorbell when
+ * it rings it.
  */
-static __always_inline void *kc_cpu_ring(__u32 *cpu, struct kc_cpu_state **st)
+static __always_inline struct kc_cpu_state *kc_cpu_ring(__u32 *cpu, void **ring)
 {
+	struct kc_cpu_state *st;
 	__u32 idx;
 
+	*ring = NULL;
 	*cpu = bpf_get_smp_processor_id();
-	*st = bpf_map_lookup_elem(&kc_state, cpu);
-	if (!*st || (*st)->disabled)
+	st = bpf_map_lookup_elem(&kc_state, cpu);
+	if (!st || st->disabled)
 		return NULL;
+	if (kc_area_on)
+		return st;
 	idx = kc_global ? 0 : *cpu;
-	return bpf_map_lookup_elem(&kc_rings, &idx);
+	*ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	return *ring ? st : NULL;
 }
 
 /*
@@ -570,7 +577,7 @@ static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_c
 
 	if (kc_pkt_on) {
 		kc_pkt_commit(&res->pkt);
-		kc_area_wake(ring, st, st, res->pkt.end, atomic, own);
+		kc_area_wake(kc_global ? 0 : cpu, st, st, res->pkt.end, atomic, own);
 		return res->pkt.ts;
 	}
 	r->key = key;
@@ -581,7 +588,7 @@ static __always_inline __u64 kc_submit(void *ring, struct kc_rec *r, struct kc_c
 	if (kc_area_on) {
 		/* The consumer counts the records it reads: no atomic here. */
 		kc_area_commit((__u64 *)r - 1, res->pos, res->size);
-		kc_area_wake(ring, st, st, res->pos + KC_AREA_HDR + ((res->size + 7) & ~7), atomic, own);
+		kc_area_wake(kc_global ? 0 : cpu, st, st, res->pos + KC_AREA_HDR + ((res->size + 7) & ~7), atomic, own);
 		return ts;
 	}
 	bpf_ringbuf_submit(r, kc_wakeup_flags(ring, 0, st, atomic, 1, own));
@@ -671,8 +678,8 @@ static __always_inline __u64 kc_record_small(void *ctx, __u32 key, struct kc_tp_
 	void *ring, *d;
 	__u32 cpu;
 
-	ring = kc_cpu_ring(&cpu, &st);
-	if (!ring)
+	st = kc_cpu_ring(&cpu, &ring);
+	if (!st)
 		return 0;
 	if (kc_pkt_on) {
 		r = kc_reserve_pkt(st, cpu, key, size - KC_CUT, KC_EVH_EXT + KC_SMALL_MAX, &res);
@@ -817,14 +824,22 @@ int kc_tracepoint(void *ctx)
 #define KC_SYS_MAX 1024
 
 /*
- * kc_sys_keys maps nr (sys_enter) and KC_SYS_MAX + nr (sys_exit) to the
- * event key + 1, or 0 when that syscall's event is not recorded.
+ * struct kc_sys_key is what the raw path needs of a recorded syscall
+ * event: its key, and the two fields of its struct kc_tp_info the record
+ * takes, so that a traced syscall costs one map lookup, not two.
  */
+struct kc_sys_key {
+	__u32 key;  /* the event key + 1, or 0 when the event is not recorded */
+	__u16 id;   /* kc_tp_info.id */
+	__u16 size; /* kc_tp_info.size */
+};
+
+/* kc_sys_keys maps nr (sys_enter) and KC_SYS_MAX + nr (sys_exit) to the event's struct kc_sys_key. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 2 * KC_SYS_MAX);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct kc_sys_key);
 } kc_sys_keys SEC(".maps");
 
 /* Read the current task with bpf_get_current_task_btf (5.11+). */
@@ -918,32 +933,28 @@ static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs 
 /*
  * kc_sys_emit writes the syscall event key, number nr, of the thread pid:
  * on entry (exit 0) with the arguments in regs, on exit with ret, if the
- * filters pass. The record is built in place in the ring, with no copy
+ * filters pass; id and tsize are the event's kc_tp_info.id and .size. The record is built in place in the ring, with no copy
  * through the stack. Its callers can nest with kc_tracepoint on one CPU
  * (a raw tracepoint or trampoline guards only against its own program,
  * kernel/trace/bpf_trace.c:__bpf_trace_run) and run preemptibly on
  * kernels with faultable syscall tracepoints, so it counts with atomic
  * adds.
  */
-static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, long nr, __u32 exit, long ret, __s32 pid)
+static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, __u16 id, __u32 tsize, long nr, __u32 exit, long ret, __s32 pid)
 {
 	struct kc_sys_rec *r = NULL;
 	struct kc_cpu_state *st;
-	struct kc_tp_info *info;
 	__u32 cpu, size;
 	struct kc_resv res = {};
 	void *ring;
 
 	if (!kc_pass())
 		return;
-	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
-	if (!info)
-		return;
-	ring = kc_cpu_ring(&cpu, &st);
-	if (!ring)
+	st = kc_cpu_ring(&cpu, &ring);
+	if (!st)
 		return;
 	/* 12 bytes without arguments (no padding then), else 16 + 8 per argument. */
-	size = info->size - KC_CUT;
+	size = tsize - KC_CUT;
 	if (size > KC_SYS_ARG(0))
 		size -= 4;
 	if (kc_pkt_on) {
@@ -968,7 +979,7 @@ reserved:
 		__sync_fetch_and_add(&st->lost, 1);
 		return;
 	}
-	kc_put_entry(kc_pkt_on ? (void *)r : (void *)r->data, info->id, pid);
+	kc_put_entry(kc_pkt_on ? (void *)r : (void *)r->data, id, pid);
 	kc_submit(ring, &r->hdr, st, key, size, cpu, &res, 1, 0);
 }
 
@@ -978,19 +989,20 @@ reserved:
  */
 static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 exit, long ret)
 {
-	__u32 slot, *k;
+	struct kc_sys_key *k;
+	__u32 slot;
 	__s32 pid;
 
 	if ((__u64)nr >= KC_SYS_MAX || !kc_running)
 		return;
 	slot = exit * KC_SYS_MAX + nr;
 	k = bpf_map_lookup_elem(&kc_sys_keys, &slot);
-	if (!k || !*k)
+	if (!k || !k->key)
 		return;
 	pid = kc_sys_task();
 	if (pid < 0)
 		return;
-	kc_sys_emit(regs, *k - 1, nr, exit, ret, pid);
+	kc_sys_emit(regs, k->key - 1, k->id, k->size, nr, exit, ret, pid);
 }
 
 SEC("tp_btf/sys_enter")
@@ -1205,6 +1217,8 @@ static __always_inline long kc_sys_nr(void)
 
 static __always_inline void kc_sys_fn(struct pt_regs *regs, __u32 exit, long ret)
 {
+	struct kc_tp_info *info;
+	__u32 key;
 	__s32 pid;
 
 	if (!kc_running || (regs->orig_ax & KC_X32_SYSCALL_BIT))
@@ -1217,7 +1231,11 @@ static __always_inline void kc_sys_fn(struct pt_regs *regs, __u32 exit, long ret
 	pid = kc_sys_task();
 	if (pid < 0)
 		return;
-	kc_sys_emit(regs, kc_patched_key(), kc_sys_nr(), exit, ret, pid);
+	key = kc_patched_key();
+	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
+	if (!info)
+		return;
+	kc_sys_emit(regs, key, info->id, info->size, kc_sys_nr(), exit, ret, pid);
 }
 
 SEC("fentry/__x64_sys_getpid")
@@ -1311,9 +1329,9 @@ static __always_inline long kc_switch_state(__u64 *ctx, struct task_struct *prev
 /*
  * kc_btf_begin starts a BTF program's record: it passes the gate and the
  * filters and reserves a record of size payload bytes (a constant) in
- * this CPU's ring. It returns the record, with the ring, this CPU and its
- * state in *ring, *cpu and *st, or NULL when there is none to write (a
- * full ring's record counted as lost).
+ * this CPU's ring. It returns the record, with the ring (as kc_cpu_ring
+ * gives it), this CPU and its state in *ring, *cpu and *st, or NULL when
+ * there is none to write (a full ring's record counted as lost).
  */
 static __always_inline struct kc_rec *kc_btf_begin(__u32 size, __u32 key, __u32 len, void **ring, __u32 *cpu, struct kc_cpu_state **st, struct kc_resv *res)
 {
@@ -1321,8 +1339,8 @@ static __always_inline struct kc_rec *kc_btf_begin(__u32 size, __u32 key, __u32 
 
 	if (!kc_running || !kc_pass())
 		return NULL;
-	*ring = kc_cpu_ring(cpu, st);
-	if (!*ring)
+	*st = kc_cpu_ring(cpu, ring);
+	if (!*st)
 		return NULL;
 	if (kc_pkt_on)
 		r = kc_reserve_pkt(*st, *cpu, key, len, KC_EVH_EXT + size, res);

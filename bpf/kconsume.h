@@ -366,15 +366,18 @@ static __always_inline void kc_wakeup_unused(struct kc_cpu_state *st, __u64 flag
 }
 
 /*
- * kc_area_wake wakes the consumer of a kc_area ring as kc_wakeup_flags
+ * kc_area_wake wakes the consumer of kc_area ring idx as kc_wakeup_flags
  * decides, when the writer of slot st has left the ring's producer
  * position at end (ps holds the ring's positions), by a record on the
- * ring's doorbell, the BPF ring buffer ring. Testing the fill needs no
- * helper call here, so every record tests it.
+ * ring's doorbell, its BPF ring buffer in kc_rings. Testing the fill
+ * needs no helper call here, so every record tests it; the doorbell is
+ * looked up only to ring it, so a record that wakes no one costs no
+ * lookup of it.
  */
-static __always_inline void kc_area_wake(void *ring, struct kc_cpu_state *st, struct kc_cpu_state *ps, __u64 end, int atomic, int own)
+static __always_inline void kc_area_wake(__u32 idx, struct kc_cpu_state *st, struct kc_cpu_state *ps, __u64 end, int atomic, int own)
 {
 	__u32 armed = st->armed;
+	void *ring;
 
 	if (!armed)
 		return;
@@ -383,6 +386,9 @@ static __always_inline void kc_area_wake(void *ring, struct kc_cpu_state *st, st
 	if (!(armed & KC_ARM_FILL) || end - *(volatile __u64 *)&ps->cons < kc_wakeup_bytes)
 		return;
 wake:
+	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	if (!ring)
+		return;
 	kc_wake_taken(st, atomic);
 	if (bpf_ringbuf_output(ring, &end, sizeof(end), BPF_RB_FORCE_WAKEUP))
 		kc_wakeup_unused(st, BPF_RB_FORCE_WAKEUP, atomic);
@@ -594,13 +600,10 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 	return bpf_perf_event_output(ctx, &kc_perf, BPF_F_CURRENT_CPU, s, size);
 #else
 	__u32 idx = kc_global ? 0 : s->hdr.cpu;
-	void *ring = bpf_map_lookup_elem(&kc_rings, &idx);
-
 	__u64 flags;
+	void *ring;
 	long err;
 
-	if (!ring)
-		return -2; /* -ENOENT: no ring for this CPU */
 	if (kc_area_on) {
 		struct kc_cpu_state *ps = bpf_map_lookup_elem(&kc_state, &idx);
 		__u64 *h, pos, ts;
@@ -636,7 +639,7 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 			}
 			s->hdr.ts = p.ts;
 			kc_pkt_commit(&p);
-			kc_area_wake(ring, st, ps, p.end, atomic, 0);
+			kc_area_wake(idx, st, ps, p.end, atomic, 0);
 			return 0;
 		}
 		h = kc_area_reserve(idx, ps, size, KC_AREA_MAX, &pos, stamp ? &ts : NULL);
@@ -649,9 +652,12 @@ static __always_inline long kc_output(void *ctx, struct kc_scratch *s, __u32 siz
 			s->hdr.ts = ts;
 		}
 		kc_area_commit(h, pos, size);
-		kc_area_wake(ring, st, ps, pos + KC_AREA_HDR + ((size + 7) & ~7), atomic, 0);
+		kc_area_wake(idx, st, ps, pos + KC_AREA_HDR + ((size + 7) & ~7), atomic, 0);
 		return 0;
 	}
+	ring = bpf_map_lookup_elem(&kc_rings, &idx);
+	if (!ring)
+		return -2; /* -ENOENT: no ring for this CPU */
 	if (stamp)
 		s->hdr.ts = kc_now();
 	flags = kc_wakeup_flags(ring, size + 8, st, atomic, 0, 0);

@@ -137,7 +137,8 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			progs[i] = gen.RingbufProgKcSysExit
 		}
 		rawKeys = append(rawKeys, i)
-		if err := keys.Put(slot, uint32(i+1)); err != nil {
+		k := gen.RingbufKcSysKey{Key: uint32(i + 1), Id: uint16(f.ID), Size: uint16(f.FixedSize())}
+		if err := keys.Put(slot, k); err != nil {
 			r.sysErr = fmt.Errorf("dispatching %s: %w", f.FullName(), err)
 			break
 		}
@@ -161,7 +162,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			_ = l.Close()
 		}
 		for _, slot := range slots {
-			_ = keys.Put(slot, uint32(0))
+			_ = keys.Put(slot, gen.RingbufKcSysKey{})
 		}
 		if r.cfg.Syscalls == SyscallsRaw {
 			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)

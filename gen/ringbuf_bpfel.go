@@ -67,6 +67,13 @@ type RingbufKcScratch struct {
 	Data [8200]uint8
 }
 
+type RingbufKcSysKey struct {
+	_    structs.HostLayout
+	Key  uint32
+	Id   uint16
+	Size uint16
+}
+
 type RingbufKcTpInfo struct {
 	_       structs.HostLayout
 	Id      uint16
