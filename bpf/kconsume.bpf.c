@@ -1493,20 +1493,38 @@ static __always_inline __u64 kc_nul_flags(__u64 w)
 	return (w - KC_ONES) & ~w & KC_HIGHS;
 }
 
+extern void *bpf_rdonly_cast(const void *obj__ign, __u32 btf_id__k) __ksym __weak;
+
+/* Bytes of a page that lie at or above any address's 4 KiB-aligned offset. */
+#define KC_PAGE_MIN 4096
+
 /*
  * kc_put_str16 writes at d + off the string at the kernel address src as
  * strscpy into 16 bytes writes it (at most 15 bytes and a NUL), with
  * zeroes after the NUL where the kernel leaves what the buffer held. It
- * reads 16 bytes at once, one helper call that costs less than the byte
- * loop of bpf_probe_read_kernel_str, which it falls back to where those
- * 16 bytes are not all readable (a short string before an unmapped
- * page).
+ * reads 16 bytes at once, which costs less than the byte loop of
+ * bpf_probe_read_kernel_str, which it falls back to where those 16 bytes
+ * are not all readable (a short string before an unmapped page).
+ *
+ * Where the kernel lets a program load from memory it cannot vouch for
+ * (bpf_rdonly_cast to void, Linux 6.16: the JIT turns each load into one
+ * that reads 0 where it would fault, kernel/bpf/verifier.c,
+ * BPF_FEAT_RDONLY_CAST_TO_VOID), two loads replace the helper call and
+ * its page-fault bracket. They do so only where both words lie in the
+ * 4 KiB page of the string's first byte, which is mapped: a load cannot
+ * fault there, and a 0 read is a 0 held.
  */
 static __always_inline void kc_put_str16(void *d, __u32 off, const char *src)
 {
 	__u64 w[2], z;
+	const __u64 *p;
 
-	if (bpf_probe_read_kernel(w, sizeof(w), src)) {
+	if (bpf_core_enum_value_exists(enum bpf_features, BPF_FEAT_RDONLY_CAST_TO_VOID) &&
+	    ((unsigned long)src & (KC_PAGE_MIN - 1)) <= KC_PAGE_MIN - sizeof(w)) {
+		p = bpf_rdonly_cast(src, 0);
+		w[0] = p[0];
+		w[1] = p[1];
+	} else if (bpf_probe_read_kernel(w, sizeof(w), src)) {
 		kc_put(__u64, d, off, 0);
 		kc_put(__u64, d, off + 8, 0);
 		bpf_probe_read_kernel_str(d + off, 16, src);

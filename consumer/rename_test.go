@@ -284,3 +284,104 @@ func TestTaskRenameMatchFtrace(t *testing.T) {
 	}
 	t.Logf("%d renames equal ftrace's: %q", len(ours), ours)
 }
+
+// TestTaskRenamePageEdge: the new name of a task_rename read where it
+// ends a page of kernel memory equals ftrace's. An exec names the task
+// after its path's last element, read where the kernel copied the path
+// (fs/namei.c:getname_flags: into a page-sized names_cache object, from
+// its start where the path nears PATH_MAX); paths of 4,048 to 4,095 bytes
+// put that name's first byte at each of the last 40-odd bytes of its
+// page, where kc_put_str16 may not load 16 bytes at once and takes the
+// helper's path, and just before them, where it does.
+func TestTaskRenamePageEdge(t *testing.T) {
+	testenv.RequireRoot(t)
+	if _, err := chooseTransport(Ringbuf); err != nil {
+		if kernelAtLeast(t, 5, 8) {
+			t.Fatalf("kernel 5.8+ without BPF ring buffers: %v", err)
+		}
+		t.Skipf("kernel before 5.8: no BPF ring buffers, so no BTF event path: %v", err)
+	}
+	truePath, err := exec.LookPath("true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A chain of directories 3,830 to 4,030 bytes long, so that each
+	// path's last directory has 7 to 255 bytes (NAME_MAX).
+	dir := t.TempDir()
+	for len(dir)+201 <= 4030 {
+		dir = filepath.Join(dir, strings.Repeat("d", 200))
+	}
+	var paths, want []string
+	for i := 0; i < 48; i++ {
+		name := fmt.Sprintf("kc-rn-e%02d", i)
+		// len(path) = len(sub) + 1 + len(name) = 4095 - i.
+		sub := filepath.Join(dir, strings.Repeat("e", 4095-i-len(name)-1-len(dir)-1))
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(sub, name)
+		if err := os.Symlink(truePath, p); err != nil {
+			t.Fatal(err)
+		}
+		if len(p) != 4095-i {
+			t.Fatalf("path of %d bytes, want %d", len(p), 4095-i)
+		}
+		paths, want = append(paths, p), append(want, name)
+	}
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	format, err := fs.Format(tracefs.Event{System: "task", Name: "task_rename"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withPid := slices.ContainsFunc(format.Fields, func(f tracefs.Field) bool { return f.Name == "pid" })
+	inst, enable := ftraceInstance(t, fs, "rename-edge", []string{"task:task_rename"})
+	s, out := newTestSession(t, Config{Events: []string{"task:task_rename"}, Transport: Ringbuf})
+	if got, why := s.BTFEvents(); len(got) != 1 {
+		t.Fatalf("task_rename is not on the BTF path: %v", why)
+	}
+	if err := enable("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		if out, err := exec.Command(p).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", p, err, out)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := enable("0"); err != nil {
+		t.Fatal(err)
+	}
+	var ours, names []string
+	walkTrace(t, out, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			t.Fatalf("%v in the trace", it.Kind)
+		}
+		if n := string(field(vals, "newcomm").Text()); strings.HasPrefix(n, "kc-rn-e") {
+			ours, names = append(ours, renameText(vals, withPid)), append(names, n)
+		}
+	})
+	text, err := os.ReadFile(filepath.Join(inst, "trace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var theirs []string
+	for _, line := range strings.Split(string(text), "\n") {
+		if m := renameLine.FindStringSubmatch(line); m != nil {
+			theirs = append(theirs, m[1]+" "+m[2])
+		}
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("new names %q, want %q", names, want)
+	}
+	if !slices.Equal(ours, theirs) {
+		t.Fatalf("ours and ftrace's differ:\nours   %q\nftrace %q", ours, theirs)
+	}
+}
