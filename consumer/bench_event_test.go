@@ -204,6 +204,11 @@ var eventTools = []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"}
 // the rounds minus the untraced median), and kconsume's added cost as a
 // ratio of trace-cmd's (median of the rounds' ratios); per session each
 // tool's losses. The host's tracing state is restored after trace-cmd.
+// KCONSUME_BENCH_BASE_BIN names another kconsume binary, a previous
+// commit's, run in the same rounds as kconsume-base and reported as
+// kconsume is (its ratios as base-ratio): a change measured against it.
+// KCONSUME_BENCH_SESSIONS, a comma-separated list of session names
+// (getpid, rename, switch, pidfilter), runs only those.
 func BenchmarkEventCost(b *testing.B) {
 	testenv.RequireRoot(b)
 	if b.N < 100000 {
@@ -211,6 +216,19 @@ func BenchmarkEventCost(b *testing.B) {
 	}
 	tools := map[string]string{"kconsume": testenv.KconsumeBin(b)}
 	tools["kconsume-tp"] = tools["kconsume"]
+	toolOrder := eventTools
+	if base := os.Getenv("KCONSUME_BENCH_BASE_BIN"); base != "" {
+		tools["kconsume-base"] = base
+		toolOrder = append(slices.Clip(toolOrder), "kconsume-base")
+	}
+	sessions := eventSessions
+	if only := os.Getenv("KCONSUME_BENCH_SESSIONS"); only != "" {
+		names := strings.Split(only, ",")
+		sessions = slices.DeleteFunc(slices.Clone(sessions), func(s eventSession) bool { return !slices.Contains(names, s.name) })
+		if len(sessions) == 0 {
+			b.Fatalf("KCONSUME_BENCH_SESSIONS=%q names no session", only)
+		}
+	}
 	for _, t := range []string{"trace-cmd", "perf", "taskset"} {
 		p, err := exec.LookPath(t)
 		if err != nil {
@@ -253,9 +271,9 @@ func BenchmarkEventCost(b *testing.B) {
 	// The untraced runs ("") take their turn among the tools, and the
 	// order turns each round: the host's speed drifts over seconds, and
 	// a tool always run at the same place would meet it unevenly.
-	order := append([]string{""}, eventTools...)
+	order := append([]string{""}, toolOrder...)
 	for r := 0; r < rounds; r++ {
-		for _, s := range eventSessions {
+		for _, s := range sessions {
 			for k := range order {
 				tool := order[(k+r)%len(order)]
 				if tool == "" {
@@ -295,13 +313,13 @@ func BenchmarkEventCost(b *testing.B) {
 			}
 		}
 	}
-	for _, s := range eventSessions {
+	for _, s := range sessions {
 		for _, run := range s.runs {
 			for i, suffix := range []string{"", "-chunk"} {
 				un := ns[run.name][""][i]
 				base := median(un)
 				b.ReportMetric(base, run.name+"-untraced-ns"+suffix)
-				for _, tool := range eventTools {
+				for _, tool := range toolOrder {
 					if len(ns[run.name][tool][i]) == 0 {
 						continue
 					}
@@ -309,16 +327,25 @@ func BenchmarkEventCost(b *testing.B) {
 				}
 				// Per round against that round's untraced run, so the
 				// ratios see the same noise.
-				var ratios []float64
-				for r := range un {
-					ratios = append(ratios, (ns[run.name]["kconsume"][i][r]-un[r])/(ns[run.name]["trace-cmd"][i][r]-un[r]))
+				for _, tool := range []string{"kconsume", "kconsume-base"} {
+					if len(ns[run.name][tool][i]) == 0 {
+						continue
+					}
+					var ratios []float64
+					for r := range un {
+						ratios = append(ratios, (ns[run.name][tool][i][r]-un[r])/(ns[run.name]["trace-cmd"][i][r]-un[r]))
+					}
+					name := run.name + "-ratio"
+					if tool == "kconsume-base" {
+						name = run.name + "-base-ratio"
+					}
+					b.ReportMetric(median(ratios), name+suffix)
+					b.ReportMetric(slices.Min(ratios), name+"-min"+suffix)
+					b.ReportMetric(slices.Max(ratios), name+"-max"+suffix)
 				}
-				b.ReportMetric(median(ratios), run.name+"-ratio"+suffix)
-				b.ReportMetric(slices.Min(ratios), run.name+"-ratio-min"+suffix)
-				b.ReportMetric(slices.Max(ratios), run.name+"-ratio-max"+suffix)
 			}
 		}
-		for _, tool := range eventTools {
+		for _, tool := range toolOrder {
 			if _, ok := lost[s.name+"-"+tool]; !ok {
 				continue
 			}
@@ -344,7 +371,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 	session := fmt.Sprintf("kc-bench-%d", os.Getpid())
 	var args []string
 	switch tool {
-	case "kconsume", "kconsume-tp":
+	case "kconsume", "kconsume-tp", "kconsume-base":
 		args = []string{"record", "-q", "-e", s.event, "-o", filepath.Join(dir, "t"), "--session", session}
 		if s.filter {
 			args = append(args, "--pid", "1")
@@ -370,7 +397,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 	output := startLogged(b, cmd)
 	ready := func() bool { return true }
 	switch tool {
-	case "kconsume", "kconsume-tp":
+	case "kconsume", "kconsume-tp", "kconsume-base":
 		state := filepath.Join(control.DefaultRoot, session, "state")
 		ready = func() bool {
 			st, _ := os.ReadFile(state)
@@ -406,7 +433,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		err := cmd.Wait()
 		var lost uint64
 		switch tool {
-		case "kconsume", "kconsume-tp":
+		case "kconsume", "kconsume-tp", "kconsume-base":
 			if err != nil {
 				return 0, fmt.Errorf("kconsume record: %w\n%s", err, text)
 			}
