@@ -933,8 +933,9 @@ static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs 
 /*
  * kc_sys_emit writes the syscall event key, number nr, of the thread pid:
  * on entry (exit 0) with the arguments in regs, on exit with ret, if the
- * filters pass; id and tsize are the event's kc_tp_info.id and .size. The record is built in place in the ring, with no copy
- * through the stack. Its callers can nest with kc_tracepoint on one CPU
+ * filters pass; id and tsize are the event's kc_tp_info.id and .size.
+ * The record is built in place in the ring, with no copy through the
+ * stack. Its callers can nest with kc_tracepoint on one CPU
  * (a raw tracepoint or trampoline guards only against its own program,
  * kernel/trace/bpf_trace.c:__bpf_trace_run) and run preemptibly on
  * kernels with faultable syscall tracepoints, so it counts with atomic
@@ -1507,7 +1508,7 @@ extern void *bpf_rdonly_cast(const void *obj__ign, __u32 btf_id__k) __ksym __wea
  * are not all readable (a short string before an unmapped page).
  *
  * Where the kernel lets a program load from memory it cannot vouch for
- * (bpf_rdonly_cast to void, Linux 6.16: the JIT turns each load into one
+ * (bpf_rdonly_cast to void, Linux 6.17: the JIT turns each load into one
  * that reads 0 where it would fault, kernel/bpf/verifier.c,
  * BPF_FEAT_RDONLY_CAST_TO_VOID), two loads replace the helper call and
  * its page-fault bracket. They do so only where both words lie in the
