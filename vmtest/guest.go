@@ -217,6 +217,18 @@ func randomHex() string {
 // within 30 s, "tcg" otherwise. On some hosts /dev/kvm opens but a guest
 // hangs in the decompressor, so only a real boot tells. The answer is
 // kept per host boot in the cache directory.
+// Accel returns the accelerator Run would use for o: o.Accel, or where
+// that is "auto" (or empty) "kvm" when /dev/kvm opens and a probe boot
+// with it works (once per host boot, the answer kept in o.CacheDir),
+// else "tcg".
+func Accel(ctx context.Context, o Options) string {
+	o.defaults()
+	if o.Accel != "auto" {
+		return o.Accel
+	}
+	return probeAccel(ctx, o)
+}
+
 func probeAccel(ctx context.Context, o Options) string {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {

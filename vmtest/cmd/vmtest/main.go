@@ -12,9 +12,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -147,6 +150,7 @@ func test(ctx context.Context, args []string) (int, error) {
 	kernels := fs.String("kernels", "", "space-separated targets or kernels to run (default: every target)")
 	runRe := fs.String("run", "", "run only tests matching this regular expression")
 	verbose := fs.Bool("v", false, "verbose test output")
+	parallel := fs.Int("parallel", 0, "guests at once (0: one per host CPU under TCG, whose guest runs in one host thread; host CPUs / -cpus under KVM)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: vmtest test [flags] [PACKAGES]\n\nexample: vmtest test -kernels '5.10 6.1' ./...")
 		fs.PrintDefaults()
@@ -187,53 +191,116 @@ func test(ctx context.Context, args []string) (int, error) {
 	}
 	defer os.RemoveAll(suite.Dir)
 
-	type result struct {
-		name, release, outcome string
-		took                   time.Duration
+	// One answer for every guest, so that parallel guests do not each
+	// probe, and the default parallelism knows what a guest takes.
+	g.accel = vmtest.Accel(ctx, g.options(ks[0]))
+	n := *parallel
+	if n <= 0 {
+		n = runtime.NumCPU()
+		if g.accel == "kvm" {
+			n = max(1, n/max(1, g.cpus))
+		}
 	}
-	var results []result
-	failed := false
+	out := &consoleLog{w: os.Stdout}
+	results := make([]result, len(targets))
+	slots := make(chan struct{}, n)
+	var wg sync.WaitGroup
 	for i, t := range targets {
-		o := g.options(ks[i])
-		if t.VM.NumCPUs > 0 {
-			o.CPUs = t.VM.NumCPUs
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
 		}
-		if mb, _ := t.MemoryMB(); mb > 0 {
-			o.MemoryMB = mb
-		}
-		o.KernelArgs = strings.TrimSpace(t.KernelArgs + " " + g.kernelArgs)
-		o.Env = append(os.Environ(), suite.Env...)
-		argv := []string{"/bin/sh", suite.Script}
-		if t.Command != "" {
-			argv = []string{"/bin/sh", "-c", t.Command}
-		}
-		fmt.Printf("=== vmtest %s: %s (%d CPUs)\n", t.Name, ks[i].Release, o.CPUs)
-		start := time.Now()
-		st, err := vmtest.Run(ctx, o, argv)
-		r := result{name: t.Name, release: ks[i].Release, took: time.Since(start).Round(time.Second)}
-		switch {
-		case err != nil:
-			r.outcome = "ERROR: " + err.Error()
-		case st != 0:
-			r.outcome = fmt.Sprintf("FAIL (exit %d)", st)
-		default:
-			r.outcome = "ok"
-		}
-		if r.outcome != "ok" {
-			failed = true
-		}
-		fmt.Printf("=== vmtest %s: %s in %s\n", t.Name, r.outcome, r.took)
-		results = append(results, r)
 		if ctx.Err() != nil {
-			break
+			results[i] = result{name: t.Name, release: ks[i].Release, outcome: "not run: " + ctx.Err().Error()}
+			continue
 		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			results[i] = runTarget(ctx, g, t, ks[i], suite, out)
+		}()
 	}
+	wg.Wait()
 	fmt.Println("\nvmtest summary:")
+	failed := false
 	for _, r := range results {
 		fmt.Printf("  %-8s %-24s %-6s %s\n", r.name, r.release, r.took, r.outcome)
+		failed = failed || r.outcome != "ok"
 	}
 	if failed {
 		return 1, nil
 	}
 	return 0, nil
 }
+
+// result is how one target's guest ended.
+type result struct {
+	name, release, outcome string
+	took                   time.Duration
+}
+
+// runTarget runs the suite (or the target's command) in a guest on k,
+// its console written to out under the target's name, and returns how
+// it ended.
+func runTarget(ctx context.Context, g guestFlags, t vmtest.Target, k *vmtest.Kernel, suite *vmtest.Suite, out *consoleLog) result {
+	o := g.options(k)
+	if t.VM.NumCPUs > 0 {
+		o.CPUs = t.VM.NumCPUs
+	}
+	if mb, _ := t.MemoryMB(); mb > 0 {
+		o.MemoryMB = mb
+	}
+	o.KernelArgs = strings.TrimSpace(t.KernelArgs + " " + g.kernelArgs)
+	o.Env = append(os.Environ(), suite.Env...)
+	o.Console = out.prefixed(t.Name)
+	argv := []string{"/bin/sh", suite.Script}
+	if t.Command != "" {
+		argv = []string{"/bin/sh", "-c", t.Command}
+	}
+	out.printf("=== vmtest %s: %s (%d CPUs, %s)\n", t.Name, k.Release, o.CPUs, o.Accel)
+	start := time.Now()
+	st, err := vmtest.Run(ctx, o, argv)
+	r := result{name: t.Name, release: k.Release, took: time.Since(start).Round(time.Second)}
+	switch {
+	case err != nil:
+		r.outcome = "ERROR: " + err.Error()
+	case st != 0:
+		r.outcome = fmt.Sprintf("FAIL (exit %d)", st)
+	default:
+		r.outcome = "ok"
+	}
+	out.printf("=== vmtest %s: %s in %s\n", t.Name, r.outcome, r.took)
+	return r
+}
+
+// consoleLog writes the consoles of guests running at once to one
+// writer, a whole line at a time, each line under its guest's name.
+type consoleLog struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (c *consoleLog) printf(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fmt.Fprintf(c.w, format, args...)
+}
+
+// prefixed returns a writer for one guest's console, which vmtest.Run
+// writes a line per call.
+func (c *consoleLog) prefixed(name string) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, line := range strings.SplitAfter(string(p), "\n") {
+			if line != "" {
+				fmt.Fprintf(c.w, "[%s] %s", name, line)
+			}
+		}
+		return len(p), nil
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
