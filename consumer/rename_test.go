@@ -134,6 +134,63 @@ func renameText(vals []relayfmt.Value, withPid bool) string {
 
 var renameLine = regexp.MustCompile(`^\s*.*-(\d+)\s+\[\d+\].*? (task_rename: .*newcomm=kc-rn.*)$`)
 
+// renameBeside starts recording task:task_rename through the recorder's
+// tp_btf program and, beside it, into an ftrace instance named after
+// name. It returns whether the kernel's format has the pid field, and a
+// function that stops both and returns the renames to a name starting
+// "kc-rn", in order: ours and ftrace's as renameText and ftrace print
+// them, and the new names we recorded.
+func renameBeside(t *testing.T, name string) (withPid bool, stop func() (ours, theirs, names []string)) {
+	t.Helper()
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	format, err := fs.Format(tracefs.Event{System: "task", Name: "task_rename"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withPid = slices.ContainsFunc(format.Fields, func(f tracefs.Field) bool { return f.Name == "pid" })
+	inst, enable := ftraceInstance(t, fs, name, []string{"task:task_rename"})
+	s, dir := newTestSession(t, Config{Events: []string{"task:task_rename"}, Transport: Ringbuf})
+	if got, why := s.BTFEvents(); len(got) != 1 {
+		t.Fatalf("task_rename is not on the BTF path: %v", why)
+	}
+	if err := enable("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return withPid, func() (ours, theirs, names []string) {
+		t.Helper()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := enable("0"); err != nil {
+			t.Fatal(err)
+		}
+		walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+			if it.Kind != relayfmt.EventItem {
+				t.Fatalf("%v in the trace", it.Kind)
+			}
+			if n := string(field(vals, "newcomm").Text()); strings.HasPrefix(n, "kc-rn") {
+				ours, names = append(ours, renameText(vals, withPid)), append(names, n)
+			}
+		})
+		text, err := os.ReadFile(filepath.Join(inst, "trace"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(text), "\n") {
+			if m := renameLine.FindStringSubmatch(line); m != nil {
+				theirs = append(theirs, m[1]+" "+m[2])
+			}
+		}
+		return ours, theirs, names
+	}
+}
+
 // TestTaskRenameMatchFtrace: task_rename recorded by the recorder's tp_btf
 // program equals what the kernel's own event writes into an ftrace
 // instance recording at the same time, for the three ways a task gets a
@@ -148,26 +205,7 @@ func TestTaskRenameMatchFtrace(t *testing.T) {
 		}
 		t.Skipf("kernel before 5.8: no BPF ring buffers, so no BTF event path: %v", err)
 	}
-	fs, err := tracefs.Find()
-	if err != nil {
-		t.Fatal(err)
-	}
-	format, err := fs.Format(tracefs.Event{System: "task", Name: "task_rename"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	withPid := slices.ContainsFunc(format.Fields, func(f tracefs.Field) bool { return f.Name == "pid" })
-	inst, enable := ftraceInstance(t, fs, "rename", []string{"task:task_rename"})
-	s, dir := newTestSession(t, Config{Events: []string{"task:task_rename"}, Transport: Ringbuf})
-	if got, why := s.BTFEvents(); len(got) != 1 {
-		t.Fatalf("task_rename is not on the BTF path: %v", why)
-	}
-	if err := enable("1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
+	withPid, stop := renameBeside(t, "rename")
 	// A file name longer than a comm, exec'd: the kernel names the task
 	// after its first 15 bytes.
 	long := filepath.Join(t.TempDir(), "kc-rn-exec-with-a-long-name")
@@ -239,31 +277,7 @@ func TestTaskRenameMatchFtrace(t *testing.T) {
 	if err := c.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := enable("0"); err != nil {
-		t.Fatal(err)
-	}
-	var ours []string
-	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
-		if it.Kind != relayfmt.EventItem {
-			t.Fatalf("%v in the trace", it.Kind)
-		}
-		if strings.HasPrefix(string(field(vals, "newcomm").Text()), "kc-rn") {
-			ours = append(ours, renameText(vals, withPid))
-		}
-	})
-	text, err := os.ReadFile(filepath.Join(inst, "trace"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var theirs []string
-	for _, line := range strings.Split(string(text), "\n") {
-		if m := renameLine.FindStringSubmatch(line); m != nil {
-			theirs = append(theirs, m[1]+" "+m[2])
-		}
-	}
+	ours, theirs, _ := stop()
 	want := []string{"kc-rn-exec-with", "kc-rn-sibling", "kc-rn-self"}
 	if len(ours) != len(want) {
 		t.Fatalf("%d renames recorded, want %d (%v): %q", len(ours), len(want), want, ours)
@@ -328,56 +342,13 @@ func TestTaskRenamePageEdge(t *testing.T) {
 		}
 		paths, want = append(paths, p), append(want, name)
 	}
-	fs, err := tracefs.Find()
-	if err != nil {
-		t.Fatal(err)
-	}
-	format, err := fs.Format(tracefs.Event{System: "task", Name: "task_rename"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	withPid := slices.ContainsFunc(format.Fields, func(f tracefs.Field) bool { return f.Name == "pid" })
-	inst, enable := ftraceInstance(t, fs, "rename-edge", []string{"task:task_rename"})
-	s, out := newTestSession(t, Config{Events: []string{"task:task_rename"}, Transport: Ringbuf})
-	if got, why := s.BTFEvents(); len(got) != 1 {
-		t.Fatalf("task_rename is not on the BTF path: %v", why)
-	}
-	if err := enable("1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
+	_, stop := renameBeside(t, "rename-edge")
 	for _, p := range paths {
 		if out, err := exec.Command(p).CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v\n%s", p, err, out)
 		}
 	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := enable("0"); err != nil {
-		t.Fatal(err)
-	}
-	var ours, names []string
-	walkTrace(t, out, func(it *relayfmt.Item, vals []relayfmt.Value) {
-		if it.Kind != relayfmt.EventItem {
-			t.Fatalf("%v in the trace", it.Kind)
-		}
-		if n := string(field(vals, "newcomm").Text()); strings.HasPrefix(n, "kc-rn-e") {
-			ours, names = append(ours, renameText(vals, withPid)), append(names, n)
-		}
-	})
-	text, err := os.ReadFile(filepath.Join(inst, "trace"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var theirs []string
-	for _, line := range strings.Split(string(text), "\n") {
-		if m := renameLine.FindStringSubmatch(line); m != nil {
-			theirs = append(theirs, m[1]+" "+m[2])
-		}
-	}
+	ours, theirs, names := stop()
 	if !slices.Equal(names, want) {
 		t.Errorf("new names %q, want %q", names, want)
 	}
