@@ -72,12 +72,7 @@ func TestBTFEventsMatchFtrace(t *testing.T) {
 	testenv.RequireRoot(t)
 	noBTFEvents = os.Getenv("KC_NO_BTF") != ""
 	defer func() { noBTFEvents = false }()
-	if _, err := chooseTransport(Ringbuf); err != nil {
-		if kernelAtLeast(t, 5, 8) {
-			t.Fatalf("kernel 5.8+ without BPF ring buffers: %v", err)
-		}
-		t.Skipf("kernel before 5.8: no BPF ring buffers, so no BTF event path: %v", err)
-	}
+	requireBTFPath(t)
 	names := []string{"sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new"}
 	fs, err := tracefs.Find()
 	if err != nil {

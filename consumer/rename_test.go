@@ -199,12 +199,7 @@ func renameBeside(t *testing.T, name string) (withPid bool, stop func() (ours, t
 // write to a sibling thread's comm (pid is not common_pid).
 func TestTaskRenameMatchFtrace(t *testing.T) {
 	testenv.RequireRoot(t)
-	if _, err := chooseTransport(Ringbuf); err != nil {
-		if kernelAtLeast(t, 5, 8) {
-			t.Fatalf("kernel 5.8+ without BPF ring buffers: %v", err)
-		}
-		t.Skipf("kernel before 5.8: no BPF ring buffers, so no BTF event path: %v", err)
-	}
+	requireBTFPath(t)
 	withPid, stop := renameBeside(t, "rename")
 	// A file name longer than a comm, exec'd: the kernel names the task
 	// after its first 15 bytes.
@@ -309,12 +304,7 @@ func TestTaskRenameMatchFtrace(t *testing.T) {
 // helper's path, and just before them, where it does.
 func TestTaskRenamePageEdge(t *testing.T) {
 	testenv.RequireRoot(t)
-	if _, err := chooseTransport(Ringbuf); err != nil {
-		if kernelAtLeast(t, 5, 8) {
-			t.Fatalf("kernel 5.8+ without BPF ring buffers: %v", err)
-		}
-		t.Skipf("kernel before 5.8: no BPF ring buffers, so no BTF event path: %v", err)
-	}
+	requireBTFPath(t)
 	truePath, err := exec.LookPath("true")
 	if err != nil {
 		t.Fatal(err)

@@ -305,6 +305,19 @@ func transports(t *testing.T) []Transport {
 	return out
 }
 
+// requireBTFPath skips t on a kernel before 5.8, which has no BPF ring
+// buffers and so no BTF event programs, and fails it on a newer kernel
+// without them.
+func requireBTFPath(t *testing.T) {
+	t.Helper()
+	if _, err := chooseTransport(Ringbuf); err != nil {
+		if kernelAtLeast(t, 5, 8) {
+			t.Fatalf("kernel 5.8+ without BPF ring buffers: %v", err)
+		}
+		t.Skipf("kernel before 5.8: no BPF ring buffers, so no BTF event path: %v", err)
+	}
+}
+
 func kernelAtLeast(t *testing.T, major, minor int) bool {
 	a, b, _ := testenv.KernelRelease()
 	return a > major || a == major && b >= minor
