@@ -48,9 +48,7 @@ func Run(ctx context.Context, o Options, argv []string) (int, error) {
 		return 0, fmt.Errorf("vmtest: no command to run")
 	}
 	o.defaults()
-	if o.Accel == "auto" {
-		o.Accel = probeAccel(ctx, o)
-	}
+	o.Accel = Accel(ctx, o)
 	return boot(ctx, o, argv)
 }
 
@@ -213,14 +211,8 @@ func randomHex() string {
 	return hex.EncodeToString(b)
 }
 
-// probeAccel returns "kvm" when /dev/kvm boots this kernel to the command
-// within 30 s, "tcg" otherwise. On some hosts /dev/kvm opens but a guest
-// hangs in the decompressor, so only a real boot tells. The answer is
-// kept per host boot in the cache directory.
-// Accel returns the accelerator Run would use for o: o.Accel, or where
-// that is "auto" (or empty) "kvm" when /dev/kvm opens and a probe boot
-// with it works (once per host boot, the answer kept in o.CacheDir),
-// else "tcg".
+// Accel returns the accelerator Run uses for o: o.Accel, or where that
+// is "auto" (or empty) what probeAccel finds.
 func Accel(ctx context.Context, o Options) string {
 	o.defaults()
 	if o.Accel != "auto" {
@@ -229,6 +221,10 @@ func Accel(ctx context.Context, o Options) string {
 	return probeAccel(ctx, o)
 }
 
+// probeAccel returns "kvm" when /dev/kvm boots this kernel to the command
+// within 30 s, "tcg" otherwise. On some hosts /dev/kvm opens but a guest
+// hangs in the decompressor, so only a real boot tells. The answer is
+// kept per host boot in the cache directory.
 func probeAccel(ctx context.Context, o Options) string {
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
 	if err != nil {
