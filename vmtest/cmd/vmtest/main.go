@@ -221,6 +221,17 @@ func test(ctx context.Context, args []string) (int, error) {
 		}()
 	}
 	wg.Wait()
+	// The failures again, just above the summary: a CI log is often read
+	// from its tail, where the guests' consoles have long scrolled by.
+	for _, r := range results {
+		if len(r.failures) == 0 {
+			continue
+		}
+		fmt.Printf("\nvmtest %s failed:\n", r.name)
+		for _, line := range r.failures {
+			fmt.Printf("  %s\n", line)
+		}
+	}
 	fmt.Println("\nvmtest summary:")
 	failed := false
 	for _, r := range results {
@@ -237,6 +248,7 @@ func test(ctx context.Context, args []string) (int, error) {
 type result struct {
 	name, release, outcome string
 	took                   time.Duration
+	failures               []string // what the console said of failed tests
 }
 
 // runTarget runs the suite (or the target's command) in a guest on k,
@@ -252,7 +264,8 @@ func runTarget(ctx context.Context, g guestFlags, t vmtest.Target, k *vmtest.Ker
 	}
 	o.KernelArgs = strings.TrimSpace(t.KernelArgs + " " + g.kernelArgs)
 	o.Env = append(os.Environ(), suite.Env...)
-	o.Console = out.prefixed(t.Name)
+	var fails failureLog
+	o.Console = out.prefixed(t.Name, &fails)
 	argv := []string{"/bin/sh", suite.Script}
 	if t.Command != "" {
 		argv = []string{"/bin/sh", "-c", t.Command}
@@ -268,6 +281,9 @@ func runTarget(ctx context.Context, g guestFlags, t vmtest.Target, k *vmtest.Ker
 		r.outcome = fmt.Sprintf("FAIL (exit %d)", st)
 	default:
 		r.outcome = "ok"
+	}
+	if r.outcome != "ok" {
+		r.failures = fails.lines()
 	}
 	out.printf("=== vmtest %s: %s in %s\n", t.Name, r.outcome, r.took)
 	return r
@@ -287,14 +303,17 @@ func (c *consoleLog) printf(format string, args ...any) {
 }
 
 // prefixed returns a writer for one guest's console, which vmtest.Run
-// writes a line per call.
-func (c *consoleLog) prefixed(name string) io.Writer {
+// writes a line per call. Each line also goes to fails, when not nil.
+func (c *consoleLog) prefixed(name string, fails *failureLog) io.Writer {
 	return writerFunc(func(p []byte) (int, error) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for _, line := range strings.SplitAfter(string(p), "\n") {
 			if line != "" {
 				fmt.Fprintf(c.w, "[%s] %s", name, line)
+				if fails != nil {
+					fails.add(line)
+				}
 			}
 		}
 		return len(p), nil

@@ -14,7 +14,7 @@ func TestConsoleLogLines(t *testing.T) {
 	c := &consoleLog{w: &b}
 	var wg sync.WaitGroup
 	for _, name := range []string{"5.10", "newest"} {
-		w := c.prefixed(name)
+		w := c.prefixed(name, nil)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

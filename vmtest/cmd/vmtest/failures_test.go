@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestFailureLog: from a console such as a guest prints, the failure
+// log keeps each failed test with the head of its log, panics and the
+// suite's FAIL lines, and nothing of the passing tests.
+func TestFailureLog(t *testing.T) {
+	console := `vmtest: testing example.com/a
+PASS
+ok   example.com/a 3s
+vmtest: testing example.com/b
+--- FAIL: TestOne (1.20s)
+    one_test.go:10: got 3 events, want 4
+    one_test.go:11: second line
+        continued
+    one_test.go:12: fourth line
+    one_test.go:13: fifth line, dropped
+--- FAIL: TestTwo (0.00s)
+    --- FAIL: TestTwo/sub (0.00s)
+        two_test.go:5: sub failed
+=== RUN   TestThree
+    three_test.go:1: a passing test's log
+FAIL
+FAIL example.com/b 12s (exit 1)
+vmtest: testing example.com/c
+panic: test timed out after 15m0s
+	running tests:
+		TestSlow (15m0s)
+FAIL example.com/c 900s (exit 2)
+vmtest: failed: example.com/b example.com/c
+`
+	var f failureLog
+	for _, line := range strings.SplitAfter(console, "\n") {
+		f.add(line)
+	}
+	want := []string{
+		"--- FAIL: TestOne (1.20s)",
+		"    one_test.go:10: got 3 events, want 4",
+		"    one_test.go:11: second line",
+		"        continued",
+		"    one_test.go:12: fourth line",
+		"--- FAIL: TestTwo (0.00s)",
+		"    --- FAIL: TestTwo/sub (0.00s)",
+		"        two_test.go:5: sub failed",
+		"FAIL example.com/b 12s (exit 1)",
+		"panic: test timed out after 15m0s",
+		"\trunning tests:",
+		"\t\tTestSlow (15m0s)",
+		"FAIL example.com/c 900s (exit 2)",
+	}
+	if got := f.lines(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("kept:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestFailureLogBounded: a guest whose every test fails leaves at most
+// failureLines lines and a count of the rest.
+func TestFailureLogBounded(t *testing.T) {
+	var f failureLog
+	for i := 0; i < 100; i++ {
+		f.add(fmt.Sprintf("--- FAIL: Test%d (0.00s)\n", i))
+	}
+	got := f.lines()
+	if len(got) != failureLines+1 || got[failureLines] != "(60 more lines in the console above)" {
+		t.Errorf("kept %d lines, last %q", len(got), got[len(got)-1])
+	}
+}
