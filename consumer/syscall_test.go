@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -280,6 +281,69 @@ func TestSyscallCompat(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSyscallUntracedRuns: while sys_enter_close is recorded, n
+// untraced getpid calls run the recorder's programs at least n times on
+// the raw path, whose sys_enter sees every syscall, and hardly at all on
+// the function path, which attaches to close's functions alone: there
+// an untraced syscall runs no BPF and costs nothing (issue 26). The
+// kernel's run counts (BPF_ENABLE_STATS, on for this test only) tell.
+func TestSyscallUntracedRuns(t *testing.T) {
+	testenv.RequireRoot(t)
+	if !rawSysExpected(t) {
+		t.Skip("the raw and fentry syscall paths need x86_64, Linux 5.8 and kernel BTF")
+	}
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		t.Fatalf("BPF run-time statistics (Linux 5.8): %v", err)
+	}
+	defer stats.Close()
+	const n = 20000
+	events := []string{"syscalls:sys_enter_close"}
+	for _, path := range []Syscalls{SyscallsRaw, SyscallsFentry} {
+		t.Run(path.String(), func(t *testing.T) {
+			c := startChild(t, "getpid", n)
+			var s *Session
+			if path == SyscallsFentry {
+				s, _ = fentrySession(t, events, c)
+			} else {
+				s, _ = newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
+				if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
+					t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.sysErr)
+				}
+			}
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			before := programRuns(t, s)
+			c.run(t)
+			runs := programRuns(t, s) - before
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%d getpid calls, %d program runs", n, runs)
+			// The few others are the closes of the guest's other processes.
+			if path == SyscallsRaw && runs < n || path == SyscallsFentry && runs >= n/10 {
+				t.Errorf("%d getpid calls ran the recorder's programs %d times", n, runs)
+			}
+		})
+	}
+}
+
+// programRuns returns how many times the session's programs have run
+// since the statistics went on.
+func programRuns(t *testing.T, s *Session) uint64 {
+	t.Helper()
+	var sum uint64
+	for name, p := range s.rec.coll.Programs {
+		st, err := p.Stats()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		sum += st.RunCount
+	}
+	return sum
 }
 
 // int80Probe makes one int $0x80 getpid in a child and returns how that
