@@ -34,6 +34,7 @@ var families = []family{
 	{"./relayfmt", "^BenchmarkReadMerge$", "3x"},
 	{"./relayfmt", "^BenchmarkVsBabeltrace2$", "1x"},
 	{"./consumer", "^BenchmarkDrain(Perf)?$", "100x"},
+	{"./consumer", "^BenchmarkDrainPackets$", "20x"},
 	{"./consumer", "^BenchmarkConcurrent$", "1000x"},
 	{"./consumer", "^BenchmarkTracepointCost$", "2000000x"},
 	{"./consumer", "^BenchmarkEventCost$", "200000x"},

@@ -52,6 +52,22 @@ func rows() []sectionRow {
 				})
 			}
 		}
+		if size == 64 {
+			add(drain, row{
+				what: "kconsume drain in packet mode (how a recording drains since session 29): `sys_enter_mmap` events (64 B trace records) that the BPF program wrote as CTF packets, handed to a sink that drops them",
+				cmd:  "go test -bench 'DrainPackets/discard' -benchtime 20x ./consumer",
+				fig:  m("DrainPackets/discard", "rec/s"), scale: 1e6, label: "M rec/s",
+				extra:  []extra{{m("DrainPackets/discard", "cpu-ns/rec"), "CPU ns/rec"}},
+				target: "≥ 100 M rec/s (issue 26 item 3)",
+				ok:     func(_ results, f, _ stat) bool { return f.med >= 100 },
+			})
+			add(drain, row{
+				what: "the same, the packets written to trace files (page cache); the ratio is to plain write(2)s of the same ring elements in the same round",
+				cmd:  "go test -bench 'DrainPackets/file' -benchtime 20x ./consumer",
+				fig:  m("DrainPackets/file", "rec/s"), scale: 1e6, label: "M rec/s",
+				extra: []extra{{m("DrainPackets/file", "cpu-ns/rec"), "CPU ns/rec"}, {m("DrainPackets/file", "floor-ratio"), "× plain writes' CPU"}},
+			})
+		}
 		for _, rd := range []string{"ReadInto", "Read"} {
 			c := fmt.Sprintf("Drain/cilium-%s/%dB", rd, size)
 			add(drain, row{

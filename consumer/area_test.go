@@ -13,7 +13,7 @@ import (
 // areaExpected reports whether sessions must write into kc_area rings
 // here: x86_64 kernels with BPF_CMPXCHG (5.12+). A kernel that should
 // and does not (its verifier refused the writers, say) fails t.
-func areaExpected(t *testing.T) bool {
+func areaExpected(t testing.TB) bool {
 	t.Helper()
 	if runtime.GOARCH != "amd64" || !kernelAtLeast(t, 5, 12) {
 		return false

@@ -123,7 +123,7 @@ type tracedChild struct {
 	tid   int
 }
 
-func startChild(t *testing.T, mode string, n int, env ...string) *tracedChild {
+func startChild(t testing.TB, mode string, n int, env ...string) *tracedChild {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	// No async preemption or GC: the Go runtime must make no syscall that
@@ -154,7 +154,7 @@ func startChild(t *testing.T, mode string, n int, env ...string) *tracedChild {
 	return &tracedChild{cmd: cmd, stdin: stdin, tid: tid}
 }
 
-func (c *tracedChild) run(t *testing.T) {
+func (c *tracedChild) run(t testing.TB) {
 	t.Helper()
 	if err := c.finish(); err != nil {
 		t.Fatalf("child: %v", err)
@@ -318,7 +318,7 @@ func requireBTFPath(t *testing.T) {
 	}
 }
 
-func kernelAtLeast(t *testing.T, major, minor int) bool {
+func kernelAtLeast(t testing.TB, major, minor int) bool {
 	a, b, _ := testenv.KernelRelease()
 	return a > major || a == major && b >= minor
 }
