@@ -328,7 +328,7 @@ func TestE2ERelaydLive(t *testing.T) {
 		if err != nil {
 			t.Fatalf("babeltrace2 live: %v\n%s", err, viewErr.String())
 		}
-	case <-time.After(15 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatalf("babeltrace2 live did not end with the session\n%s", viewErr.String())
 	}
 	recorded := regexp.MustCompile(`(\d+) events recorded`).FindStringSubmatch(recOut.String())
