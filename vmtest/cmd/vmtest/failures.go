@@ -16,11 +16,15 @@ const (
 // failureLog keeps, from one guest's console, the lines that say what
 // failed and why: go test's "--- FAIL" lines with the first lines of
 // each one's log, panics (a test binary's timeout among them), and the
-// suite script's FAIL line for each package.
+// suite script's FAIL line for each package. With -v a test's log comes
+// before its "--- FAIL" line, after its "=== RUN": the first lines of it
+// are held until the test ends, and kept if it failed.
 type failureLog struct {
 	kept    []string
 	dropped int
-	detail  int // log lines still to keep after the last "--- FAIL"
+	detail  int      // log lines still to keep after the last "--- FAIL"
+	held    []string // log lines since the last "=== RUN" line (-v)
+	running bool     // a "=== RUN" or "=== CONT" line came, and no "--- " since
 }
 
 // add looks at one console line, with or without its newline.
@@ -28,8 +32,22 @@ func (f *failureLog) add(line string) {
 	line = strings.TrimRight(line, "\r\n")
 	trimmed := strings.TrimLeft(line, " \t")
 	switch {
+	case strings.HasPrefix(line, "=== RUN") || strings.HasPrefix(line, "=== CONT"):
+		f.running, f.held = true, nil
+	case strings.HasPrefix(trimmed, "--- "):
+		f.running = false
+	case f.running && trimmed != line && len(f.held) < failureDetail:
+		f.held = append(f.held, line)
+	}
+	switch {
 	case strings.HasPrefix(trimmed, "--- FAIL"):
+		f.keep(line)
+		for _, l := range f.held {
+			f.keep(l)
+		}
+		f.held = nil
 		f.detail = failureDetail
+		return
 	case strings.HasPrefix(line, "panic:"):
 		// A timeout's panic names the tests still running on the next
 		// two lines.
@@ -43,6 +61,10 @@ func (f *failureLog) add(line string) {
 		f.detail = 0
 		return
 	}
+	f.keep(line)
+}
+
+func (f *failureLog) keep(line string) {
 	if len(f.kept) == failureLines {
 		f.dropped++
 		return

@@ -58,6 +58,36 @@ vmtest: failed: example.com/b example.com/c
 	}
 }
 
+// TestFailureLogVerbose: with -v a failed test's log, printed before its
+// "--- FAIL" line, is kept under it; a passing test's is not.
+func TestFailureLogVerbose(t *testing.T) {
+	console := `=== RUN   TestPass
+    pass_test.go:3: a passing test's log
+--- PASS: TestPass (0.01s)
+=== RUN   TestOwnCPU
+    e2e_test.go:260: own 103.1 ms, the rest 22.3s
+    e2e_test.go:267: a summary line
+--- FAIL: TestOwnCPU (31.35s)
+=== RUN   TestNext
+--- PASS: TestNext (0.00s)
+FAIL
+FAIL example.com/b 800s (exit 1)
+`
+	var f failureLog
+	for _, line := range strings.SplitAfter(console, "\n") {
+		f.add(line)
+	}
+	want := []string{
+		"--- FAIL: TestOwnCPU (31.35s)",
+		"    e2e_test.go:260: own 103.1 ms, the rest 22.3s",
+		"    e2e_test.go:267: a summary line",
+		"FAIL example.com/b 800s (exit 1)",
+	}
+	if got := f.lines(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("kept:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
 // TestFailureLogBounded: a guest whose every test fails leaves at most
 // failureLines lines and a count of the rest.
 func TestFailureLogBounded(t *testing.T) {
