@@ -258,16 +258,7 @@ func TestSyscallCompat(t *testing.T) {
 	for _, path := range []Syscalls{SyscallsRaw, SyscallsFentry} {
 		t.Run(path.String(), func(t *testing.T) {
 			c := startChild(t, "int80", n)
-			var s *Session
-			var dir string
-			if path == SyscallsFentry {
-				s, dir = fentrySession(t, events, c)
-			} else {
-				s, dir = newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
-				if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
-					t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.sysErr)
-				}
-			}
+			s, dir := syscallSession(t, path, events, c)
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -304,15 +295,7 @@ func TestSyscallUntracedRuns(t *testing.T) {
 	for _, path := range []Syscalls{SyscallsRaw, SyscallsFentry} {
 		t.Run(path.String(), func(t *testing.T) {
 			c := startChild(t, "getpid", n)
-			var s *Session
-			if path == SyscallsFentry {
-				s, _ = fentrySession(t, events, c)
-			} else {
-				s, _ = newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
-				if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
-					t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.sysErr)
-				}
-			}
+			s, _ := syscallSession(t, path, events, c)
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -351,6 +334,21 @@ func programRuns(t *testing.T, s *Session) uint64 {
 // off, and some hypervisors' guests, kill the caller with SIGSEGV.
 func int80Probe(t *testing.T) error {
 	return startChild(t, "int80", 1).finish()
+}
+
+// syscallSession starts a session recording events for the child c on
+// path, SyscallsRaw or SyscallsFentry (fentrySession, which may skip),
+// and fails t unless the raw path records them.
+func syscallSession(t *testing.T, path Syscalls, events []string, c *tracedChild) (*Session, string) {
+	t.Helper()
+	if path == SyscallsFentry {
+		return fentrySession(t, events, c)
+	}
+	s, dir := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
+	if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
+		t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.sysErr)
+	}
+	return s, dir
 }
 
 // fentrySession starts a session recording events through the function

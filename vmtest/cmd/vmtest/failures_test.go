@@ -34,10 +34,6 @@ panic: test timed out after 15m0s
 FAIL example.com/c 900s (exit 2)
 vmtest: failed: example.com/b example.com/c
 `
-	var f failureLog
-	for _, line := range strings.SplitAfter(console, "\n") {
-		f.add(line)
-	}
 	want := []string{
 		"--- FAIL: TestOne (1.20s)",
 		"    one_test.go:10: got 3 events, want 4",
@@ -53,9 +49,7 @@ vmtest: failed: example.com/b example.com/c
 		"\t\tTestSlow (15m0s)",
 		"FAIL example.com/c 900s (exit 2)",
 	}
-	if got := f.lines(); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("kept:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	checkFailureLog(t, console, want)
 }
 
 // TestFailureLogVerbose: with -v a failed test's log, printed before its
@@ -73,19 +67,13 @@ func TestFailureLogVerbose(t *testing.T) {
 FAIL
 FAIL example.com/b 800s (exit 1)
 `
-	var f failureLog
-	for _, line := range strings.SplitAfter(console, "\n") {
-		f.add(line)
-	}
 	want := []string{
 		"--- FAIL: TestOwnCPU (31.35s)",
 		"    e2e_test.go:260: own 103.1 ms, the rest 22.3s",
 		"    e2e_test.go:267: a summary line",
 		"FAIL example.com/b 800s (exit 1)",
 	}
-	if got := f.lines(); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("kept:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	checkFailureLog(t, console, want)
 }
 
 // TestFailureLogBounded: a guest whose every test fails leaves at most
@@ -98,5 +86,18 @@ func TestFailureLogBounded(t *testing.T) {
 	got := f.lines()
 	if len(got) != failureLines+1 || got[failureLines] != "(60 more lines in the console above)" {
 		t.Errorf("kept %d lines, last %q", len(got), got[len(got)-1])
+	}
+}
+
+// checkFailureLog feeds console to a failureLog a line at a time and
+// fails t unless it kept want.
+func checkFailureLog(t *testing.T, console string, want []string) {
+	t.Helper()
+	var f failureLog
+	for _, line := range strings.SplitAfter(console, "\n") {
+		f.add(line)
+	}
+	if got := f.lines(); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("kept:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
