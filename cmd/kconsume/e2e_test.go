@@ -221,8 +221,8 @@ func TestE2ECommand(t *testing.T) {
 // TestE2EOwnCPU runs the built binary on a command that burns CPU in a
 // shell loop and on one that makes many recorded syscalls: the summary
 // gives kconsume's own CPU time while recording, which leaves the
-// command's out (the loop's half second of CPU is not in it) and grows
-// with the events recorded.
+// command's out (the loop's CPU, sized on this machine, is not in it)
+// and grows with the events recorded.
 func TestE2EOwnCPU(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := testenv.KconsumeBin(t)
@@ -253,19 +253,46 @@ func TestE2EOwnCPU(t *testing.T) {
 		total := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 		return all, perEvent, total - time.Duration(all*float64(time.Millisecond))
 	}
-	// About half a second of the shell's CPU, and no event recorded
-	// but its exit.
-	loopMS, _, rest := own("sched:sched_process_exit", "sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done")
-	// 100 ms, or a tenth of the loop's CPU in an emulated guest, where
-	// everything is tens of times slower (22 s for the loop beside two
-	// other guests): far below what counting the loop in would give.
-	if rest < 300*time.Millisecond || loopMS > max(100, float64(rest.Milliseconds())/10) {
-		t.Errorf("a shell loop: kconsume's own %.1f ms, the rest %v", loopMS, rest)
+	// kconsume's own CPU with a command that does nothing: its fixed cost
+	// while recording, on this machine.
+	idleMS, _, _ := own("sched:sched_process_exit", "true")
+	// A shell loop long enough that counting its CPU in would show: at
+	// least a quarter of a second and twenty times that fixed cost, sized
+	// on this machine by timing the loop alone, so that the bounds below
+	// hold on a machine of any speed, an emulated guest included.
+	n, loop := loopCPU(t, max(250*time.Millisecond, time.Duration(20*idleMS*float64(time.Millisecond))))
+	loopMS, _, rest := own("sched:sched_process_exit", "sh", "-c", shellLoop(n))
+	// Counted in, the loop would add about its own CPU; left out, kconsume
+	// adds to its fixed cost only what it spends idle beside the loop.
+	if loopMS > idleMS+float64(loop.Milliseconds())/2 || rest < loop/2 {
+		t.Errorf("a shell loop of %v alone: kconsume's own %.1f ms (%.1f ms beside true), the rest %v", loop, loopMS, idleMS, rest)
 	}
 	// 200,000 one-byte reads and writes, each recorded.
 	ddMS, perEvent, _ := own("syscalls:sys_enter_read,syscalls:sys_enter_write", "dd", "if=/dev/zero", "of=/dev/null", "bs=1", "count=200000")
-	if ddMS <= loopMS || perEvent <= 0 || perEvent > 20000 {
-		t.Errorf("400,000 events: kconsume's own %.1f ms, %d ns an event; with no events %.1f ms", ddMS, perEvent, loopMS)
+	if ddMS <= idleMS || perEvent <= 0 || perEvent > 20000 {
+		t.Errorf("400,000 events: kconsume's own %.1f ms, %d ns an event; with no events %.1f ms", ddMS, perEvent, idleMS)
 	}
-	t.Logf("a shell loop: kconsume %.1f ms, the rest %v; dd: kconsume %.1f ms, %d ns an event", loopMS, rest, ddMS, perEvent)
+	t.Logf("beside true: kconsume %.1f ms; a shell loop of %v alone: kconsume %.1f ms, the rest %v; dd: kconsume %.1f ms, %d ns an event", idleMS, loop, loopMS, rest, ddMS, perEvent)
+}
+
+// shellLoop returns a sh script that counts to n.
+func shellLoop(n int) string {
+	return "i=0; while [ $i -lt " + strconv.Itoa(n) + " ]; do i=$((i+1)); done"
+}
+
+// loopCPU returns a count for shellLoop whose loop, run alone, takes at
+// least want of CPU here, and the CPU it took: it doubles the count from
+// 10,000 until the loop takes that long.
+func loopCPU(t *testing.T, want time.Duration) (int, time.Duration) {
+	t.Helper()
+	for n := 10000; ; n *= 2 {
+		cmd := exec.Command("sh", "-c", shellLoop(n))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v\n%s", cmd.Args, err, out)
+		}
+		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		if took := time.Duration(ru.Utime.Nano() + ru.Stime.Nano()); took >= want || n >= 1<<30 {
+			return n, took
+		}
+	}
 }
