@@ -25,7 +25,12 @@ type Trace struct {
 // indexes, as lttng-relayd writes them) are ignored, as CTF readers do;
 // any other entry is an error, because babeltrace2 would reject the trace
 // for it.
+//
+// A directory with no metadata of its own but a trace in its "kernel"
+// subdirectory is an LTTng session directory (as record --profile lttng
+// writes one): Open opens that trace, and Trace.Dir names it.
 func Open(dir string) (*Trace, error) {
+	dir = TraceDir(dir)
 	f, err := os.Open(filepath.Join(dir, MetadataFile))
 	if err != nil {
 		return nil, fmt.Errorf("open trace: %w", err)
@@ -492,4 +497,18 @@ func (m *Merger) Close() error {
 		errs = append(errs, s.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// TraceDir returns the directory of the trace that dir names: dir, or its
+// "kernel" subdirectory when dir has no metadata file and that does (an
+// LTTng session directory, SESSION/kernel/).
+func TraceDir(dir string) string {
+	if _, err := os.Stat(filepath.Join(dir, MetadataFile)); err == nil {
+		return dir
+	}
+	sub := filepath.Join(dir, "kernel")
+	if _, err := os.Stat(filepath.Join(sub, MetadataFile)); err == nil {
+		return sub
+	}
+	return dir
 }

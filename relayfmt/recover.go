@@ -32,6 +32,7 @@ func Recover(dir string) ([]RecoverResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
+	dir = t.Dir
 	if err := os.Remove(filepath.Join(dir, metadataTemp)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("recover: %w", err)
 	}

@@ -332,10 +332,19 @@ func TestLTTngFork(t *testing.T) {
 				tmp = t.TempDir()
 				out = filepath.Join(tmp, "lttng", "kernel")
 				who = filepath.Join(tmp, "who")
+				// One run names the trace's own directory, the other the
+				// session's, into whose kernel/ record then writes it.
+				arg := out
+				if transport == "ringbuf" {
+					arg = filepath.Dir(out)
+				}
 				o, code := shell(t, fmt.Sprintf("%s record --profile lttng --transport %s -o %s --session fork%s%d -e 'sched:sched_switch,sched:sched_process_*,syscalls:sys_enter_getppid,syscalls:sys_exit_getppid' -- %s fork %d %d %s",
-					bin, transport, out, transport, os.Getpid(), work, procs, threads, who))
+					bin, transport, arg, transport, os.Getpid(), work, procs, threads, who))
 				if code != 0 || strings.Contains(o, "keeps ftrace's fields") {
 					t.Fatalf("record: %d\n%s", code, o)
+				}
+				if said := strings.Contains(o, "goes into "+out+", laid out as an LTTng session: give "+arg+" "); said != (arg != out) {
+					t.Fatalf("record -o %s: said where the trace goes: %v, want %v\n%s", arg, said, arg != out, o)
 				}
 				if m := reSkipped.FindString(o); m == "" || try == 3 {
 					break
@@ -366,6 +375,11 @@ func TestLTTngFork(t *testing.T) {
 			}
 			if forks < procs*(threads+1) {
 				t.Errorf("babeltrace2: %d sched_process_fork events, want at least %d", forks, procs*(threads+1))
+			}
+			// kconsume's reader takes the session's directory as
+			// babeltrace2 and the analyses do.
+			if o, code := shell(t, bin+" report "+filepath.Dir(out)+" | wc -l"); code != 0 || strings.TrimSpace(o) != strconv.Itoa(len(lines)) {
+				t.Errorf("kconsume report %s: exit %d, %s lines, babeltrace2 %d", filepath.Dir(out), code, strings.TrimSpace(o), len(lines))
 			}
 			a := runAnalysis(t, "lttng-syscallstats", filepath.Dir(out))
 			seen := map[string]string{}

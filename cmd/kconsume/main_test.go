@@ -78,6 +78,7 @@ func TestRecordUsageErrors(t *testing.T) {
 		{[]string{"record", "-o", out, "-e", "syscalls:sys_enter_getpid", "--syscalls", "fentry", "--transport", "perf"}, "needs the ringbuf transport"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--clock", "x"}, "mono"},
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--pid", "abc"}, "not a process id"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--pid", "2147483647"}, "no such process"},
 		{[]string{"record", "-o", full, "-e", "sched:sched_switch"}, "not empty"},
 		{[]string{"record", "-o", full, "-e", "sched:sched_switch", "--force"}, "not part of a trace"},
 		{[]string{"record", "-o", link, "-e", "sched:sched_switch"}, "symlink"},

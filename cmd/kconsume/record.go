@@ -37,6 +37,9 @@ type recordOpts struct {
 	command   []string
 	relay     *relaydOut
 	prof      profileFlag
+	// sessionDir is the -o directory when the trace went into its
+	// kernel subdirectory (--profile lttng), or empty.
+	sessionDir string
 	nice      int
 	niceSet   bool // --nice given
 }
@@ -121,6 +124,11 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 		if err != nil || n <= 0 {
 			return nil, usageError{fmt.Errorf("--pid %q: not a process id", p)}
 		}
+		// A thread id answers kill(2) as its process's id does; a task
+		// that exits later ends its events, as perf's --pid does.
+		if err := syscall.Kill(n, 0); errors.Is(err, syscall.ESRCH) {
+			return nil, usageError{fmt.Errorf("--pid %d: no such process or thread", n)}
+		}
 		cfg.PIDs = append(cfg.PIDs, n)
 	}
 	var err error
@@ -151,11 +159,19 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 			return nil, err
 		}
 	}
+	o.session = sessionName(o.session, o.out)
+	if o.prof.lttng() && o.out != "" && filepath.Base(filepath.Clean(o.out)) != "kernel" {
+		// LTTng's analyses find the tracer's version only in a trace
+		// whose directory is named kernel, as lttng lays out a session
+		// (SESSION/kernel/): the directory the user named becomes the
+		// session's, which the analyses and babeltrace2 both take.
+		o.sessionDir = o.out
+		o.out = filepath.Join(o.out, "kernel")
+	}
 	cfg.Dir = o.out
 	if err := o.relay.check(cfg); err != nil {
 		return nil, usageError{err}
 	}
-	o.session = sessionName(o.session, o.out)
 	if err := control.CheckName(o.session); err != nil {
 		return nil, usageError{err}
 	}
@@ -214,6 +230,9 @@ func record(args []string, stdout, stderr io.Writer) error {
 		if err := prepareDir(o.out, o.force); err != nil {
 			return err
 		}
+	}
+	if o.sessionDir != "" {
+		fmt.Fprintf(stderr, "kconsume record: the trace goes into %s, laid out as an LTTng session: give %s to LTTng's analyses and babeltrace2, as to kconsume report\n", o.out, o.sessionDir)
 	}
 	cfg.Env = map[string]string{"session": o.session}
 	if err := o.relay.connect(&cfg, o.session, stderr); err != nil {

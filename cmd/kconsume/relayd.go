@@ -141,6 +141,10 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 	fmt.Fprintf(stderr, "kconsume record: streaming to relayd %s, which writes %s/%s\n", r.u, s.Client().OutputPath, relayd.DomainPath)
 	if r.live != 0 {
 		fmt.Fprintf(stderr, "kconsume record: live: babeltrace2 --input-format=lttng-live net://%s:%d/host/%s/%s\n", r.u.Host, relayd.DefaultLivePort, host, name)
+	} else {
+		// As LTTng's: a session created without a live timer is not
+		// listed to live viewers, which then say "Not a live session".
+		fmt.Fprintf(stderr, "kconsume record: not a live session: babeltrace2 --input-format=lttng-live will not show it (add --live-timer 1s to make it live); the trace is read from relayd's directory\n")
 	}
 	return nil
 }

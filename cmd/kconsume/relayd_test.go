@@ -91,6 +91,11 @@ func TestE2ERelayd(t *testing.T) {
 	if errA != nil || errB != nil {
 		t.Fatalf("record: %v, %v\n%s\n%s\nrelayd log:\n%s", errA, errB, aOut.String(), bOut.String(), r.LogTail(20))
 	}
+	// Without --live-timer, a live viewer will not list the session: say
+	// so, and how to make it live.
+	if !strings.Contains(aOut.String(), "not a live session") || !strings.Contains(aOut.String(), "--live-timer 1s") {
+		t.Errorf("record --relayd without --live-timer did not say its session is not live:\n%s", aOut.String())
+	}
 	sent, notSent := relaydCounts(t, aOut.String())
 	if notSent != 0 || sent == 0 || sent != packetsIn(t, local, 16<<10) {
 		t.Fatalf("hosta: %d packets sent, %d not sent, %d in the local copy\n%s", sent, notSent, packetsIn(t, local, 16<<10), aOut.String())

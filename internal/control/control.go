@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net"
 	"os"
@@ -355,10 +356,17 @@ func (s *Server) Close() error {
 	return err
 }
 
-// Send sends one command to the named session and returns its reply.
+// Send sends one command to the named session and returns its reply. It
+// fails when the session is not running, when the caller may not reach
+// its socket (not root: the error says so, the session may be running),
+// or with the session's own error for the command.
 func Send(root, name, cmd string, cpu int, arg string) (string, error) {
 	c, err := net.DialTimeout("unix", filepath.Join(root, name, fileSocket), 5*time.Second)
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		// The session may well be running: its socket is root's alone.
+		return "", fmt.Errorf("session %q: permission denied on its control socket: run as root (%w)", name, err)
+	case err != nil:
 		return "", fmt.Errorf("session %q is not running (%w)", name, err)
 	}
 	defer c.Close()
@@ -386,14 +394,17 @@ func Send(root, name, cmd string, cpu int, arg string) (string, error) {
 }
 
 // Sessions returns the names of the live sessions under root: those whose
-// lock is held.
+// lock is held. It fails when root cannot be read, saying so plainly when
+// the caller lacks the permission (root's directories are root's alone).
 func Sessions(root string) ([]string, error) {
 	entries, err := os.ReadDir(root)
-	if errors.Is(err, os.ErrNotExist) {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
 		return nil, nil
-	}
-	if err != nil {
-		return nil, err
+	case errors.Is(err, fs.ErrPermission):
+		return nil, fmt.Errorf("sessions: permission denied on %s: run as root (%w)", root, err)
+	case err != nil:
+		return nil, fmt.Errorf("sessions: %w", err)
 	}
 	var out []string
 	for _, e := range entries {
