@@ -40,8 +40,8 @@ type recordOpts struct {
 	// sessionDir is the -o directory when the trace went into its
 	// kernel subdirectory (--profile lttng), or empty.
 	sessionDir string
-	nice      int
-	niceSet   bool // --nice given
+	nice       int
+	niceSet    bool // --nice given
 }
 
 // parseRecord parses record's arguments into options and a session

@@ -16,7 +16,7 @@ import (
 type echo struct{}
 
 func (echo) Do(cmd string, cpu int, arg string) (string, error) { return cmd + "\n", nil }
-func (echo) Files() map[string]string                          { return map[string]string{"state": "running"} }
+func (echo) Files() map[string]string                           { return map[string]string{"state": "running"} }
 
 // TestMain runs the child of TestSendPermissionDenied when asked to:
 // Sessions and Send on the root and session named in its environment,
