@@ -891,18 +891,39 @@ _Static_assert(sizeof(struct kc_sys_rec) <= KC_SAMPLED_MAX, "syscall records are
 #define KC_SYS_NR KC_ENTRY_SIZE
 #define KC_SYS_ARG(i) (KC_ENTRY_SIZE + 4 + 8 * (i))
 
+/* A syscall's six arguments, as the raw_syscalls:sys_enter record holds them. */
+struct kc_sys_args {
+	__u64 v[6];
+};
+
 /*
  * kc_sys_fill writes at data, a syscall record's payload, the part that
  * words (the ring record's size in 8-byte words, a constant at each call)
  * covers: the number, and the arguments on entry or ret on exit. Only stores inside
  * the reservation are made, which the verifier checks.
  */
-static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs *regs, long nr, __u32 exit, long ret)
+static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs *regs, const struct kc_sys_args *a, long nr, __u32 exit, long ret)
 {
 	kc_put(__s32, data, KC_SYS_NR, nr);
 	if (exit) {
 		if (words > 2)
 			kc_put(__u64, data, KC_SYS_ARG(0), ret);
+		return;
+	}
+	if (a) {
+		/* The perf tracepoint's record: its arguments already read. */
+		if (words > 2)
+			kc_put(__u64, data, KC_SYS_ARG(0), a->v[0]);
+		if (words > 3)
+			kc_put(__u64, data, KC_SYS_ARG(1), a->v[1]);
+		if (words > 4)
+			kc_put(__u64, data, KC_SYS_ARG(2), a->v[2]);
+		if (words > 5)
+			kc_put(__u64, data, KC_SYS_ARG(3), a->v[3]);
+		if (words > 6)
+			kc_put(__u64, data, KC_SYS_ARG(4), a->v[4]);
+		if (words > 7)
+			kc_put(__u64, data, KC_SYS_ARG(5), a->v[5]);
 		return;
 	}
 	if (words > 2)
@@ -927,7 +948,7 @@ static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs 
 	case w:                                                                   \
 		r = (void *)kc_reserve(ring, st, cpu, sizeof(struct kc_rec) + 8 * (w), &res); \
 		if (r)                                                            \
-			kc_sys_fill(r->data, w, regs, nr, exit, ret);             \
+			kc_sys_fill(r->data, w, regs, a, nr, exit, ret);          \
 		break;
 
 /*
@@ -941,7 +962,7 @@ static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs 
  * kernels with faultable syscall tracepoints, so it counts with atomic
  * adds.
  */
-static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, __u16 id, __u32 tsize, long nr, __u32 exit, long ret, __s32 pid)
+static __always_inline void kc_sys_emit(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, __u16 id, __u32 tsize, long nr, __u32 exit, long ret, __s32 pid)
 {
 	struct kc_sys_rec *r = NULL;
 	struct kc_cpu_state *st;
@@ -961,7 +982,7 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, __u32 key, __u16 i
 	if (kc_pkt_on) {
 		r = (void *)kc_reserve_pkt(st, cpu, key, size, KC_EVH_EXT + sizeof(r->data), &res);
 		if (r)
-			kc_sys_fill(r, (size + 7) / 8, regs, nr, exit, ret);
+			kc_sys_fill(r, (size + 7) / 8, regs, a, nr, exit, ret);
 		goto reserved;
 	}
 	switch ((size + 7) / 8) {
@@ -988,7 +1009,7 @@ reserved:
  * kc_sys_record writes the syscall event for nr, if it is recorded, as
  * kc_sys_emit: the raw path's dispatch by syscall number.
  */
-static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 exit, long ret)
+static __always_inline void kc_sys_record(struct pt_regs *regs, const struct kc_sys_args *a, long nr, __u32 exit, long ret)
 {
 	struct kc_sys_key *k;
 	__u32 slot;
@@ -1003,13 +1024,13 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, long nr, __u32 e
 	pid = kc_sys_task();
 	if (pid < 0)
 		return;
-	kc_sys_emit(regs, k->key - 1, k->id, k->size, nr, exit, ret, pid);
+	kc_sys_emit(regs, a, k->key - 1, k->id, k->size, nr, exit, ret, pid);
 }
 
 SEC("tp_btf/sys_enter")
 int kc_sys_enter(__u64 *ctx)
 {
-	kc_sys_record((struct pt_regs *)ctx[0], (long)ctx[1], 0, 0);
+	kc_sys_record((struct pt_regs *)ctx[0], NULL, (long)ctx[1], 0, 0);
 	return 0;
 }
 
@@ -1019,7 +1040,51 @@ int kc_sys_exit(__u64 *ctx)
 	struct pt_regs *regs = (struct pt_regs *)ctx[0];
 
 	/* trace_syscalls.c:ftrace_syscall_exit: the number is orig_ax. */
-	kc_sys_record(regs, regs->orig_ax, 1, (long)ctx[1]);
+	kc_sys_record(regs, NULL, regs->orig_ax, 1, (long)ctx[1]);
+	return 0;
+}
+
+/*
+ * The raw path from the perf tracepoints raw_syscalls:sys_enter and
+ * sys_exit, for kernels where tracepoint and trampoline programs run
+ * preemptibly (Linux 7.x with PREEMPT_RCU: tracepoints under SRCU-fast,
+ * include/linux/tracepoint.h; __bpf_trace_run keeps only migration off,
+ * kernel/trace/bpf_trace.c). There a task preempted inside kc_sys_enter
+ * holds its per-CPU recursion guard (bpf_prog_get_recursion_context), and
+ * the kernel skips every run of it on that CPU until the task runs again:
+ * another task's events are lost, a quarter of them with two busy tasks
+ * a CPU. perf_trace_##call keeps preemption off around its program
+ * (include/trace/perf.h, guard(preempt_notrace)), as ftrace's own probes
+ * do, so these run to their end before another task does; their guard,
+ * bpf_prog_active, a CPU's for all such programs, is held only across a
+ * nested interrupt's run. They cost more than kc_sys_enter (perf builds
+ * its record first), so the loader takes them only there.
+ */
+struct kc_raw_sys_enter {
+	__u64 common; /* the common fields; perf puts its regs pointer here */
+	long id;
+	struct kc_sys_args args;
+};
+
+struct kc_raw_sys_exit {
+	__u64 common;
+	long id;
+	long ret;
+};
+
+SEC("tracepoint/raw_syscalls/sys_enter")
+int kc_sys_enter_tp(struct kc_raw_sys_enter *ctx)
+{
+	struct kc_sys_args a = ctx->args;
+
+	kc_sys_record(NULL, &a, ctx->id, 0, 0);
+	return 0;
+}
+
+SEC("tracepoint/raw_syscalls/sys_exit")
+int kc_sys_exit_tp(struct kc_raw_sys_exit *ctx)
+{
+	kc_sys_record(NULL, NULL, ctx->id, 1, ctx->ret);
 	return 0;
 }
 
@@ -1236,7 +1301,7 @@ static __always_inline void kc_sys_fn(struct pt_regs *regs, __u32 exit, long ret
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	if (!info)
 		return;
-	kc_sys_emit(regs, key, info->id, info->size, kc_sys_nr(), exit, ret, pid);
+	kc_sys_emit(regs, NULL, key, info->id, info->size, kc_sys_nr(), exit, ret, pid);
 }
 
 SEC("fentry/__x64_sys_getpid")

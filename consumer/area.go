@@ -87,14 +87,9 @@ func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.Colle
 // ("BPF_STX uses reserved fields"), and a kernel whose verifier refuses
 // the writers otherwise is caught by the load's fallback.
 func haveCmpxchg() error {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return fmt.Errorf("uname: %w", err)
-	}
-	rel := unix.ByteSliceToString(u.Release[:])
-	var major, minor int
-	if _, err := fmt.Sscanf(rel, "%d.%d", &major, &minor); err != nil {
-		return fmt.Errorf("kernel release %q: %w", rel, err)
+	major, minor, err := kernelRelease()
+	if err != nil {
+		return err
 	}
 	if major < 5 || major == 5 && minor < 12 {
 		return fmt.Errorf("BPF_CMPXCHG needs Linux 5.12, this is %d.%d", major, minor)

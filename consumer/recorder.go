@@ -42,6 +42,8 @@ type recorder struct {
 	running    *ebpf.Variable
 	stateMem   []byte
 	useCookie  bool           // event keys come from attach cookies
+	preempt    Preemptible    // whether tracing programs run preemptibly here (preempt.go)
+	rawPerf    bool           // the raw syscall path rides on the perf tracepoints (preempt.go)
 	tpProgs    []string       // the recorder copy attached for each event key
 	sysErr     error          // why syscall events are not on the raw syscall path
 	btfErr     error          // why an event is not on the BTF path
@@ -186,6 +188,10 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)
 		}
 	}
+	r.preempt = preemptible()
+	if forcePreemptible {
+		r.preempt = Preemptible{On: true, Why: "forced by a test"}
+	}
 	r.pktErr = errors.New("no events given")
 	if opts != nil && opts.spec == nil {
 		// A kernel that refuses the raw syscall programs' load refuses
@@ -230,6 +236,8 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		if !raw || r.sysErr != nil {
 			dropRawSys(spec)
 		} else {
+			r.rawPerf = r.preempt.On
+			rawFromPerf(spec, r.rawPerf)
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 		}
 	}

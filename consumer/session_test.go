@@ -338,18 +338,19 @@ func TestGetpidExact(t *testing.T) {
 		global   bool
 		noCookie bool
 		noRaw    bool
+		perf     bool // the raw path from perf tracepoints (forcePreemptible)
 	}
 	var vs []variant
 	for _, tr := range transports(t) {
-		vs = append(vs, variant{tr.String(), tr, false, false, false}, variant{tr.String() + "/patched", tr, false, true, true})
+		vs = append(vs, variant{tr.String(), tr, false, false, false, false}, variant{tr.String() + "/patched", tr, false, true, true, false})
 		if tr == Ringbuf {
-			vs = append(vs, variant{"ringbuf/global", tr, true, false, false}, variant{"ringbuf/tracepoint", tr, false, false, true})
+			vs = append(vs, variant{"ringbuf/global", tr, true, false, false, false}, variant{"ringbuf/tracepoint", tr, false, false, true, false}, variant{"ringbuf/raw-perf", tr, false, false, false, true})
 		}
 	}
 	for _, v := range vs {
 		t.Run(v.name, func(t *testing.T) {
-			noCookie = v.noCookie
-			defer func() { noCookie = false }()
+			noCookie, forcePreemptible = v.noCookie, v.perf
+			defer func() { noCookie, forcePreemptible = false, false }()
 			sys := SyscallsAuto
 			switch {
 			case v.noRaw:
@@ -373,6 +374,9 @@ func TestGetpidExact(t *testing.T) {
 				want = "kc_tp_s12"
 			case s.rec.useCookie:
 				want = gen.RingbufProgKcTracepoint
+			}
+			if want == gen.RingbufProgKcSysEnter && s.rec.rawPerf != (v.perf || preemptible().On) {
+				t.Fatalf("raw path from perf tracepoints: %v, want %v", s.rec.rawPerf, v.perf || preemptible().On)
 			}
 			if s.rec.tpProgs[0] != want {
 				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.rec.tpProgs[0], want, s.rec.sysErr)

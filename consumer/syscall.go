@@ -90,6 +90,20 @@ func (r *recorder) rawSysPossible() error {
 func dropRawSys(spec *ebpf.CollectionSpec) {
 	delete(spec.Programs, gen.RingbufProgKcSysEnter)
 	delete(spec.Programs, gen.RingbufProgKcSysExit)
+	rawFromPerf(spec, false)
+}
+
+// rawFromPerf makes the raw syscall path's programs, under their usual
+// names, the copies for the perf tracepoints raw_syscalls:sys_enter and
+// sys_exit when perf is set (where tracing programs run preemptibly,
+// preempt.go), and removes those copies from spec.
+func rawFromPerf(spec *ebpf.CollectionSpec, perf bool) {
+	if perf {
+		spec.Programs[gen.RingbufProgKcSysEnter] = spec.Programs[gen.RingbufProgKcSysEnterTp]
+		spec.Programs[gen.RingbufProgKcSysExit] = spec.Programs[gen.RingbufProgKcSysExitTp]
+	}
+	delete(spec.Programs, gen.RingbufProgKcSysEnterTp)
+	delete(spec.Programs, gen.RingbufProgKcSysExitTp)
 }
 
 // taskBTF reports whether the kernel has bpf_get_current_task_btf (5.11).
@@ -150,7 +164,13 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 		if !used[dir] || r.sysErr != nil {
 			continue
 		}
-		l, err := link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
+		var l link.Link
+		var err error
+		if r.rawPerf {
+			l, err = link.Tracepoint("raw_syscalls", []string{"sys_enter", "sys_exit"}[dir], r.coll.Programs[name], nil)
+		} else {
+			l, err = link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
+		}
 		if err != nil {
 			r.sysErr = fmt.Errorf("attaching %s: %w", name, err)
 			break
@@ -205,6 +225,8 @@ func (r *recorder) fentryPossible(n int) error {
 		return fmt.Errorf("turned off (syscalls: %s)", r.cfg.Syscalls)
 	case r.cfg.Syscalls == SyscallsAuto && n > FentryMax:
 		return fmt.Errorf("%d syscall events, more than the %d syscalls: auto puts on it", n, FentryMax)
+	case r.cfg.Syscalls == SyscallsAuto && r.preempt.On && r.rawSysPossible() == nil:
+		return fmt.Errorf("%w (%s): the raw path keeps them", errPreemptible, r.preempt.Why)
 	case runtime.GOARCH != "amd64":
 		return fmt.Errorf("not on %s", runtime.GOARCH)
 	case r.transport != Ringbuf:

@@ -88,8 +88,10 @@ func TestSysShape(t *testing.T) {
 }
 
 // TestSyscallRaw records a child's close and mmap calls, entry and exit,
-// through the raw syscall path and through the syscall tracepoints: the
-// two traces must hold the same records, field for field, and those the
+// through the raw syscall path (from its BTF tracepoint programs, and
+// from the perf tracepoints it takes where tracing programs run
+// preemptibly, forced here) and through the syscall tracepoints: the
+// traces must hold the same records, field for field, and those the
 // arguments and results the child passed and got.
 func TestSyscallRaw(t *testing.T) {
 	testenv.RequireRoot(t)
@@ -98,25 +100,32 @@ func TestSyscallRaw(t *testing.T) {
 	}
 	const n = 2000
 	events := []string{"syscalls:sys_enter_close", "syscalls:sys_exit_close", "syscalls:sys_enter_mmap", "syscalls:sys_exit_mmap"}
-	var runs [2][]string
-	var missed [2]int
+	variants := []struct {
+		name      string
+		sys       Syscalls
+		forcePerf bool
+	}{{"tracepoints", SyscallsTracepoint, false}, {"raw", SyscallsRaw, false}, {"raw from perf", SyscallsRaw, true}}
+	runs := make([][]string, len(variants))
+	missed := make([]int, len(variants))
 	ids := map[string]uint32{}
-	for k, raw := range []bool{true, false} {
-		sys := SyscallsRaw
-		if !raw {
-			sys = SyscallsTracepoint
-		}
+	for k, v := range variants {
+		raw := v.sys == SyscallsRaw
+		forcePreemptible = v.forcePerf
 		c := startChild(t, "syscalls", n)
-		s, dir := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: sys})
+		s, dir := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: v.sys})
+		forcePreemptible = false
 		if raw {
 			for _, f := range s.Events() {
 				ids[f.FullName()] = f.ID
+			}
+			if s.rec.rawPerf != (v.forcePerf || preemptible().On) {
+				t.Fatalf("%s: raw path from perf tracepoints %v, preemptible %+v", v.name, s.rec.rawPerf, preemptible())
 			}
 		}
 		for i, p := range s.rec.tpProgs {
 			want := strings.HasPrefix(p, "kc_sys_")
 			if want != raw || raw && (p == gen.RingbufProgKcSysExit) != strings.Contains(events[i], "exit") {
-				t.Fatalf("raw %v: %s recorded by %s (raw syscall path: %v)", raw, events[i], p, s.rec.sysErr)
+				t.Fatalf("%s: %s recorded by %s (raw syscall path: %v)", v.name, events[i], p, s.rec.sysErr)
 			}
 			// The raw programs leave out the padding after nr: their
 			// records go into the trace as they are.
@@ -127,41 +136,56 @@ func TestSyscallRaw(t *testing.T) {
 		for _, cs := range recordChild(t, s, c) {
 			missed[k] += int(cs.Missed)
 		}
-		runs[k] = childSyscalls(t, fmt.Sprintf("raw %v", raw), dir, c, n)
+		runs[k] = childSyscalls(t, v.name, dir, c, n)
 	}
-	// A recorder run the kernel skipped is the only excuse for a missing
-	// record, and it is counted (Stats.Missed): with faultable syscall
-	// tracepoints (7.x) a program preempted on a busy guest makes the
-	// next run on that CPU miss. The short run must then be the full one
-	// with records left out.
-	short, full := 0, 1
-	if len(runs[1]) < len(runs[0]) {
-		short, full = 1, 0
+	full := -1
+	for k := range runs {
+		if len(runs[k]) == 4*n {
+			full = k
+		}
 	}
-	if len(runs[full]) != 4*n || 4*n-len(runs[short]) > missed[short] {
-		t.Fatalf("raw path %d records (%d runs missed), tracepoints %d (%d missed); want %d", len(runs[0]), missed[0], len(runs[1]), missed[1], 4*n)
+	if full < 0 {
+		t.Fatalf("no run has all %d records: %v records, %v runs missed", 4*n, lens(runs), missed)
 	}
-	if len(runs[short]) < 4*n {
-		t.Logf("%d records short, %d runs missed", 4*n-len(runs[short]), missed[short])
-		j := 0
-		for _, line := range runs[full] {
-			if j < len(runs[short]) && runs[short][j] == line {
-				j++
+	for k := range runs {
+		// A recorder run the kernel skipped is the only excuse for a
+		// missing record, and it is counted (Stats.Missed): where
+		// tracing programs run preemptibly, a program preempted on a
+		// busy guest makes the next runs on that CPU miss. A short run
+		// must then be the full one with records left out.
+		if len(runs[k]) < 4*n {
+			if 4*n-len(runs[k]) > missed[k] {
+				t.Fatalf("%s: %d records, %d runs missed; want %d", variants[k].name, len(runs[k]), missed[k], 4*n)
+			}
+			t.Logf("%s: %d records short, %d runs missed", variants[k].name, 4*n-len(runs[k]), missed[k])
+			j := 0
+			for _, line := range runs[full] {
+				if j < len(runs[k]) && runs[k][j] == line {
+					j++
+				}
+			}
+			if j != len(runs[k]) {
+				t.Fatalf("%s: record %d, %q, is not in the full run", variants[k].name, j, runs[k][j])
+			}
+			continue
+		}
+		for i := range runs[k] {
+			if runs[k][i] != runs[full][i] {
+				t.Fatalf("record %d: %s %q, %s %q", i, variants[k].name, runs[k][i], variants[full].name, runs[full][i])
 			}
 		}
-		if j != len(runs[short]) {
-			t.Fatalf("record %d of the short run, %q, is not in the full one", j, runs[short][j])
-		}
-	} else {
-		for i := range runs[0] {
-			if runs[0][i] != runs[1][i] {
-				t.Fatalf("record %d: raw path %q, tracepoint %q", i, runs[0][i], runs[1][i])
-			}
-		}
 	}
-	// The values themselves, from a full trace (when both are full, they
-	// are equal).
+	// The values themselves, from a full trace (the full ones are equal).
 	checkChildSyscalls(t, runs[full], events, ids, n)
+}
+
+// lens returns the lengths of runs.
+func lens(runs [][]string) []int {
+	out := make([]int, len(runs))
+	for i, r := range runs {
+		out[i] = len(r)
+	}
+	return out
 }
 
 // childSyscalls returns the records in dir of the "syscalls" child c's n

@@ -123,7 +123,9 @@ const (
 	RingbufProgKcInject        = "kc_inject"
 	RingbufProgKcPktFlush      = "kc_pkt_flush"
 	RingbufProgKcSysEnter      = "kc_sys_enter"
+	RingbufProgKcSysEnterTp    = "kc_sys_enter_tp"
 	RingbufProgKcSysExit       = "kc_sys_exit"
+	RingbufProgKcSysExitTp     = "kc_sys_exit_tp"
 	RingbufProgKcSysFentry     = "kc_sys_fentry"
 	RingbufProgKcSysFexit      = "kc_sys_fexit"
 	RingbufProgKcSysUserFault  = "kc_sys_user_fault"
@@ -215,7 +217,9 @@ type RingbufProgramSpecs struct {
 	KcInject       *ebpf.ProgramSpec `ebpf:"kc_inject"`
 	KcPktFlush     *ebpf.ProgramSpec `ebpf:"kc_pkt_flush"`
 	KcSysEnter     *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
+	KcSysEnterTp   *ebpf.ProgramSpec `ebpf:"kc_sys_enter_tp"`
 	KcSysExit      *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
+	KcSysExitTp    *ebpf.ProgramSpec `ebpf:"kc_sys_exit_tp"`
 	KcSysFentry    *ebpf.ProgramSpec `ebpf:"kc_sys_fentry"`
 	KcSysFexit     *ebpf.ProgramSpec `ebpf:"kc_sys_fexit"`
 	KcSysUserFault *ebpf.ProgramSpec `ebpf:"kc_sys_user_fault"`
@@ -394,7 +398,9 @@ type RingbufPrograms struct {
 	KcInject       *ebpf.Program `ebpf:"kc_inject"`
 	KcPktFlush     *ebpf.Program `ebpf:"kc_pkt_flush"`
 	KcSysEnter     *ebpf.Program `ebpf:"kc_sys_enter"`
+	KcSysEnterTp   *ebpf.Program `ebpf:"kc_sys_enter_tp"`
 	KcSysExit      *ebpf.Program `ebpf:"kc_sys_exit"`
+	KcSysExitTp    *ebpf.Program `ebpf:"kc_sys_exit_tp"`
 	KcSysFentry    *ebpf.Program `ebpf:"kc_sys_fentry"`
 	KcSysFexit     *ebpf.Program `ebpf:"kc_sys_fexit"`
 	KcSysUserFault *ebpf.Program `ebpf:"kc_sys_user_fault"`
@@ -411,7 +417,9 @@ func (p *RingbufPrograms) Close() error {
 		p.KcInject,
 		p.KcPktFlush,
 		p.KcSysEnter,
+		p.KcSysEnterTp,
 		p.KcSysExit,
+		p.KcSysExitTp,
 		p.KcSysFentry,
 		p.KcSysFexit,
 		p.KcSysUserFault,
