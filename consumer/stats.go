@@ -135,3 +135,8 @@ func (c *drainerCounts) load() DrainerStats {
 		LongestOverrun: time.Duration(c.longest.Load()),
 	}
 }
+
+// MissedPlaced returns the part of Missed known to be events lost and
+// placed in the stream, within Discarded: none where a skipped run may
+// have been of an event not recorded (filters, the raw syscall path).
+func (s CPUStats) MissedPlaced() uint64 { return s.missedPlaced }

@@ -298,7 +298,7 @@ var (
 	totalTime = regexp.MustCompile(`Total time: ([0-9.]+) \[sec\]`)
 	// kconsume record's summary: "N events recorded (SIZE) in T, M discarded",
 	// its per-CPU table and its note on the drainer's lateness.
-	kcRecorded = regexp.MustCompile(`(?m)^(\d+) events recorded \(.*\) in .*, (\d+) discarded$`)
+	kcRecorded = regexp.MustCompile(`(?m)^(\d+) events recorded \(.*\) in .*, (\d+) discarded(, up to \d+ more missed.*)?$`)
 	kcCPU      = regexp.MustCompile(`(?m)^\d+\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$`)
 	kcLate     = regexp.MustCompile(`times the consumer ran more than --latency after it asked to, once ([0-9.]+[µmn]?s) late`)
 	kcOwnCPU   = regexp.MustCompile(`(?m)^kconsume's own CPU while recording: ([0-9.]+) ms`)

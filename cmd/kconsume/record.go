@@ -256,6 +256,9 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
 		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
 	}
+	if p, evs := s.Preemptible(); len(evs) > 0 {
+		fmt.Fprintf(stderr, "kconsume record: %s: %s recorded by programs that run preemptibly here; a task preempted inside one makes the kernel skip the other tasks' events on its CPU (counted as missed): --syscalls raw keeps them\n", p.Why, listSome(evs, 3))
+	}
 	if why := s.OwnRings(); why != nil && s.Transport() == consumer.Ringbuf && !cfg.Global {
 		fmt.Fprintf(stderr, "kconsume record: records through BPF ring buffers: own rings: %v\n", host.explain(why))
 	}
@@ -357,4 +360,13 @@ func isTraceName(n string) bool {
 	}
 	_, err := strconv.Atoi(rest)
 	return err == nil
+}
+
+// listSome returns the first n of names joined by commas, and how many
+// more there are.
+func listSome(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
 }

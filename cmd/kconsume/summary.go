@@ -33,9 +33,17 @@ func (r *recorder) status() {
 func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	w := r.stdout
 	records, bytes, discarded := totals(stats)
-	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded)
+	var unplaced uint64
+	for _, c := range stats {
+		unplaced += c.Missed - c.MissedPlaced()
+	}
+	more := ""
+	if unplaced > 0 {
+		more = fmt.Sprintf(", up to %d more missed (see the note)", unplaced)
+	}
+	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded%s\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded, more)
 	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "missed", "dropped", "overwritten", "invalid", "reordered")
-	var kernel, missed, dropped, over, unread uint64
+	var kernel, missed, missedPlaced, dropped, over, unread uint64
 	for _, c := range stats {
 		unread += c.UserUnread
 		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 && c.Missed == 0 {
@@ -44,11 +52,17 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Missed, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge+c.Undecodable, c.Reordered)
 		kernel += c.KernelLost
 		missed += c.Missed
+		missedPlaced += c.MissedPlaced()
 		dropped += c.Channel.Dropped
 		over += c.Channel.Overwritten
 	}
-	if missed > 0 {
-		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost; those known lost are in the discarded count\n", missed)
+	switch {
+	case missed > 0 && missedPlaced == missed:
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: each an event lost, in the discarded count and in the trace\n", missed)
+	case missed > 0 && missedPlaced > 0:
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost; the %d known lost are in the discarded count and in the trace\n", missed, missedPlaced)
+	case missed > 0:
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost, not in the discarded count, as a skipped run may have been of an event not recorded (filters, the raw syscall path's other syscalls)\n", missed)
 	}
 	if kernel > 0 {
 		fmt.Fprintf(w, "advice: %d events were lost in the kernel because the ring was full: raise --ring-size or lower --latency\n", kernel)
