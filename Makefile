@@ -3,7 +3,7 @@ GO       ?= go
 BIN      := bin/kconsume
 FUZZTIME ?= 30s
 PKGS     := ./...
-KERNELS  ?= 5.10 6.1 6.12 newest
+KERNELS  ?= 5.10 6.1 6.12 newest newest-full
 
 .PHONY: all build deps test lint bench fuzz generate generate-check vmlinux syscall-table vmtest clean
 

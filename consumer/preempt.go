@@ -106,8 +106,10 @@ var errPreemptible = errors.New("its programs run preemptibly on this kernel, wh
 
 // forcePreemptible makes the recorder take the attach points it takes
 // where tracing programs run preemptibly on any kernel: tests set it to
-// run them where the kernel does not call for them.
-var forcePreemptible bool
+// run them where the kernel does not call for them, and
+// KCONSUME_RAW_FROM_PERF=1 in the environment sets it, to measure what
+// they cost against the same binary without them (README, Performance).
+var forcePreemptible = os.Getenv("KCONSUME_RAW_FROM_PERF") == "1"
 
 // Preemptible returns whether this kernel runs tracing programs
 // preemptibly, and why (preempt.go), and the session's events recorded

@@ -11,7 +11,8 @@ import (
 // Config is a vmtest.toml: the kernel matrix. Its [[target]] tables
 // follow the schema of danobi/vmtest (name, kernel, kernel_args, command,
 // and a vm table with num_cpus and memory), except that kernel may name
-// a Debian kernel series instead of a bzImage path.
+// a Debian kernel series instead of a bzImage path and run may narrow the
+// suite.
 type Config struct {
 	Target []Target `toml:"target"`
 }
@@ -22,6 +23,10 @@ type Target struct {
 	Kernel     string `toml:"kernel"`      // series ("6.1"), release, "newest", or a bzImage path
 	KernelArgs string `toml:"kernel_args"` // appended to the kernel command line
 	Command    string `toml:"command"`     // shell command; empty runs the Go test suite
+	// Run, beyond danobi/vmtest's schema, runs only the suite's tests
+	// that match this regular expression (go test -run), for a target
+	// that checks one thing on one more kernel configuration.
+	Run string `toml:"run"`
 	VM         struct {
 		NumCPUs int    `toml:"num_cpus"`
 		Memory  string `toml:"memory"` // "2G", "512M"

@@ -23,6 +23,10 @@ type Suite struct {
 	Env      []string // environment the tests need (KCONSUME_BIN, KCONSUME_VMTEST)
 }
 
+// RunEnv names the guest's environment variable that holds a target's
+// run pattern (Target.Run), which the suite's script passes its tests.
+const RunEnv = "KCONSUME_VMTEST_RUN"
+
 // BuildSuite compiles the tests of pkgs (go list patterns) and the
 // kconsume command into a new directory under dir, and writes the script
 // that runs them with testArgs (such as -test.run, -test.v). Packages
@@ -64,7 +68,9 @@ func BuildSuite(ctx context.Context, dir string, pkgs, testArgs []string) (*Suit
 			args[i] = shellQuote(args[i])
 		}
 		fmt.Fprintf(&script, "echo \"vmtest: testing %s\"\n", f[0])
-		fmt.Fprintf(&script, "start=$(date +%%s)\ncd %s && %s\nst=$?\nend=$(date +%%s)\n", shellQuote(f[1]), strings.Join(args, " "))
+		// A target's run (RunEnv) narrows the tests: the last -test.run
+		// given is the one that counts.
+		fmt.Fprintf(&script, "start=$(date +%%s)\ncd %s && %s ${%s:+\"-test.run=$%s\"}\nst=$?\nend=$(date +%%s)\n", shellQuote(f[1]), strings.Join(args, " "), RunEnv, RunEnv)
 		fmt.Fprintf(&script, "if [ $st -eq 0 ]; then echo \"ok   %s $((end-start))s\"; else echo \"FAIL %s $((end-start))s (exit $st)\"; failed=\"$failed %s\"; fi\n", f[0], f[0], f[0])
 	}
 	script.WriteString("if [ -n \"$failed\" ]; then echo \"vmtest: failed:$failed\"; exit 1; fi\n")

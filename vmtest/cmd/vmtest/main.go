@@ -264,6 +264,9 @@ func runTarget(ctx context.Context, g guestFlags, t vmtest.Target, k *vmtest.Ker
 	}
 	o.KernelArgs = strings.TrimSpace(t.KernelArgs + " " + g.kernelArgs)
 	o.Env = append(os.Environ(), suite.Env...)
+	if t.Run != "" {
+		o.Env = append(o.Env, vmtest.RunEnv+"="+t.Run)
+	}
 	var fails failureLog
 	o.Console = out.prefixed(t.Name, &fails)
 	argv := []string{"/bin/sh", suite.Script}
