@@ -27,7 +27,7 @@ type Target struct {
 	// that match this regular expression (go test -run), for a target
 	// that checks one thing on one more kernel configuration.
 	Run string `toml:"run"`
-	VM         struct {
+	VM  struct {
 		NumCPUs int    `toml:"num_cpus"`
 		Memory  string `toml:"memory"` // "2G", "512M"
 	} `toml:"vm"`
