@@ -86,21 +86,36 @@ func (h *handler) Do(cmd string, cpu int, arg string) (string, error) {
 			return "", errors.New("rewind needs a session recording with --mode overwrite")
 		}
 		// Beside the trace, not inside it: babeltrace2 would merge a
-		// trace found in a subdirectory with the main one.
+		// trace found in a subdirectory with the main one. A trace laid
+		// out as an LTTng session (SESSION/kernel) is rewound into a
+		// session of its own, SESSION.rewind-N/kernel.
+		base, sub := filepath.Clean(s.Config().Dir), ""
+		if filepath.Base(base) == "kernel" {
+			base, sub = filepath.Dir(base), "kernel"
+		}
 		for n := 1; ; n++ {
-			dir := fmt.Sprintf("%s.rewind-%d", filepath.Clean(s.Config().Dir), n)
-			if _, err := os.Lstat(dir); err == nil {
+			top := fmt.Sprintf("%s.rewind-%d", base, n)
+			if _, err := os.Lstat(top); err == nil {
 				continue
 			}
+			dir := filepath.Join(top, sub)
+			if sub != "" {
+				if err := os.Mkdir(top, 0o755); err != nil {
+					return "", fmt.Errorf("rewind: %w", err)
+				}
+			}
 			if err := s.Rewind(dir, cpu); err != nil {
+				if sub != "" {
+					_ = os.Remove(top)
+				}
 				return "", err
 			}
 			// The rewound trace is written past the session's sink:
 			// its names are given the session's profile here.
 			if err := profile.Relabel(s.Config().Sink, dir); err != nil {
-				return "", fmt.Errorf("rewound into %s: %w", dir, err)
+				return "", fmt.Errorf("rewound into %s: %w", top, err)
 			}
-			return "rewound into " + dir + ": every sub-buffer still held, from the oldest\n", nil
+			return "rewound into " + top + ": every sub-buffer still held, from the oldest\n", nil
 		}
 	case "status":
 		return h.status(s, cpu)
@@ -168,7 +183,8 @@ const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|snapshot|re
 Drives a running kconsume record from another shell. Without --session,
 the one running session. --cpu acts on one CPU's buffer. In overwrite
 mode, snapshot writes the newest data into the trace, and rewind writes
-everything still held, from the oldest, into a new trace DIR.rewind-N.
+everything still held, from the oldest, into a new trace DIR.rewind-N
+(SESSION.rewind-N/kernel for a trace laid out as an LTTng session).
 statedump (--profile lttng sessions) writes the processes, open files,
 block devices, IRQs and CPUs into the trace again (--cpu: its stream).`
 

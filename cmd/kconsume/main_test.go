@@ -20,6 +20,7 @@ import (
 
 	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
 )
 
 func runCmd(args ...string) (code int, stdout, stderr string) {
@@ -432,7 +433,11 @@ func testCtlRewind(t *testing.T, prof string) {
 	if err := os.WriteFile(filepath.Join(dir, "rewind"), []byte("1\n"), 0); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { _, err := os.Stat(out + ".rewind-2/metadata"); return err == nil })
+	// Under the lttng profile each rewind is a session: its trace in kernel/.
+	waitFor(t, func() bool {
+		_, err := os.Stat(filepath.Join(relayfmt.TraceDir(out+".rewind-2"), "metadata"))
+		return err == nil
+	})
 	if c := <-done; c != 0 {
 		t.Fatalf("record exit %d", c)
 	}
