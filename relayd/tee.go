@@ -27,6 +27,19 @@ func (t *Tee) WritePacket(name string, packet []byte) error {
 	return err
 }
 
+// WriteFinal ends stream name of the local copy with packets after its
+// failure (relayfmt.FinalSink); relayd is not told: the local copy
+// decides. It returns the local sink's error.
+func (t *Tee) WriteFinal(name string, packets ...[]byte) error {
+	return relayfmt.WriteFinal(t.Local, name, packets...)
+}
+
+// Reserve sets room aside in the local copy (relayfmt.Reserver) and
+// returns its error.
+func (t *Tee) Reserve(names []string, packetSize int) error {
+	return relayfmt.Reserve(t.Local, names, packetSize)
+}
+
 // Close closes both; it returns the local error only (the remote Sink's
 // Stats say what relayd missed).
 func (t *Tee) Close() error {
