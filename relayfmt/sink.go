@@ -294,6 +294,9 @@ func (s *DirSink) WriteFinal(name string, packets ...[]byte) error {
 // Local reports true: the stream files are this machine's.
 func (*DirSink) Local() bool { return true }
 
+// Path returns the path of stream file name in the sink's directory.
+func (s *DirSink) Path(name string) string { return filepath.Join(s.dir, name) }
+
 // Close syncs and closes every stream file. It returns the first error of
 // any stream, including earlier write failures.
 func (s *DirSink) Close() error {

@@ -295,3 +295,39 @@ func TestFaultDiskFullCounted(t *testing.T) {
 		t.Logf("disk full under the flood: %d events in the trace, %d discarded", events, discarded)
 	})
 }
+
+// TestFaultRelaydHungLocalWhole stops relayd (SIGSTOP: not dead, not
+// answering) through a getpid flood of several times the memory record
+// holds (1 MiB a CPU), with a --relayd-timeout far longer than the flood,
+// then lets it go on: the local copy is written at the disk's speed and
+// holds every event, none discarded, and relayd catches up with every
+// packet. Local writes that waited on relayd (up to --relayd-timeout a
+// packet) filled the ring and the sub-buffers and lost events.
+func TestFaultRelaydHungLocalWhole(t *testing.T) {
+	testenv.RequireRoot(t)
+	r := testenv.StartRelayd(t)
+	local := filepath.Join(t.TempDir(), "t")
+	const n = 400000 // about 5.6 MB of events
+	name := "hung55" + uniq
+	rec := startRecording(t, name, "-o", local, "--relayd", r.URL(), "--relayd-hostname", "hung", "--relayd-timeout", "5m",
+		"-e", "syscalls:sys_enter_getpid", "--comm", getpidsComm, "--memory", "1M", "--duration", "10m")
+	r.Pause()
+	getpids(t, n)
+	// The flood is over: whatever relayd is behind by, the local copy
+	// has had the time to take it (it takes a fraction of the flood).
+	behind := filepath.Join("/run/kconsume", name, "relayd_behind")
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(behind)
+		v, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return v > 0
+	})
+	r.Resume()
+	if code := rec.stop(t); code != 0 {
+		t.Fatalf("record: exit %d\n%s", code, rec.out.String())
+	}
+	checkTrace(t, "local copy", local, n, rec.out.String())
+	if _, discarded := summaryCounts(t, rec.out.String()); discarded != 0 {
+		t.Errorf("%d events discarded while relayd hung: the local copy waited on it\n%s", discarded, rec.out.String())
+	}
+	checkTrace(t, "relayd's trace", filepath.Join(r.SessionDir(t, "hung", name), "kernel"), n, "")
+}
