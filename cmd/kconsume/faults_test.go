@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,6 +196,15 @@ func TestFaultRelaydKilledLocalWhole(t *testing.T) {
 		t.Errorf("record did not say relayd was lost:\n%s", rec.out.String())
 	}
 	checkTrace(t, "local copy", local, 2*n, rec.out.String())
+	_, notSent := relaydCounts(t, rec.out.String())
+	for _, want := range []string{
+		fmt.Sprintf("lost at relayd: %d packets relayd never confirmed", notSent),
+		fmt.Sprintf("the local copy in %s holds all %d events", local, 2*n),
+	} {
+		if notSent == 0 || !strings.Contains(rec.out.String(), want) {
+			t.Errorf("record's summary does not say %q:\n%s", want, rec.out.String())
+		}
+	}
 }
 
 // TestFaultRelaydOnlyWhole streams a getpid flood to relayd alone (no
@@ -273,6 +283,15 @@ func TestFaultDiskFullCounted(t *testing.T) {
 			t.Fatalf("record: exit %d, want 1 and a disk-full message\n%s", code, rec.out.String())
 		}
 		checkTrace(t, "full disk", out, n, rec.out.String())
+		recorded, lost := summaryCounts(t, rec.out.String())
+		for _, want := range []string{
+			fmt.Sprintf("lost on the disk: %d events", lost),
+			fmt.Sprintf("the trace holds the other %d events; babeltrace2 reports the %d lost", recorded, lost),
+		} {
+			if lost == 0 || !strings.Contains(rec.out.String(), want) {
+				t.Errorf("record's summary does not say %q:\n%s", want, rec.out.String())
+			}
+		}
 		if _, err := os.Stat(filepath.Join(out, ".reserve")); err == nil {
 			t.Error("record left its reserve file")
 		}

@@ -313,11 +313,11 @@ func (r *relaydOut) summary(w io.Writer) {
 	if r.local != "" {
 		where = "the local copy in " + r.local + " has them"
 	}
-	switch {
-	case st.Err != nil:
-		fmt.Fprintf(w, "warning: relayd stopped taking packets (%v); %s\n", st.Err, where)
-	case st.NotSent > 0:
-		fmt.Fprintf(w, "note: relayd missed %d packets while it was lost; %s\n", st.NotSent, where)
+	if st.Err != nil {
+		fmt.Fprintf(w, "warning: relayd stopped taking packets: %v\n", st.Err)
+	}
+	if st.NotSent > 0 {
+		fmt.Fprintf(w, "lost at relayd: %d packets relayd never confirmed (it died, hung past --relayd-timeout or refused them); %s\n", st.NotSent, where)
 	}
 	if r.local != "" {
 		// The local copy remembers, for kconsume stats, what relayd missed.
