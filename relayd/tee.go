@@ -66,8 +66,9 @@ func (t *Tee) init() {
 // the Tee's goroutines' work.
 func (t *Tee) Local() bool { return true }
 
-// WriteMetadata writes text locally and has it sent to relayd before any
-// packet written after it; it returns the local error only.
+// WriteMetadata writes text locally and has it sent to relayd, at once
+// from a goroutine, and before any packet written after it; it returns
+// the local error only.
 func (t *Tee) WriteMetadata(text []byte) error {
 	if err := t.Dir.WriteMetadata(text); err != nil {
 		return err
@@ -75,7 +76,15 @@ func (t *Tee) WriteMetadata(text []byte) error {
 	t.mu.Lock()
 	t.meta = append([]byte(nil), text...)
 	t.metaGen++
+	gen := t.metaGen
+	t.wg.Add(1)
 	t.mu.Unlock()
+	// Sent at once, not only before the next packet: relayd's session
+	// is readable, and a live viewer can start, before any packet.
+	go func() {
+		defer t.wg.Done()
+		t.syncMeta(gen)
+	}()
 	return nil
 }
 

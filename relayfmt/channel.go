@@ -55,9 +55,9 @@ type Config struct {
 }
 
 // Stats counts what happened in one buffer. Every record passed to Write
-// is exactly one of: Records, Dropped, TooLarge, Invalid.
+// is exactly one of: Records, Dropped, TooLarge, Invalid, Unwritten.
 type Stats struct {
-	Records     uint64 // written into a sub-buffer
+	Records     uint64 // written into a sub-buffer the sink took, or may still take
 	Bytes       uint64 // event bytes written, headers included
 	Dropped     uint64 // no free sub-buffer (NoOverwrite)
 	TooLarge    uint64 // larger than a sub-buffer can hold

@@ -233,7 +233,10 @@ func faultRelaydSide(t *testing.T, r *testenv.Relayd, name, local, subbuf, out s
 	var events int
 	var packets uint64
 	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, relayfmt.MetadataFile)); err != nil {
+		if fi, err := os.Stat(filepath.Join(d, relayfmt.MetadataFile)); err != nil || fi.Size() == 0 {
+			if packetsIn(t, d, int64(size)) != 0 {
+				t.Errorf("relayd's %s holds packets and no metadata", d)
+			}
 			continue // relayd went before the session had its metadata
 		}
 		// A killed relayd may have been in the middle of a packet.
