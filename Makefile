@@ -5,7 +5,7 @@ FUZZTIME ?= 30s
 PKGS     := ./...
 KERNELS  ?= 5.10 6.1 6.12 newest newest-full
 
-.PHONY: all build deps test lint bench fuzz generate generate-check vmlinux syscall-table vmtest clean
+.PHONY: all build deps test faults lint bench fuzz generate generate-check vmlinux syscall-table vmtest clean
 
 all: build
 
@@ -24,6 +24,16 @@ deps:
 # The privileged tests mount tracefs when it is missing (internal/testenv).
 test: deps
 	KCONSUME_STRICT=1 $(GO) test -race -count=1 $(PKGS)
+
+# The fault suite (cmd/kconsume TestFaults) at length: FAULT_RUNS seeded
+# runs, each a getpid workload of known count under a fault (relayd
+# killed, stopped, cut mid-packet; a full tmpfs; record killed) at a random
+# point; make test runs 3. FAULT_SEED=S FAULT_RUNS=1 repeats the run of
+# seed S, as its subtest's name gives it.
+FAULT_RUNS ?= 300
+faults: deps
+	KCONSUME_STRICT=1 KC_FAULT_RUNS=$(FAULT_RUNS) $(if $(FAULT_SEED),KC_FAULT_SEED=$(FAULT_SEED)) \
+		$(GO) test -race -count=1 -timeout 6h -v -run '^TestFaults$$' ./cmd/kconsume
 
 lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi

@@ -288,11 +288,20 @@ func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 		}
 		ok, err := w.ch.PutPacket(st.idx, e, cw>>32)
 		if !ok && err == nil {
-			return // no sub-buffer free for a remote sink: later
-		}
-		if err != nil {
-			// Counted where the channel's losses are: Stats, the stream.
-			_ = w.ch.Discard(st.idx, cw>>32)
+			if cutoff != ^uint64(0) {
+				return // no sub-buffer free for a remote sink: later
+			}
+			// The end, or a flush: the packet goes now, so a packet
+			// left in the ring is never one that Close forgets. The
+			// sink frees a sub-buffer, or fails for good.
+			if err = w.ch.WaitRoom(st.idx); err == nil {
+				continue
+			}
+			_ = w.ch.Lose(st.idx, cw>>32)
+		} else if errors.Is(err, relayfmt.ErrBadPacket) {
+			// Counted where the channel's losses are: Stats, the
+			// stream. A sink's error the channel counts itself.
+			_ = w.ch.Lose(st.idx, cw>>32)
 		}
 		p.got += cw >> 32
 		p.release(e)

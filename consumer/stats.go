@@ -52,7 +52,7 @@ type CPUStats struct {
 
 // Discarded returns the records of this CPU lost at any layer.
 func (s CPUStats) Discarded() uint64 {
-	return s.KernelLost + s.missedPlaced + s.Undecodable + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten
+	return s.KernelLost + s.missedPlaced + s.Undecodable + s.Channel.Dropped + s.Channel.TooLarge + s.Channel.Invalid + s.Channel.Overwritten + s.Channel.Unwritten
 }
 
 // stats returns the per-CPU counts of the recorder, the accounting, the

@@ -84,6 +84,18 @@ func (s *sink) WriteMetadataOf(m *relayfmt.Metadata) error {
 // the profile adds nothing to a packet's way.
 func (s *sink) Local() bool { return relayfmt.IsLocal(s.Sink) }
 
+// WriteFinal forwards the last packets of a failed stream to the inner
+// sink (relayfmt.FinalSink) and returns its error.
+func (s *sink) WriteFinal(name string, packets ...[]byte) error {
+	return relayfmt.WriteFinal(s.Sink, name, packets...)
+}
+
+// Reserve forwards to the inner sink (relayfmt.Reserver) and returns
+// its error.
+func (s *sink) Reserve(names []string, packetSize int) error {
+	return relayfmt.Reserve(s.Sink, names, packetSize)
+}
+
 // write gives m, which it may change, the env and the names, and writes
 // it through.
 func (s *sink) write(m *relayfmt.Metadata, cache map[*relayfmt.EventClass]*relayfmt.EventClass) error {

@@ -80,7 +80,7 @@ func TestRelaydTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSink(t, r, "hosta", "sess")
-	writeChannel(t, &Tee{Local: dir, Remote: s}, 3000)
+	writeChannel(t, &Tee{Dir: dir, Remote: s}, 3000)
 	st := s.Stats()
 	if st.Err != nil || st.NotSent != 0 || st.Sent == 0 {
 		t.Fatalf("sink stats %+v\nrelayd log:\n%s", st, r.LogTail(20))
@@ -190,7 +190,7 @@ func TestRelaydKilled(t *testing.T) {
 	}
 	s := newSink(t, r, "hosta", "crash")
 	k := &killAfter{Sink: s, n: 6, kill: r.Kill}
-	writeChannel(t, &Tee{Local: dir, Remote: k}, 3000)
+	writeChannel(t, &Tee{Dir: dir, Remote: k}, 3000)
 	st := s.Stats()
 	if st.Err == nil || st.NotSent == 0 {
 		t.Fatalf("stats after relayd was killed: %+v", st)
@@ -261,7 +261,8 @@ func TestRelaydLiveIdle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 8, CPUs: 2}, &Tee{Local: dir, Remote: s})
+	tee := &Tee{Dir: dir, Remote: s}
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 8, CPUs: 2}, tee)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,6 +279,11 @@ func TestRelaydLiveIdle(t *testing.T) {
 			}
 		}
 		if err := ch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		// The Tee sends from goroutines of its own: the beacon goes
+		// after the packets.
+		if err := tee.Sync(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Live(uint64(1e9 + tick*1e6 + 500)); err != nil {
@@ -328,7 +334,8 @@ func TestRelaydReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSink(t, r, "hostr", "again")
-	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 2}, &Tee{Local: dir, Remote: s})
+	tee := &Tee{Dir: dir, Remote: s}
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 2}, tee)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,8 +360,16 @@ func TestRelaydReconnect(t *testing.T) {
 		}
 	}
 	write(1000)
+	// The Tee sends from goroutines of its own: relayd has the first
+	// packets before it dies.
+	if err := tee.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	r.Kill()
 	write(1000)
+	if err := tee.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if st := s.Stats(); st.Err == nil || st.NotSent == 0 {
 		t.Fatalf("after the kill: %+v", st)
 	}
@@ -415,10 +430,11 @@ func TestRelaydReconnect(t *testing.T) {
 	}
 }
 
-// TestRelaydSlow stalls relayd (SIGSTOP) while the channel writes: the
-// sink waits, the channel's sub-buffers fill and it drops, and once relayd
-// goes on every packet reaches it; relayd's trace is the local copy, the
-// losses included at their place, as babeltrace2 reports them.
+// TestRelaydSlow stalls relayd (SIGSTOP) for less than the sink's timeout
+// while the channel writes: the local copy is written as if relayd were
+// there, nothing is dropped, and once relayd goes on it catches up with
+// every packet; relayd's trace is the local copy, as babeltrace2 reads
+// them.
 func TestRelaydSlow(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	local := t.TempDir()
@@ -427,7 +443,7 @@ func TestRelaydSlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := newSink(t, r, "hosts", "slow")
-	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 1}, &Tee{Local: dir, Remote: s})
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 1}, &Tee{Dir: dir, Remote: s})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -456,8 +472,8 @@ func TestRelaydSlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs, _ := ch.StatsCPU(0)
-	if st := s.Stats(); st.Err != nil || st.NotSent != 0 || cs.Dropped == 0 {
-		t.Fatalf("sink %+v, channel dropped %d: want everything sent and drops while relayd stalled", st, cs.Dropped)
+	if st := s.Stats(); st.Err != nil || st.NotSent != 0 || cs.Dropped != 0 {
+		t.Fatalf("sink %+v, channel dropped %d: want everything sent and nothing dropped while relayd stalled", st, cs.Dropped)
 	}
 	remote := filepath.Join(r.SessionDir(t, "hosts", "slow"), DomainPath)
 	want, err := os.ReadFile(filepath.Join(local, "trace0"))
@@ -548,4 +564,93 @@ func TestRelaydLiveMetadataGrows(t *testing.T) {
 		t.Fatal(err)
 	}
 	until(b, "ev_b:")
+}
+
+// TestRelaydHungLocalAtDiskSpeed stops relayd (SIGSTOP) for longer than
+// the sink's timeout while the channel writes and flushes: a relayd that
+// hangs, neither dead nor answering. The local copy is written as fast
+// as without relayd: every write and flush of the stall together take
+// less than one timeout, which a local write waiting on relayd would
+// take for its first packet alone. relayd falls behind, the sink gives
+// up after its timeout and counts what it did not send: sent + not sent
+// is every packet of the local copy, which holds every event.
+func TestRelaydHungLocalAtDiskSpeed(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	local := t.TempDir()
+	dir, err := relayfmt.NewDirSink(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 2 * time.Second
+	u, _ := ParseURL(r.URL())
+	s, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: "hh", Name: "hung", Timeout: timeout}, Streams: []string{"trace0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tee := &Tee{Dir: dir, Remote: s}
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 1}, tee)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cls, err := ch.AddEventClass("ev", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 8)
+	ts := uint64(1e9)
+	written := 0
+	// round writes a few packets' worth of events and flushes.
+	round := func() {
+		for range 1000 {
+			ts += 1000
+			binary.LittleEndian.PutUint64(p, ts)
+			if err := ch.Write(0, ts, cls.ID, p); err != nil {
+				t.Fatalf("write while relayd hangs: %v", err)
+			}
+			written++
+		}
+		if err := ch.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	round()
+	if err := tee.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.Pause()
+	t0 := time.Now()
+	for range 20 {
+		round()
+	}
+	stalled := time.Since(t0)
+	behind := tee.Behind()
+	if stalled >= timeout {
+		t.Errorf("20 rounds of writes and flushes took %v while relayd hung, at least the sink's timeout %v: local writes waited on relayd", stalled, timeout)
+	}
+	if behind == 0 {
+		t.Errorf("relayd hung, and the Tee says it is behind by no packet")
+	}
+	// The sink gives up after its timeout; then the senders count the
+	// rest at once.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*timeout)
+	defer cancel()
+	if err := tee.Sync(ctx); err != nil {
+		t.Fatalf("the Tee did not catch up after relayd's timeout: %v", err)
+	}
+	r.Resume()
+	if err := ch.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	fi, err := os.Stat(filepath.Join(local, "trace0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if packets := uint64(fi.Size() / 4096); st.Err == nil || st.NotSent == 0 || st.Sent+st.NotSent != packets {
+		t.Fatalf("sink %+v; the local copy has %d packets", st, packets)
+	}
+	if lines, d := testenv.RunBT2(t, local); len(lines) != written || len(d) != 0 {
+		t.Fatalf("local copy: %d events, %d discard notices; want %d and none", len(lines), len(d), written)
+	}
+	t.Logf("relayd hung: 20 rounds in %v (sink timeout %v), %d packets behind then; %d sent, %d not sent", stalled, timeout, behind, st.Sent, st.NotSent)
 }

@@ -55,9 +55,9 @@ type Config struct {
 }
 
 // Stats counts what happened in one buffer. Every record passed to Write
-// is exactly one of: Records, Dropped, TooLarge, Invalid.
+// is exactly one of: Records, Dropped, TooLarge, Invalid, Unwritten.
 type Stats struct {
-	Records     uint64 // written into a sub-buffer
+	Records     uint64 // written into a sub-buffer the sink took, or may still take
 	Bytes       uint64 // event bytes written, headers included
 	Dropped     uint64 // no free sub-buffer (NoOverwrite)
 	TooLarge    uint64 // larger than a sub-buffer can hold
@@ -67,11 +67,17 @@ type Stats struct {
 	Clamped     uint64 // timestamps raised to keep the stream monotonic
 	Packets     uint64 // sub-buffers finished
 	Written     uint64 // packets handed to the sink
+	// Unwritten counts events that reached a sub-buffer or a packet the
+	// sink then failed to take (a full disk, a stream the sink refused),
+	// and those of packets a caller could not put (Channel.Lose): they
+	// are not in Records. The stream's last packet reports them as
+	// discarded where the sink can still take it (FinalSink).
+	Unwritten uint64
 }
 
 // Discarded returns the events lost in this buffer for any reason.
 func (s Stats) Discarded() uint64 {
-	return s.Dropped + s.TooLarge + s.Invalid + s.Lost + s.Overwritten
+	return s.Dropped + s.TooLarge + s.Invalid + s.Lost + s.Overwritten + s.Unwritten
 }
 
 // Errors returned by Write. ErrDropped and ErrTooLarge are counted losses,
@@ -183,6 +189,16 @@ type buffer struct {
 	mu       sync.Mutex
 	cond     sync.Cond
 	sinkErr  error
+	// What the sink took, under mu: the events of the packets it took,
+	// and the last one's sequence number and end, from which the
+	// stream's final packet goes on after a sink error (writeFinal).
+	wEvents uint64
+	wSeq    uint64
+	wEnd    uint64
+	wDisc   uint64
+	// lost counts the events of packets a caller could not put (Lose);
+	// writer-owned.
+	lost uint64
 }
 
 // NewChannel checks cfg, allocates the buffers, writes the metadata and,
@@ -246,6 +262,17 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 		b.hdr = PacketHeader{UUID: cfg.UUID, StreamInstanceID: uint64(i), CPUID: uint32(i), PacketSize: uint64(cfg.SubbufSize) * 8}
 		b.cond.L = &b.mu
 		c.bufs = append(c.bufs, b)
+	}
+	if cfg.Mode == NoOverwrite {
+		names := make([]string, len(c.bufs))
+		for i, b := range c.bufs {
+			names[i] = b.name
+		}
+		if err := Reserve(sink, names, cfg.SubbufSize); err != nil {
+			return nil, fmt.Errorf("channel: %w", err)
+		}
+	}
+	for _, b := range c.bufs {
 		if cfg.Mode == NoOverwrite && !inline {
 			c.wg.Add(1)
 			go b.sinkLoop()
@@ -664,7 +691,7 @@ func (b *buffer) finish() {
 func (b *buffer) writeOut() {
 	for cn := b.consumed.Load(); cn != b.produced.Load(); cn++ {
 		slot := int(cn % b.n)
-		if b.emit(b.mem[slot*b.size:(slot+1)*b.size]) != nil {
+		if b.emit(b.mem[slot*b.size:(slot+1)*b.size], b.slotEvents[slot]) != nil {
 			return
 		}
 		b.release(cn + 1)
@@ -822,7 +849,7 @@ func (b *buffer) snapshot() error {
 		d := binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) + b.overwritten
 		binary.LittleEndian.PutUint64(pkt[offEventsDiscarded:], d)
 		b.slotOver[slot] = b.overwritten
-		if err := b.emit(pkt); err != nil {
+		if err := b.emit(pkt, b.slotEvents[slot]); err != nil {
 			return err
 		}
 		b.consumed.Store(cn + 1)
@@ -913,11 +940,12 @@ func (b *buffer) opener() []byte {
 	return o
 }
 
-// emit hands one finished packet to the sink. Before a stream's first
-// packet, if that packet already counts discarded events, it writes an
-// empty packet with a zero count (sequence number 0), because a CTF reader
-// reports a loss only as the increase between two packets.
-func (b *buffer) emit(pkt []byte) error {
+// emit hands one finished packet of events events to the sink. Before a
+// stream's first packet, if that packet already counts discarded events,
+// it writes an empty packet with a zero count (sequence number 0), because
+// a CTF reader reports a loss only as the increase between two packets.
+// It returns the sink's error, or the one it returned before.
+func (b *buffer) emit(pkt []byte, events uint64) error {
 	b.mu.Lock()
 	err := b.sinkErr
 	b.mu.Unlock()
@@ -940,6 +968,10 @@ func (b *buffer) emit(pkt []byte) error {
 	}
 	b.opened = true
 	b.stats.Written++ // only the one that writes packets touches it
+	b.wEvents += events
+	b.wSeq = binary.LittleEndian.Uint64(pkt[offPacketSeqNum:])
+	b.wEnd = binary.LittleEndian.Uint64(pkt[offTimestampEnd:])
+	b.wDisc = binary.LittleEndian.Uint64(pkt[offEventsDiscarded:])
 	return nil
 }
 
@@ -962,7 +994,7 @@ func (b *buffer) sinkLoop() {
 			}
 		}
 		slot := int(cn % b.n)
-		if b.emit(b.mem[slot*b.size:(slot+1)*b.size]) != nil {
+		if b.emit(b.mem[slot*b.size:(slot+1)*b.size], b.slotEvents[slot]) != nil {
 			<-b.ch.quit
 			return
 		}
@@ -990,12 +1022,56 @@ func (c *Channel) StatsCPU(cpu int) (Stats, error) {
 	}
 	b.mu.Lock()
 	st := b.stats
+	failed, written := b.sinkErr != nil, b.wEvents
 	b.mu.Unlock()
 	if b.cur != nil {
 		st.Records += b.events
 		st.Bytes += uint64(b.off - PacketHeaderSize)
 	}
+	st.Unwritten = b.lost
+	if failed && b.ch.cfg.Mode == NoOverwrite {
+		// Once the sink failed nothing more reaches the stream: what
+		// it did not take is lost, not recorded.
+		n := min(b.unwritten(written), st.Records)
+		st.Unwritten += n
+		st.Records -= n
+	}
 	return st, nil
+}
+
+// Lose counts n events of cpu's stream that never reached the channel
+// whole (a packet PutPacket refused or had no room for at the end) as
+// discarded, as Stats.Unwritten: they are reported in the stream's next
+// packet. It fails only for an unknown cpu.
+func (c *Channel) Lose(cpu int, n uint64) error {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return err
+	}
+	b.lost += n
+	b.discarded += n
+	return nil
+}
+
+// WaitRoom waits until cpu's buffer has a free sub-buffer, as the sink
+// writes them out, and returns nil then; it returns the sink's error
+// once the sink failed, when none will ever free. It is for a writer
+// that must put a packet before it ends (PutPacket returned false).
+// Only in NoOverwrite mode.
+func (c *Channel) WaitRoom(cpu int) error {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return err
+	}
+	if b.inline {
+		b.writeOut()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.sinkErr == nil && b.produced.Load()-b.consumed.Load() >= b.n {
+		b.cond.Wait()
+	}
+	return b.sinkErr
 }
 
 // Failed returns a channel that is closed when the sink fails for any
@@ -1038,6 +1114,11 @@ func (c *Channel) Close() error {
 	}
 	close(c.quit)
 	c.wg.Wait()
+	if c.cfg.Mode == NoOverwrite {
+		for _, b := range c.bufs {
+			errs = append(errs, b.writeFinal())
+		}
+	}
 	errs = append(errs, c.sink.Close())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("channel close: %w", err)
@@ -1122,4 +1203,51 @@ func wholePages(mem []byte) []byte {
 		return nil
 	}
 	return mem[first-start : end-start]
+}
+
+// writeFinal ends a stream whose sink failed with one last packet, when
+// the sink can still take it (FinalSink): empty, numbered after the last
+// packet the sink took and running from its end to the stream's last
+// event, its events_discarded counting, on top of the stream's losses,
+// every event the sink did not take. babeltrace2 then reports them as
+// discarded at the end of the stream, where they were lost. A stream
+// whose sink did not fail gets nothing. It returns the sink's error.
+func (b *buffer) writeFinal() error {
+	b.mu.Lock()
+	failed, opened, written, seq, end, wDisc := b.sinkErr, b.opened, b.wEvents, b.wSeq, b.wEnd, b.wDisc
+	b.mu.Unlock()
+	if _, ok := b.ch.sink.(FinalSink); failed == nil || !ok {
+		return nil
+	}
+	unwritten := b.unwritten(written)
+	if unwritten == 0 && b.discarded == wDisc {
+		return nil
+	}
+	var pkts [][]byte
+	if !opened {
+		pkts = append(pkts, b.opener())
+		end = b.firstTS
+	}
+	h := b.hdr
+	h.TimestampBegin, h.TimestampEnd = end, max(end, b.lastTS)
+	h.ContentSize = PacketHeaderSize * 8
+	h.SeqNum = seq + 1
+	h.EventsDiscarded = b.discarded + unwritten
+	p := make([]byte, b.size)
+	PutPacketHeader(p, &h)
+	pkts = append(pkts, p)
+	if err := WriteFinal(b.ch.sink, b.name, pkts...); err != nil {
+		return fmt.Errorf("stream %s: last packet, of the %d events lost: %w", b.name, h.EventsDiscarded, err)
+	}
+	return nil
+}
+
+// unwritten returns how many of the events put into the buffer's packets
+// (finished or open) are not among the written ones the sink took.
+func (b *buffer) unwritten(written uint64) uint64 {
+	total := b.finished
+	if b.cur != nil {
+		total += b.events
+	}
+	return total - min(written, total)
 }

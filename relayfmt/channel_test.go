@@ -972,3 +972,76 @@ func TestStreamsSpanTheTrace(t *testing.T) {
 		t.Errorf("babeltrace2 --stream-intersection printed %d events, %d were written", n, written)
 	}
 }
+
+// finalFailSink is a failSink whose inner DirSink takes the last packet
+// of a failed stream (FinalSink), as on a full disk its reserve does.
+type finalFailSink struct {
+	*failSink
+	dir *DirSink
+}
+
+func (f *finalFailSink) WriteFinal(name string, packets ...[]byte) error {
+	return f.dir.WriteFinal(name, packets...)
+}
+
+func (f *finalFailSink) Reserve(names []string, size int) error { return f.dir.Reserve(names, size) }
+
+// TestSinkFailureCountsUnwritten fails the sink at its fourth packet
+// while records keep coming: every record Write took is then in the
+// trace or among the events the trace reports discarded, whether the
+// writer or a goroutine wrote the packets, and the stats count the ones
+// the sink never took as Unwritten, not as Records.
+func TestSinkFailureCountsUnwritten(t *testing.T) {
+	for _, local := range []bool{true, false} {
+		t.Run(fmt.Sprintf("local=%v", local), func(t *testing.T) {
+			g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 4, CPUs: 2}, func(s Sink) Sink {
+				return &finalFailSink{failSink: &failSink{Sink: s, n: 3, local: local}, dir: s.(*DirSink)}
+			})
+			g.defineClasses(3)
+			calls := 0
+			for i := 0; i < 2000; i++ {
+				_ = g.write(i%2, uint64(1+i%7))
+				calls++
+				if i%50 == 0 {
+					g.c.Commit()
+				}
+			}
+			var recorded, unwritten, discarded uint64
+			for cpu := range 2 {
+				st, err := g.c.StatsCPU(cpu)
+				if err != nil {
+					t.Fatal(err)
+				}
+				recorded += st.Records
+				unwritten += st.Unwritten
+				discarded += st.Discarded()
+			}
+			if err := g.c.Close(); err == nil || !strings.Contains(err.Error(), "no space") {
+				t.Fatalf("close: %v, want the sink's failure", err)
+			}
+			var after uint64
+			for cpu := range 2 {
+				st, _ := g.c.StatsCPU(cpu)
+				after += st.Records
+			}
+			lines, notices := runBT2(t, g.dir)
+			agree(t, g.dir)
+			lost := 0
+			for _, n := range notices {
+				var c int
+				var kind string
+				fmt.Sscan(n, &c, &kind)
+				if kind != "events" {
+					t.Fatalf("babeltrace2: %s: packets lost without a count", n)
+				}
+				lost += c
+			}
+			if len(lines)+lost != calls {
+				t.Fatalf("%d events and %d discarded in the trace, of %d written (%d lost without a count)", len(lines), lost, calls, calls-len(lines)-lost)
+			}
+			if uint64(len(lines)) != after || unwritten == 0 || recorded+discarded != uint64(calls) {
+				t.Fatalf("stats: %d records at the end (%d before Close), %d unwritten, %d discarded; the trace holds %d of %d", after, recorded, unwritten, discarded, len(lines), calls)
+			}
+		})
+	}
+}

@@ -85,7 +85,7 @@ func (c *Channel) PutPacket(cpu int, pkt []byte, events uint64) (bool, error) {
 	b.stats.Bytes += content/8 - PacketHeaderSize
 	b.finished += events
 	b.pktDisc = b.discarded
-	if err := b.emit(pkt); err != nil {
+	if err := b.emit(pkt, events); err != nil {
 		return false, err
 	}
 	return true, nil

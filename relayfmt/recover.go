@@ -24,7 +24,8 @@ func (r RecoverResult) Cut() bool { return r.Kept != r.Size }
 // whole valid sub-buffer: magic and uuid right, packet_size equal to the
 // channel's sub-buffer size, content_size within it, the packet inside the
 // file, timestamps in order, every event decodable. It removes a leftover
-// temporary metadata file. babeltrace2 rejects a whole trace for one cut
+// temporary metadata file and the room a recorder kept for its last
+// packets (ReserveFile). babeltrace2 rejects a whole trace for one cut
 // packet; after Recover it reads what was whole. It fails if the metadata
 // is unreadable (it is written atomically, so a crash leaves the old one).
 func Recover(dir string) ([]RecoverResult, error) {
@@ -33,8 +34,10 @@ func Recover(dir string) ([]RecoverResult, error) {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
 	dir = t.Dir
-	if err := os.Remove(filepath.Join(dir, metadataTemp)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("recover: %w", err)
+	for _, leftover := range []string{metadataTemp, ReserveFile} {
+		if err := os.Remove(filepath.Join(dir, leftover)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("recover: %w", err)
+		}
 	}
 	var res []RecoverResult
 	for _, name := range t.Streams {

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // Sink receives finished packets and the metadata of a channel.
@@ -44,6 +46,47 @@ func IsLocal(sink Sink) bool {
 	return ok && l.Local()
 }
 
+// FinalSink is a Sink that can end a stream it failed to write (a full
+// disk) with one last packet, so that the events it never took are
+// reported as discarded at their place: the channel writes then, at
+// Close, an empty packet whose events_discarded counts them. Sinks that
+// wrap another forward to their inner sink.
+type FinalSink interface {
+	// WriteFinal appends packets, whole, to stream name after its last
+	// whole packet, whatever failed before; it may use room the sink set
+	// aside for it. It returns why it could not.
+	WriteFinal(name string, packets ...[]byte) error
+}
+
+// Reserver is a Sink that sets room aside, when the channel starts, for
+// the last packets of its streams (FinalSink), so that a full disk
+// leaves room to count what it lost. Sinks that wrap another forward to
+// their inner sink.
+type Reserver interface {
+	// Reserve sets room aside for the last packets, of packetSize
+	// bytes, of streams names, and fails when there is none.
+	Reserve(names []string, packetSize int) error
+}
+
+// Reserve calls sink's Reserve when it is a Reserver, and returns nil
+// when it is not.
+func Reserve(sink Sink, names []string, packetSize int) error {
+	if r, ok := sink.(Reserver); ok {
+		return r.Reserve(names, packetSize)
+	}
+	return nil
+}
+
+// WriteFinal gives packets to sink's WriteFinal when it is a FinalSink;
+// it returns an error saying so when it is not.
+func WriteFinal(sink Sink, name string, packets ...[]byte) error {
+	f, ok := sink.(FinalSink)
+	if !ok {
+		return fmt.Errorf("stream %s: the sink takes no last packet after a failure", name)
+	}
+	return f.WriteFinal(name, packets...)
+}
+
 // MetadataWriter is a Sink that takes the metadata as a structure rather
 // than as text: a sink that rewrites it (profile.Sink names classes in
 // another tracer's dialect) then needs no parse. The channel passes its
@@ -67,6 +110,16 @@ const MetadataFile = "metadata"
 // metadataTemp is a dot-file, which CTF readers ignore.
 const metadataTemp = ".metadata.tmp"
 
+// ReserveFile is the dot-file in which a DirSink keeps room, allocated
+// when the channel starts (Reserver), for the last packets (FinalSink) of
+// a stream whose write failed on a full disk. It is removed at Close; `kconsume
+// recover` removes one a killed recorder left.
+const ReserveFile = ".reserve"
+
+// reservePackets is the room set aside per stream, in packets: an empty
+// first packet and the last one (Channel's writeFinal).
+const reservePackets = 2
+
 // DirSink writes a trace directory: metadata plus one file per stream.
 // Stream files are created when their first packet arrives, never
 // preallocated, and only ever hold whole packets. It is safe for the
@@ -74,8 +127,11 @@ const metadataTemp = ".metadata.tmp"
 type DirSink struct {
 	dir string
 
-	mu    sync.Mutex
-	files map[string]*streamFile
+	mu      sync.Mutex
+	files   map[string]*streamFile
+	reserve *os.File         // ReserveFile
+	held    int64            // bytes held in it
+	share   map[string]int64 // each stream's part of them
 }
 
 type streamFile struct {
@@ -158,8 +214,88 @@ func (s *DirSink) WritePacket(name string, packet []byte) error {
 	return nil
 }
 
+// Reserve sets room aside on the disk, in ReserveFile, for an empty
+// first packet and a last packet of packetSize bytes for each stream
+// names, which WriteFinal frees and writes. It fails when the disk has
+// no such room.
+func (s *DirSink) Reserve(names []string, packetSize int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := reservePackets * int64(packetSize)
+	if err := s.hold(n * int64(len(names))); err != nil {
+		return err
+	}
+	if s.share == nil {
+		s.share = map[string]int64{}
+	}
+	for _, name := range names {
+		s.share[name] += n
+	}
+	return nil
+}
+
+// hold grows the reserve file by n bytes, allocated now; the caller
+// holds s.mu. It fails when the disk has no such room.
+func (s *DirSink) hold(n int64) error {
+	if s.reserve == nil {
+		f, err := os.OpenFile(filepath.Join(s.dir, ReserveFile), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o640)
+		if err != nil {
+			return fmt.Errorf("room for a last packet: %w", err)
+		}
+		s.reserve = f
+	}
+	if err := unix.Fallocate(int(s.reserve.Fd()), 0, s.held, n); err != nil {
+		return fmt.Errorf("room for a last packet: %w", err)
+	}
+	s.held += n
+	return nil
+}
+
+// WriteFinal frees the room set aside for stream name and appends packets
+// after its last whole packet, even after a failed write. It fails when
+// the stream was never created or the packets do not fit.
+func (s *DirSink) WriteFinal(name string, packets ...[]byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.share[name]; n > 0 && s.reserve != nil {
+		// Given back to the file system, whose free room the writes
+		// below then take.
+		if err := s.reserve.Truncate(s.held - n); err == nil {
+			s.held -= n
+			delete(s.share, name)
+		}
+	}
+	sf := s.files[name]
+	if sf == nil || sf.f == nil {
+		if name == "" || strings.ContainsRune(name, '/') || strings.HasPrefix(name, ".") {
+			return fmt.Errorf("stream file name %q: must be a plain file name", name)
+		}
+		f, err := os.OpenFile(filepath.Join(s.dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o640)
+		if err != nil {
+			return fmt.Errorf("create stream file: %w", err)
+		}
+		sf = &streamFile{f: f}
+		s.files[name] = sf
+	}
+	for _, p := range packets {
+		n, err := sf.f.WriteAt(p, sf.size)
+		if err != nil || n != len(p) {
+			if err == nil {
+				err = errors.New("short write")
+			}
+			_ = sf.f.Truncate(sf.size)
+			return fmt.Errorf("write %s at offset %d: %w", sf.f.Name(), sf.size, err)
+		}
+		sf.size += int64(n)
+	}
+	return nil
+}
+
 // Local reports true: the stream files are this machine's.
 func (*DirSink) Local() bool { return true }
+
+// Path returns the path of stream file name in the sink's directory.
+func (s *DirSink) Path(name string) string { return filepath.Join(s.dir, name) }
 
 // Close syncs and closes every stream file. It returns the first error of
 // any stream, including earlier write failures.
@@ -179,6 +315,13 @@ func (s *DirSink) Close() error {
 			errs = append(errs, fmt.Errorf("close %s: %w", sf.f.Name(), err))
 		}
 		sf.f = nil
+	}
+	if s.reserve != nil {
+		_ = s.reserve.Close()
+		if err := os.Remove(s.reserve.Name()); err != nil {
+			errs = append(errs, fmt.Errorf("remove the reserve: %w", err))
+		}
+		s.reserve = nil
 	}
 	return errors.Join(errs...)
 }

@@ -72,7 +72,7 @@ func promText(running bool, stats []consumer.CPUStats, d consumer.DrainerStats) 
 		for _, l := range []struct {
 			layer string
 			n     uint64
-		}{{"kernel", c.KernelLost}, {"dropped", c.Channel.Dropped}, {"overwritten", c.Channel.Overwritten}, {"invalid", c.Channel.Invalid + c.Channel.TooLarge + c.Undecodable}} {
+		}{{"kernel", c.KernelLost}, {"dropped", c.Channel.Dropped}, {"overwritten", c.Channel.Overwritten}, {"invalid", c.Channel.Invalid + c.Channel.TooLarge + c.Undecodable}, {"disk", c.Channel.Unwritten}} {
 			fmt.Fprintf(&b, "kconsume_lost_total{cpu=\"%d\",layer=%q} %d\n", c.CPU, l.layer, l.n)
 		}
 	}

@@ -35,6 +35,7 @@ type relaydOut struct {
 	u     relayd.URL
 	sink  atomic.Pointer[relayd.Sink] // set once connected; read by the control and metrics servers
 	local string                      // -o DIR, when a local copy is kept
+	tee   *relayd.Tee                 // the local copy and relayd, with -o
 	lost  bool                        // poll reported the loss of relayd
 
 	notes    chan string   // what the reconnector says, printed by poll
@@ -136,7 +137,8 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 			return err
 		}
 		r.local = cfg.Dir
-		cfg.Sink = &relayd.Tee{Local: local, Remote: s}
+		r.tee = &relayd.Tee{Dir: local, Remote: s}
+		cfg.Sink = r.tee
 	}
 	fmt.Fprintf(stderr, "kconsume record: streaming to relayd %s, which writes %s/%s\n", r.u, s.Client().OutputPath, relayd.DomainPath)
 	if r.live != 0 {
@@ -181,10 +183,22 @@ func (r *relaydOut) startLive(s *consumer.Session) (stop func()) {
 			if unix.ClockGettime(clk, &now) != nil || s.Flush() != nil {
 				continue
 			}
-			if sink != nil {
-				// A failure stops the sink, which poll and summary report.
-				_ = sink.Live(uint64(now.Nano()))
+			if sink == nil {
+				continue
 			}
+			if r.tee != nil {
+				// The packets flushed go to relayd from the Tee's
+				// senders: the beacon goes after them, or, relayd
+				// being a period behind, not this period.
+				ctx, cancel := context.WithTimeout(context.Background(), r.live)
+				err := r.tee.Sync(ctx)
+				cancel()
+				if err != nil {
+					continue
+				}
+			}
+			// A failure stops the sink, which poll and summary report.
+			_ = sink.Live(uint64(now.Nano()))
 		}
 	}()
 	return func() { close(quit); <-done }
@@ -303,11 +317,11 @@ func (r *relaydOut) summary(w io.Writer) {
 	if r.local != "" {
 		where = "the local copy in " + r.local + " has them"
 	}
-	switch {
-	case st.Err != nil:
-		fmt.Fprintf(w, "warning: relayd stopped taking packets (%v); %s\n", st.Err, where)
-	case st.NotSent > 0:
-		fmt.Fprintf(w, "note: relayd missed %d packets while it was lost; %s\n", st.NotSent, where)
+	if st.Err != nil {
+		fmt.Fprintf(w, "warning: relayd stopped taking packets: %v\n", st.Err)
+	}
+	if st.NotSent > 0 {
+		fmt.Fprintf(w, "lost at relayd: %d packets relayd never confirmed (it died, hung past --relayd-timeout or refused them); %s\n", st.NotSent, where)
 	}
 	if r.local != "" {
 		// The local copy remembers, for kconsume stats, what relayd missed.
@@ -345,6 +359,15 @@ func relaydNoteLine(dir string) string {
 	return line + "\n"
 }
 
+// behind returns how many packets of the local copy relayd has not been
+// sent yet: 0 without a local copy.
+func (r *relaydOut) behind() uint64 {
+	if r == nil || r.tee == nil {
+		return 0
+	}
+	return r.tee.Behind()
+}
+
 // stream returns the relayd sink, or nil before it is connected or
 // without --relayd.
 func (r *relaydOut) stream() *relayd.Sink {
@@ -360,6 +383,7 @@ func (r *relaydOut) files(m map[string]string) {
 		st := s.Stats()
 		m["relayd_sent"] = strconv.FormatUint(st.Sent, 10)
 		m["relayd_not_sent"] = strconv.FormatUint(st.NotSent, 10)
+		m["relayd_behind"] = strconv.FormatUint(r.behind(), 10)
 	}
 }
 
@@ -371,7 +395,7 @@ func (r *relaydOut) status(b *strings.Builder) {
 		if st.Err != nil {
 			state = "lost: " + st.Err.Error()
 		}
-		fmt.Fprintf(b, "relayd %s %s, %d packets sent, %d not sent\n", r.u, state, st.Sent, st.NotSent)
+		fmt.Fprintf(b, "relayd %s %s, %d packets sent, %d not sent, %d behind\n", r.u, state, st.Sent, st.NotSent, r.behind())
 	}
 }
 
@@ -389,5 +413,6 @@ func (r *relaydOut) prom(b *bytes.Buffer) {
 	fmt.Fprintf(b, "# HELP kconsume_relayd_up Whether relayd takes the session's packets.\n# TYPE kconsume_relayd_up gauge\nkconsume_relayd_up %d\n", up)
 	fmt.Fprintf(b, "# HELP kconsume_relayd_packets_total Packets by what became of them at relayd.\n# TYPE kconsume_relayd_packets_total counter\n")
 	fmt.Fprintf(b, "kconsume_relayd_packets_total{result=\"sent\"} %d\nkconsume_relayd_packets_total{result=\"not_sent\"} %d\n", st.Sent, st.NotSent)
+	fmt.Fprintf(b, "# HELP kconsume_relayd_behind_packets Packets of the local copy not yet sent to relayd.\n# TYPE kconsume_relayd_behind_packets gauge\nkconsume_relayd_behind_packets %d\n", r.behind())
 	fmt.Fprintf(b, "# HELP kconsume_relayd_bytes_total Packet bytes relayd took.\n# TYPE kconsume_relayd_bytes_total counter\nkconsume_relayd_bytes_total %d\n", st.Bytes)
 }

@@ -43,7 +43,7 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	}
 	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded%s\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded, more)
 	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "missed", "dropped", "overwritten", "invalid", "reordered")
-	var kernel, missed, missedPlaced, dropped, over, unread uint64
+	var kernel, missed, missedPlaced, dropped, over, unread, disk uint64
 	for _, c := range stats {
 		unread += c.UserUnread
 		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 && c.Missed == 0 {
@@ -55,6 +55,7 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 		missedPlaced += c.MissedPlaced()
 		dropped += c.Channel.Dropped
 		over += c.Channel.Overwritten
+		disk += c.Channel.Unwritten
 	}
 	switch {
 	case missed > 0 && missedPlaced == missed:
@@ -65,7 +66,7 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost, not in the discarded count, as a skipped run may have been of an event not recorded (filters, the raw syscall path's other syscalls)\n", missed)
 	}
 	if kernel > 0 {
-		fmt.Fprintf(w, "advice: %d events were lost in the kernel because the ring was full: raise --ring-size or lower --latency\n", kernel)
+		fmt.Fprintf(w, "lost in the kernel ring: %d events, the ring being full; raise --ring-size or lower --latency\n", kernel)
 		if d.Late > 0 {
 			// No drain speed saves records produced while the consumer
 			// does not run: only room in the ring does.
@@ -73,7 +74,7 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 		}
 	}
 	if dropped > 0 {
-		fmt.Fprintf(w, "advice: %d events were dropped because every sub-buffer was full: raise --subbuf-size or --n-subbufs, or write to a faster disk\n", dropped)
+		fmt.Fprintf(w, "lost in the sub-buffers: %d events, every sub-buffer being full; raise --subbuf-size or --n-subbufs, or write to a faster disk\n", dropped)
 	}
 	if unread > 0 {
 		why := ""
@@ -85,7 +86,28 @@ func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	if over > 0 {
 		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", over)
 	}
+	local := ""
+	if r.relay != nil {
+		local = r.relay.local
+	}
+	switch {
+	case disk > 0 && r.relay.enabled() && local == "":
+		fmt.Fprintf(w, "lost at relayd: %d events in packets relayd never took, and no local copy (-o) has them\n", disk)
+	case disk > 0:
+		fmt.Fprintf(w, "lost on the disk: %d events in packets the disk did not take; the trace reports them discarded where its streams end\n", disk)
+	}
 	r.relay.summary(w)
+	if records > 0 || discarded > 0 {
+		where := "the trace"
+		if local != "" {
+			where = "the local copy in " + local
+		}
+		if discarded == 0 {
+			fmt.Fprintf(w, "%s holds all %d events\n", where, records)
+		} else {
+			fmt.Fprintf(w, "%s holds the other %d events; babeltrace2 reports the %d lost where they were lost\n", where, records, discarded)
+		}
+	}
 }
 
 func human(v float64) string {
