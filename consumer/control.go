@@ -205,8 +205,8 @@ func (s *Session) Stats() ([]CPUStats, error) {
 		out = s.stats()
 		return nil
 	})
-	if errors.Is(err, ErrClosed) && s.final != nil {
-		return s.final, nil
+	if final := s.final.Load(); errors.Is(err, ErrClosed) && final != nil {
+		return *final, nil
 	}
 	return out, err
 }

@@ -69,7 +69,9 @@ type Session struct {
 	gateShut  bool
 	closeOnce sync.Once
 	closeErr  error
-	final     []CPUStats // counts at Close
+	// final holds the counts at Close; Stats, which the control server
+	// may call while Close runs, reads it.
+	final atomic.Pointer[[]CPUStats]
 }
 
 // New loads and attaches the recorder for cfg and starts draining; the
@@ -513,7 +515,8 @@ func (s *Session) Close() error {
 		if s.ch != nil {
 			errs = append(errs, s.ch.Close())
 			if s.rec != nil && s.rec.stateMem != nil {
-				s.final = s.stats()
+				final := s.stats()
+				s.final.Store(&final)
 			}
 		}
 		s.release()
