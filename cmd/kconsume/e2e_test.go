@@ -39,18 +39,30 @@ func runShell(t *testing.T, cmd *exec.Cmd) (string, int) {
 
 // TestE2EControlFromShell runs the built binary: record in the background,
 // then from a shell: cat state and dropped, echo stop > state, ctl status,
-// and kconsume report on the finished trace.
+// and kconsume report on the finished trace, once a SIGINT ended it.
 func TestE2EControlFromShell(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := testenv.KconsumeBin(t)
 	out := filepath.Join(t.TempDir(), "t")
 	name := "e2e" + strings.ReplaceAll(filepath.Base(filepath.Dir(out)), "/", "")
-	rec := exec.Command(bin, "record", "-o", out, "--session", name, "-e", "sched:sched_switch", "--duration", "3s")
+	// No --duration: the steps below, each a shell and a process, take
+	// what the machine takes (seconds in a TCG guest), and a recording
+	// that ended before them would leave them no session. It ends on the
+	// SIGINT below, or on the Cleanup's SIGKILL when the test fails.
+	rec := exec.Command(bin, "record", "-o", out, "--session", name, "-e", "sched:sched_switch")
 	var recOut bytes.Buffer
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = rec.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = rec.Process.Kill()
+		<-exited
+		// A killed session leaves its control directory behind.
+		_ = os.RemoveAll(filepath.Join(control.DefaultRoot, name))
+	})
 	ctl := filepath.Join("/run/kconsume", name)
 	waitFor(t, func() bool { _, err := os.Stat(filepath.Join(ctl, "ctl.sock")); return err == nil })
 	// state reads stopped while the session loads, running once the gate opens.
@@ -65,8 +77,16 @@ func TestE2EControlFromShell(t *testing.T) {
 	if o, code := shell(t, bin+" ctl --session "+name+" status"); code != 0 || !strings.Contains(o, "state stopped") {
 		t.Fatalf("ctl status: %d %s", code, o)
 	}
-	if err := rec.Wait(); err != nil {
-		t.Fatalf("record: %v\n%s", err, recOut.String())
+	if err := rec.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatal("record still running a minute after SIGINT")
+	}
+	if !rec.ProcessState.Success() {
+		t.Fatalf("record: %v\n%s", rec.ProcessState, recOut.String())
 	}
 	if o, code := shell(t, bin+" report "+out+" | head -1"); code != 0 || !strings.Contains(o, "sched:sched_switch:") {
 		t.Fatalf("report: %d %q", code, o)
