@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -188,13 +190,7 @@ func TestCtl(t *testing.T) {
 		}
 	}
 	out := filepath.Join(t.TempDir(), "t")
-	done := make(chan int, 1)
-	var recOut string
-	go func() {
-		code, o, e := runCmd("record", "-q", "-o", out, "--session", "web", "-e", "sched:sched_switch", "--duration", "4s")
-		recOut = o + e
-		done <- code
-	}()
+	end := recordInProcess(t, "-q", "-o", out, "--session", "web", "-e", "sched:sched_switch")
 	dir := filepath.Join(controlRoot, "web")
 	waitFor(t, func() bool { _, err := os.Stat(filepath.Join(dir, "ctl.sock")); return err == nil })
 	if _, err := os.Stat(filepath.Join(dir, "junk")); err == nil {
@@ -241,14 +237,15 @@ func TestCtl(t *testing.T) {
 		{[]string{"ctl", "--cpu", "99", "stop"}, 1, "no such CPU"},
 		{[]string{"ctl", "jump"}, 2, "unknown command"},
 		{[]string{"ctl", "--session", "nosuch", "status"}, 1, "not running"},
-		{[]string{"record", "-q", "-o", out + "2", "--session", "web", "-e", "sched:sched_switch"}, 2, "is running"},
+		// Its --duration only ends a recording that was not refused.
+		{[]string{"record", "-q", "-o", out + "2", "--session", "web", "-e", "sched:sched_switch", "--duration", "1s"}, 2, "is running"},
 	} {
 		code, _, stderr := runCmd(c.args...)
 		if code != c.code || !strings.Contains(stderr, c.want) {
 			t.Errorf("%v: exit %d, %q; want %d mentioning %q", c.args, code, stderr, c.code, c.want)
 		}
 	}
-	if code := <-done; code != 0 {
+	if code, recOut := end(); code != 0 {
 		t.Fatalf("record: exit %d\n%s", code, recOut)
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
@@ -257,6 +254,56 @@ func TestCtl(t *testing.T) {
 	if code, _, stderr := runCmd("ctl", "status"); code != 1 || !strings.Contains(stderr, "no session") {
 		t.Fatalf("ctl with no session: exit %d %q", code, stderr)
 	}
+}
+
+// recordInProcess starts kconsume record with args in this process and
+// returns end, which stops it as Ctrl-C does and returns its exit code
+// and output. args give no --duration: a fixed one is a time the test's
+// steps must fit in while it records, which a slow machine (a TCG guest,
+// 10-40x slower) overruns, leaving the steps no session. end sends a
+// SIGINT to this process, which record catches while it records, and
+// sends it again every 100 ms until record returns (one sent before
+// record caught it is lost), failing t after a minute. While record runs
+// this process holds SIGINT too, so that one arriving outside record's
+// handler is dropped, not fatal. Cleanup calls end, so that a test that
+// fails leaves no recording behind.
+func recordInProcess(t *testing.T, args ...string) (end func() (code int, output string)) {
+	t.Helper()
+	held := make(chan os.Signal, 1)
+	signal.Notify(held, os.Interrupt)
+	type result struct {
+		code   int
+		output string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, o, e := runCmd(append([]string{"record"}, args...)...)
+		done <- result{code, o + e}
+	}()
+	var once sync.Once
+	var res result
+	end = func() (int, string) {
+		once.Do(func() {
+			deadline := time.Now().Add(time.Minute)
+			for {
+				_ = unix.Kill(os.Getpid(), unix.SIGINT)
+				select {
+				case res = <-done:
+					signal.Stop(held)
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				if time.Now().After(deadline) {
+					// SIGINT stays held: record may yet catch one.
+					res = result{-1, "record still running a minute after SIGINT"}
+					return
+				}
+			}
+		})
+		return res.code, res.output
+	}
+	t.Cleanup(func() { end() })
+	return end
 }
 
 // waitFor polls cond every 10 ms until it holds, and fails t after a
@@ -411,11 +458,7 @@ func testCtlRewind(t *testing.T, prof string) {
 	controlRoot = t.TempDir()
 	t.Cleanup(func() { controlRoot = old })
 	out := filepath.Join(t.TempDir(), "fr")
-	done := make(chan int, 1)
-	go func() {
-		code, _, _ := runCmd("record", "-q", "-o", out, "--session", "fr", "--profile", prof, "--mode", "overwrite", "--subbuf-size", "4K", "--n-subbufs", "4", "-e", "sched:sched_switch", "--duration", "3s")
-		done <- code
-	}()
+	end := recordInProcess(t, "-q", "-o", out, "--session", "fr", "--profile", prof, "--mode", "overwrite", "--subbuf-size", "4K", "--n-subbufs", "4", "-e", "sched:sched_switch")
 	dir := filepath.Join(controlRoot, "fr")
 	waitFor(t, func() bool {
 		b, _ := os.ReadFile(filepath.Join(dir, "state"))
@@ -433,8 +476,8 @@ func testCtlRewind(t *testing.T, prof string) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { _, err := os.Stat(out + ".rewind-2/metadata"); return err == nil })
-	if c := <-done; c != 0 {
-		t.Fatalf("record exit %d", c)
+	if c, o := end(); c != 0 {
+		t.Fatalf("record exit %d\n%s", c, o)
 	}
 	want, not := "sched:sched_switch: ", "prev_tid = "
 	if prof == "lttng" {
@@ -500,11 +543,7 @@ func TestSynthCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "syn")
-	done := make(chan int, 1)
-	go func() {
-		code, _, _ := runCmd("record", "-q", "-o", out, "--session", "syn", "--synth", file, "-e", "synthetic:*,syscalls:sys_enter_getpid", "--pid", "1", "--duration", "3s")
-		done <- code
-	}()
+	end := recordInProcess(t, "-q", "-o", out, "--session", "syn", "--synth", file, "-e", "synthetic:*,syscalls:sys_enter_getpid", "--pid", "1")
 	waitFor(t, func() bool {
 		b, _ := os.ReadFile(filepath.Join(controlRoot, "syn", "state"))
 		return strings.TrimSpace(string(b)) == "running"
@@ -545,8 +584,8 @@ func TestSynthCLI(t *testing.T) {
 	if code, _, stderr := runCmd("synth", "emit", "--session", "nosuch", "phase", "n=1", "what=a"); code != 1 || !strings.Contains(stderr, "not running") {
 		t.Errorf("emit into no session: exit %d, %q", code, stderr)
 	}
-	if c := <-done; c != 0 {
-		t.Fatalf("record exit %d", c)
+	if c, o := end(); c != 0 {
+		t.Fatalf("record exit %d\n%s", c, o)
 	}
 	b, err := exec.Command(bt2, out).CombinedOutput()
 	if err != nil {
