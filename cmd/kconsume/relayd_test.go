@@ -350,8 +350,11 @@ func TestE2EReportFollow(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := testenv.KconsumeBin(t)
 	out := filepath.Join(t.TempDir(), "t")
+	// No --duration: report --follow, started beside it, must print while
+	// it records, which in a TCG guest can take longer than any fixed
+	// one. It ends with Ctrl-C once that was seen.
 	rec := exec.Command(bin, "record", "-q", "-o", out, "--session", "follow"+uniq, "--live-timer", "200ms", "-e", "syscalls:sys_enter_getpid",
-		"--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "4s")
+		"--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K")
 	var recOut testenv.Output
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
@@ -359,6 +362,8 @@ func TestE2EReportFollow(t *testing.T) {
 	}
 	recDone := make(chan error, 1)
 	go func() { recDone <- rec.Wait() }()
+	// A test that fails early must not leave it.
+	defer func() { _ = rec.Process.Kill() }()
 	stop := make(chan struct{})
 	genDone := make(chan struct{})
 	go func() {
@@ -393,23 +398,34 @@ func TestE2EReportFollow(t *testing.T) {
 		t.Fatalf("record ended before report --follow printed: %v\n%s", err, recOut.String())
 	default:
 	}
+	if err := rec.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-recDone; err != nil {
 		t.Fatalf("record: %v\n%s", err, recOut.String())
 	}
 	close(stop)
-	time.Sleep(3 * followPeriod)
+	whole, code := shell(t, bin+" report "+out)
+	if code != 0 {
+		t.Fatalf("report: %d %s", code, whole)
+	}
+	want := strings.Split(strings.TrimSpace(whole), "\n")
+	// report --follow reads the finished trace's last packets at its
+	// next round, a followPeriod away, or several on a loaded or slow
+	// machine: wait until it printed as many lines as report did, and no
+	// longer than a minute, as a follow that missed events never does.
+	for end := time.Now().Add(time.Minute); strings.Count(folOut.String(), "\n") < len(want); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("report --follow printed %d lines in a minute after record ended, report %d", strings.Count(folOut.String(), "\n"), len(want))
+		}
+	}
 	if err := fol.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
 	if err := fol.Wait(); err != nil {
 		t.Fatalf("report --follow: %v\n%s", err, folErr.String())
 	}
-	whole, code := shell(t, bin+" report "+out)
-	if code != 0 {
-		t.Fatalf("report: %d %s", code, whole)
-	}
 	got := strings.Split(strings.TrimSpace(folOut.String()), "\n")
-	want := strings.Split(strings.TrimSpace(whole), "\n")
 	slices.Sort(got)
 	slices.Sort(want)
 	if len(want) < 10 || !slices.Equal(got, want) {
