@@ -159,9 +159,19 @@ func TestRecordDiskFull(t *testing.T) {
 		testenv.Missing(t, "cannot mount a tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
 	out := filepath.Join(mnt, "t")
-	code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", "sched:sched_process_exec,sched:sched_process_fork,sched:sched_switch", "--subbuf-size", "16K", "--duration", "30s",
-		"--", "sh", "-c", "for i in $(seq 5000); do /bin/true; done")
+	// The command forks /bin/true until the recording ends, which
+	// removes its control directory: a fixed number of forks in a fixed
+	// --duration filled the disk only within a range of speeds (too few
+	// on a fast machine, too slow in a TCG guest). The --duration is a
+	// guard: a recording that never fills the disk ends after it, and
+	// fails the test with exit 0.
+	ctl := filepath.Join(controlRoot, "full")
+	code, stdout, stderr := runCmd("record", "-q", "-o", out, "--session", "full", "-e", "sched:sched_process_exec,sched:sched_process_fork,sched:sched_switch", "--subbuf-size", "16K", "--duration", "2m",
+		"--", "sh", "-c", "while [ -d "+ctl+" ]; do /bin/true; done")
 	if code != 1 || !strings.Contains(stderr, "disk full") || !strings.Contains(stderr, "whole") {
 		t.Fatalf("exit %d, stderr %q; want 1 and a disk-full message\n%s", code, stderr, stdout)
 	}
