@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -40,6 +41,31 @@ func TestWatermarkWakes(t *testing.T) {
 		return st[0].Wakeups
 	}
 
+	// asleep waits until the drainer sleeps again, armed for the next
+	// watermark: it arms every writer's slot as it goes to sleep, and a
+	// writer that wakes it disarms its own slot, so that every slot
+	// armed, once the producer has returned, says the drainer has run
+	// for each wakeup and sleeps again. A minute bounds it: a slow guest
+	// takes longer than any fixed sleep, and a drainer that never sleeps
+	// again is a failure.
+	asleep := func(after string) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+			all := true
+			for slot := range 2 * r.s.rec.ncpu {
+				if atomic.LoadUint32(&r.s.rec.cpuState(slot).Armed) == 0 {
+					all = false
+				}
+			}
+			if all {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the drainer not asleep again a minute after %s", after)
+			}
+		}
+	}
+
 	start := time.Now()
 	if w := wakeups(); w != 0 || time.Since(start) > 5*time.Second {
 		t.Fatalf("first stats took %v and saw %d wakeups: a command must wake the drainer", time.Since(start), w)
@@ -57,16 +83,15 @@ func TestWatermarkWakes(t *testing.T) {
 	}
 
 	const batches = 16
+	asleep("the first wakeup")
 	before := wakeups()
-	for range batches {
-		w0 := wakeups()
+	for i := range batches {
+		// Each batch finds the drainer asleep: woken, drained and armed
+		// again. Nothing but the rings wakes it meanwhile (a command,
+		// such as Stats, would drain what a batch left and could take
+		// its wakeup).
 		r.produce(t, per)
-		// Woken (a slow guest takes longer than a fixed sleep), then
-		// drained and asleep again.
-		for end := time.Now().Add(5 * time.Second); wakeups() == w0 && time.Now().Before(end); {
-			time.Sleep(time.Millisecond)
-		}
-		time.Sleep(20 * time.Millisecond)
+		asleep(fmt.Sprintf("batch %d", i))
 	}
 	if w := wakeups() - before; w < batches/2 || w > 2*batches {
 		t.Errorf("%d wakeups for %d batches of a watermark each: want about one per batch", w, batches)
@@ -78,7 +103,7 @@ func TestWatermarkWakes(t *testing.T) {
 	before = wakeups()
 	_, emitted0 := r.lost()
 	r.produce(t, 40*per)
-	time.Sleep(20 * time.Millisecond)
+	asleep("the flood")
 	_, emitted := r.lost()
 	written := (emitted - emitted0) * uint64(recordBytes(64))
 	w := wakeups() - before
