@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/internal/testenv"
@@ -95,15 +96,21 @@ func TestBTFEventsMatchFtrace(t *testing.T) {
 	if !slices.Equal(got, events) {
 		t.Fatalf("on the BTF path: %v, want %v (%v)", got, events, why)
 	}
+	// Two shells spinning on CPU 0 preempt each other (R+); sleeps give
+	// S, forks sched_wakeup_new, exits Z. Each spins for 200 ms of CPU or
+	// more, sized on this machine before the recording starts: tens of
+	// the scheduler's slices, so that they overlap and preempt each other
+	// however far apart they start. A fixed count did so only within a
+	// range of speeds: on a faster machine the first could finish before
+	// the second ran.
+	n, _ := testenv.LoopCPU(t, 200*time.Millisecond)
+	spin := testenv.ShellLoop(n)
 	if err := enable("1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Two shells spinning on CPU 0 preempt each other (R+); sleeps give
-	// S, forks sched_wakeup_new, exits Z.
-	spin := "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done"
 	ourPids := map[int64]bool{}
 	var cmds []*exec.Cmd
 	for range 2 {

@@ -280,8 +280,8 @@ func TestE2EOwnCPU(t *testing.T) {
 	// least a quarter of a second and twenty times that fixed cost, sized
 	// on this machine by timing the loop alone, so that the bounds below
 	// hold on a machine of any speed, an emulated guest included.
-	n, loop := loopCPU(t, max(250*time.Millisecond, time.Duration(20*idleMS*float64(time.Millisecond))))
-	loopMS, _, rest := own("sched:sched_process_exit", "sh", "-c", shellLoop(n))
+	n, loop := testenv.LoopCPU(t, max(250*time.Millisecond, time.Duration(20*idleMS*float64(time.Millisecond))))
+	loopMS, _, rest := own("sched:sched_process_exit", "sh", "-c", testenv.ShellLoop(n))
 	// Counted in, the loop would add about its own CPU; left out, kconsume
 	// adds to its fixed cost only what it spends idle beside the loop.
 	if loopMS > idleMS+float64(loop.Milliseconds())/2 || rest < loop/2 {
@@ -293,26 +293,4 @@ func TestE2EOwnCPU(t *testing.T) {
 		t.Errorf("400,000 events: kconsume's own %.1f ms, %d ns an event; with no events %.1f ms", ddMS, perEvent, idleMS)
 	}
 	t.Logf("beside true: kconsume %.1f ms; a shell loop of %v alone: kconsume %.1f ms, the rest %v; dd: kconsume %.1f ms, %d ns an event", idleMS, loop, loopMS, rest, ddMS, perEvent)
-}
-
-// shellLoop returns a sh script that counts to n.
-func shellLoop(n int) string {
-	return "i=0; while [ $i -lt " + strconv.Itoa(n) + " ]; do i=$((i+1)); done"
-}
-
-// loopCPU returns a count for shellLoop whose loop, run alone, takes at
-// least want of CPU here, and the CPU it took: it doubles the count from
-// 10,000 until the loop takes that long.
-func loopCPU(t *testing.T, want time.Duration) (int, time.Duration) {
-	t.Helper()
-	for n := 10000; ; n *= 2 {
-		cmd := exec.Command("sh", "-c", shellLoop(n))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v\n%s", cmd.Args, err, out)
-		}
-		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-		if took := time.Duration(ru.Utime.Nano() + ru.Stime.Nano()); took >= want || n >= 1<<30 {
-			return n, took
-		}
-	}
 }
