@@ -620,10 +620,12 @@ func TestSynthCLI(t *testing.T) {
 	}
 }
 
-// recordExample builds bpf/example/NAME.bpf.c with clang, starts a 2 s
+// recordExample builds bpf/example/NAME.bpf.c with clang, starts a
 // recording of it as session, and returns once the gate is open: the
-// trace's directory, and a channel that receives record's exit code.
-func recordExample(t *testing.T, name, session string) (string, <-chan int) {
+// trace's directory, and end, which ends the recording and returns its
+// exit code and output (recordInProcess: no fixed duration the caller's
+// steps must fit in).
+func recordExample(t *testing.T, name, session string) (string, func() (int, string)) {
 	t.Helper()
 	clang, err := exec.LookPath("clang")
 	if err != nil {
@@ -636,19 +638,12 @@ func recordExample(t *testing.T, name, session string) (string, <-chan int) {
 		t.Fatalf("clang: %v\n%s", err, b)
 	}
 	out := filepath.Join(t.TempDir(), "t")
-	done := make(chan int, 1)
-	go func() {
-		code, _, stderr := runCmd("record", "-q", "-o", out, "--session", session, "--bpf", obj, "--duration", "2s")
-		if code != 0 {
-			t.Log(stderr)
-		}
-		done <- code
-	}()
+	end := recordInProcess(t, "-q", "-o", out, "--session", session, "--bpf", obj)
 	waitFor(t, func() bool {
 		b, _ := os.ReadFile(filepath.Join(controlRoot, session, "state"))
 		return strings.TrimSpace(string(b)) == "running"
 	})
-	return out, done
+	return out, end
 }
 
 // TestRecordBPF builds the example program of bpf/example the way its
@@ -657,13 +652,16 @@ func recordExample(t *testing.T, name, session string) (string, <-chan int) {
 func TestRecordBPF(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireKernel(t, 5, 13, "bpf_snprintf for klog")
-	out, done := recordExample(t, "getpid", "bpf")
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
+	out, end := recordExample(t, "getpid", "bpf")
 	for i := 0; i < 100; i++ {
 		_ = os.Getpid()
 		unix.Getpid()
 	}
-	if c := <-done; c != 0 {
-		t.Fatalf("record exit %d", c)
+	if c, o := end(); c != 0 {
+		t.Fatalf("record exit %d\n%s", c, o)
 	}
 	code, rep, stderr := runCmd("report", out)
 	if code != 0 {
