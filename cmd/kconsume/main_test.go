@@ -420,11 +420,9 @@ func TestMetrics(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	done := make(chan int, 1)
-	go func() {
-		code, _, _ := runCmd("record", "-q", "-o", filepath.Join(t.TempDir(), "t"), "-e", "sched:sched_switch", "--duration", "2s", "--metrics", addr)
-		done <- code
-	}()
+	// No --duration: the scrape below must see the session running, and
+	// in a TCG guest polling over HTTP can take longer than a fixed one.
+	end := recordInProcess(t, "-q", "-o", filepath.Join(t.TempDir(), "t"), "-e", "sched:sched_switch", "--metrics", addr)
 	var body string
 	waitFor(t, func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
@@ -446,8 +444,8 @@ func TestMetrics(t *testing.T) {
 	if !regexp.MustCompile(`\nkconsume_drainer_overrun_max_seconds [0-9.e+-]+\n`).MatchString(body) {
 		t.Errorf("metrics lack the drainer's overrun as a number:\n%s", body)
 	}
-	if code := <-done; code != 0 {
-		t.Fatalf("record: exit %d", code)
+	if code, o := end(); code != 0 {
+		t.Fatalf("record: exit %d\n%s", code, o)
 	}
 }
 
