@@ -152,7 +152,7 @@ func TestE2ERelaydKilled(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	local := filepath.Join(t.TempDir(), "t")
 	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash"+uniq,
-		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "120s", "--metrics", "127.0.0.1:0")
+		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--metrics", "127.0.0.1:0")
 	var out testenv.Output
 	rec.Stdout, rec.Stderr = &out, &out
 	if err := rec.Start(); err != nil {
@@ -160,6 +160,10 @@ func TestE2ERelaydKilled(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- rec.Wait() }()
+	// It has no --duration, which the steps below, each waiting up to a
+	// minute, could outlast in a slow guest: it ends with Ctrl-C, and a
+	// test that fails early must not leave it running.
+	defer func() { _ = rec.Process.Kill() }()
 	// Kill relayd once it has written a few packets. The test makes the
 	// events itself (close(2)): an idle guest makes too few, and a TCG
 	// guest beside another is slow to start record, so the limit is
@@ -192,6 +196,9 @@ func TestE2ERelaydKilled(t *testing.T) {
 	// while record runs.
 	ctl := filepath.Join("/run/kconsume", "crash"+uniq)
 	waitFor(t, func() bool {
+		// More events while it waits: the 50 above may not finish a
+		// packet, and an idle guest makes few of its own.
+		closeDevNull(1)
 		b, _ := os.ReadFile(filepath.Join(ctl, "relayd_not_sent"))
 		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		return n > 0
