@@ -71,23 +71,53 @@ func TestE2ERelayd(t *testing.T) {
 	var aOut, bOut bytes.Buffer
 	a.Stdout, a.Stderr = &aOut, &aOut
 	b.Stdout, b.Stderr = &bOut, &bOut
+	// Both record getpid calls of the test's, made all along: a quiet
+	// machine may switch no task in a's 2 s, or in b's time.
+	stop := make(chan struct{})
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				unix.Getpid()
+			}
+		}
+	}()
+	defer func() { close(stop); <-genDone }()
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Wait() }()
+	defer func() { _ = a.Process.Kill() }()
 	if err := b.Start(); err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = b.Process.Kill() }()
 	// Ctrl-C once b records: before its gate opens (loading takes
-	// seconds in a TCG guest) the signal would end it unhandled.
+	// seconds in a TCG guest) the signal would end it unhandled. It has
+	// the getpid calls made between, and records at least until a's
+	// duration has passed, however long a took to start.
 	waitFor(t, func() bool {
 		st, _ := os.ReadFile(filepath.Join("/run/kconsume", "fleetb"+uniq, "state"))
 		return strings.TrimSpace(string(st)) == "running"
 	})
-	time.Sleep(time.Second)
+	for range 100 {
+		unix.Getpid()
+	}
+	var errA error
+	select {
+	case errA = <-aDone:
+	case <-time.After(time.Minute):
+		t.Fatal("record of a 2 s session still running a minute after b's gate opened")
+	}
 	if err := b.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
-	errA, errB := a.Wait(), b.Wait()
+	errB := b.Wait()
 	if errA != nil || errB != nil {
 		t.Fatalf("record: %v, %v\n%s\n%s\nrelayd log:\n%s", errA, errB, aOut.String(), bOut.String(), r.LogTail(20))
 	}
