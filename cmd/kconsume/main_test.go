@@ -472,7 +472,14 @@ func testCtlRewind(t *testing.T, prof string) {
 		b, _ := os.ReadFile(filepath.Join(dir, "state"))
 		return strings.TrimSpace(string(b)) == "running"
 	})
-	time.Sleep(300 * time.Millisecond)
+	// Switches for the flight recorder to hold: a sleeping command
+	// switches out at least once, where a fixed 300 ms of a quiet
+	// machine may hold no switch at all.
+	for range 3 {
+		if err := exec.Command("sleep", "0.01").Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if code, _, stderr := runCmd("ctl", "--session", "fr", "snapshot"); code != 0 {
 		t.Fatalf("ctl snapshot: exit %d: %s", code, stderr)
 	}
