@@ -182,7 +182,7 @@ func TestCommandAfterClose(t *testing.T) {
 		if !errors.Is(err, ErrClosed) {
 			t.Errorf("flush after close: %v, want ErrClosed", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("flush after close hangs")
 	}
 }
@@ -213,12 +213,12 @@ func TestDrainerLate(t *testing.T) {
 	ticker := tickCPU1(t, 5*time.Millisecond)
 	defer ticker()
 	var before DrainerStats
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for end := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		if before = s.Drainer(); before.Waits > 0 {
 			break
 		}
 		if time.Now().After(end) {
-			t.Fatal("the drainer has not run for other processes' records in 5 s")
+			t.Fatal("the drainer has not run for other processes' records in a minute")
 		}
 	}
 	// A busy machine, or a guest whose virtual CPUs its host runs late,
