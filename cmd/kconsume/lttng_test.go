@@ -279,12 +279,22 @@ func TestCtlStatedump(t *testing.T) {
 	for _, prof := range []string{"lttng", "ftrace"} {
 		out := filepath.Join(tmp, prof)
 		name := "sd" + prof + strconv.Itoa(os.Getpid())
-		rec := exec.Command(bin, "record", "-q", "--profile", prof, "--session", name, "-o", out, "-e", "sched:sched_switch", "--duration", "120s")
+		// No --duration, which a loaded machine's statedump may outlast:
+		// it ends with Ctrl-C, or is killed when the test fails first.
+		rec := exec.Command(bin, "record", "-q", "--profile", prof, "--session", name, "-o", out, "-e", "sched:sched_switch")
 		var recOut bytes.Buffer
 		rec.Stdout, rec.Stderr = &recOut, &recOut
 		if err := rec.Start(); err != nil {
 			t.Fatal(err)
 		}
+		recDone := make(chan error, 1)
+		go func() { recDone <- rec.Wait() }()
+		t.Cleanup(func() {
+			if rec.Process.Kill() == nil {
+				<-recDone
+				_ = os.RemoveAll(filepath.Join("/run/kconsume", name))
+			}
+		})
 		ctl := filepath.Join("/run/kconsume", name, "state")
 		waitRunning(t, ctl)
 		o, code := shell(t, bin+" ctl --session "+name+" --cpu 1 statedump")
@@ -293,7 +303,7 @@ func TestCtlStatedump(t *testing.T) {
 		if err := rec.Process.Signal(os.Interrupt); err != nil {
 			t.Fatal(err)
 		}
-		if err := rec.Wait(); err != nil {
+		if err := <-recDone; err != nil {
 			t.Fatalf("record: %v\n%s", err, recOut.String())
 		}
 		if prof == "ftrace" {
