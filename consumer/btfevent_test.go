@@ -1,7 +1,9 @@
 package consumer
 
 import (
+	"bufio"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/internal/testenv"
@@ -95,24 +98,59 @@ func TestBTFEventsMatchFtrace(t *testing.T) {
 	if !slices.Equal(got, events) {
 		t.Fatalf("on the BTF path: %v, want %v (%v)", got, events, why)
 	}
+	// Two shells spinning on CPU 0 preempt each other (R+); sleeps give
+	// S, forks sched_wakeup_new, exits Z. They spin together at any
+	// speed: each says it is ready and waits for a line, which the test
+	// writes to both once both said so; started apart, as they were, the
+	// first could finish before the second ran on a fast machine. Each
+	// spins for 50 ms of CPU or more, sized on this machine before the
+	// recording starts, where a fixed count was a fixed time on one
+	// machine only: a dozen or more of the scheduler's ticks, in which
+	// two tasks runnable on one CPU preempt each other.
+	n, _ := testenv.LoopCPU(t, 50*time.Millisecond)
+	spin := "echo ready; read -r _; " + testenv.ShellLoop(n)
 	if err := enable("1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Two shells spinning on CPU 0 preempt each other (R+); sleeps give
-	// S, forks sched_wakeup_new, exits Z.
-	spin := "i=0; while [ $i -lt 30000 ]; do i=$((i+1)); done"
 	ourPids := map[int64]bool{}
 	var cmds []*exec.Cmd
+	var gos []io.WriteCloser
 	for range 2 {
 		c := exec.Command("taskset", "-c", "0", "sh", "-c", spin)
-		if err := c.Start(); err != nil {
+		in, err := c.StdinPipe()
+		if err != nil {
 			t.Fatal(err)
 		}
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Stdout = pw
+		err = c.Start()
+		pw.Close()
+		if err != nil {
+			pr.Close()
+			t.Fatal(err)
+		}
+		// A test that fails before the go leaves no shell waiting.
+		t.Cleanup(func() { _ = c.Process.Kill() })
 		cmds = append(cmds, c)
+		gos = append(gos, in)
 		ourPids[int64(c.Process.Pid)] = true
+		ready, err := bufio.NewReader(pr).ReadString('\n')
+		pr.Close()
+		if ready != "ready\n" {
+			t.Fatalf("shell %d: %q, %v; want ready", c.Process.Pid, ready, err)
+		}
+	}
+	for _, in := range gos {
+		if _, err := io.WriteString(in, "go\n"); err != nil {
+			t.Fatal(err)
+		}
+		in.Close()
 	}
 	for range 20 {
 		c := exec.Command("sleep", "0.01")

@@ -60,8 +60,27 @@ func TestCPUHotplug(t *testing.T) {
 				t.Fatal(err)
 			}
 			setOnline(t, 1, true)
-			// The perf transport looks for CPUs back online every 100 ms.
-			time.Sleep(300 * time.Millisecond)
+			// The children may run once CPU 1's ring is back: the perf
+			// transport reopens it when a uevent tells it, or looking
+			// every 100 ms; the ringbuf transport has nothing to reopen.
+			// Asked on the drainer's goroutine, whose state it is, until
+			// it is, for at most a minute: a fixed sleep (300 ms) was
+			// too short for a slow guest.
+			reopened := func() bool {
+				ok := false
+				if err := s.dr.do(func() error {
+					ok = s.dr.perf == nil || s.dr.perf.online[1]
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			for end := time.Now().Add(time.Minute); !reopened(); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatal("CPU 1's ring not reopened a minute after the CPU came back online")
+				}
+			}
 			c1.run(t)
 			c2.run(t)
 			setOnline(t, 1, false)

@@ -39,18 +39,30 @@ func runShell(t *testing.T, cmd *exec.Cmd) (string, int) {
 
 // TestE2EControlFromShell runs the built binary: record in the background,
 // then from a shell: cat state and dropped, echo stop > state, ctl status,
-// and kconsume report on the finished trace.
+// and kconsume report on the finished trace, once a SIGINT ended it.
 func TestE2EControlFromShell(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := testenv.KconsumeBin(t)
 	out := filepath.Join(t.TempDir(), "t")
 	name := "e2e" + strings.ReplaceAll(filepath.Base(filepath.Dir(out)), "/", "")
-	rec := exec.Command(bin, "record", "-o", out, "--session", name, "-e", "sched:sched_switch", "--duration", "3s")
+	// No --duration: the steps below, each a shell and a process, take
+	// what the machine takes (seconds in a TCG guest), and a recording
+	// that ended before them would leave them no session. It ends on the
+	// SIGINT below, or on the Cleanup's SIGKILL when the test fails.
+	rec := exec.Command(bin, "record", "-o", out, "--session", name, "-e", "sched:sched_switch")
 	var recOut bytes.Buffer
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = rec.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = rec.Process.Kill()
+		<-exited
+		// A killed session leaves its control directory behind.
+		_ = os.RemoveAll(filepath.Join(control.DefaultRoot, name))
+	})
 	ctl := filepath.Join("/run/kconsume", name)
 	waitFor(t, func() bool { _, err := os.Stat(filepath.Join(ctl, "ctl.sock")); return err == nil })
 	// state reads stopped while the session loads, running once the gate opens.
@@ -65,8 +77,16 @@ func TestE2EControlFromShell(t *testing.T) {
 	if o, code := shell(t, bin+" ctl --session "+name+" status"); code != 0 || !strings.Contains(o, "state stopped") {
 		t.Fatalf("ctl status: %d %s", code, o)
 	}
-	if err := rec.Wait(); err != nil {
-		t.Fatalf("record: %v\n%s", err, recOut.String())
+	if err := rec.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatal("record still running a minute after SIGINT")
+	}
+	if !rec.ProcessState.Success() {
+		t.Fatalf("record: %v\n%s", rec.ProcessState, recOut.String())
 	}
 	if o, code := shell(t, bin+" report "+out+" | head -1"); code != 0 || !strings.Contains(o, "sched:sched_switch:") {
 		t.Fatalf("report: %d %q", code, o)
@@ -89,8 +109,10 @@ func TestE2EKillRecover(t *testing.T) {
 	exited := make(chan struct{})
 	go func() { _ = rec.Wait(); close(exited) }()
 	t.Cleanup(func() { _ = rec.Process.Kill(); <-exited })
-	// Let sub-buffers reach the disk, then kill it mid-write.
+	// Let sub-buffers reach the disk, then kill it mid-write. The test
+	// makes events (close(2)) as it waits: an idle machine makes few.
 	waitFor(t, func() bool {
+		closeDevNull(20)
 		select {
 		case <-exited:
 			t.Fatalf("record exited early: %s", recOut.String())
@@ -134,7 +156,7 @@ func TestE2EBrokenPipe(t *testing.T) {
 	const name = "kc-broken-pipe"
 	ctl := filepath.Join(control.DefaultRoot, name)
 	t.Cleanup(func() { _ = os.RemoveAll(ctl) })
-	if o, code := shell(t, "("+bin+" record -o "+out+" --session "+name+" -e sched:sched_switch --duration 300ms; echo $? >"+status+") | true"); code != 0 {
+	if o, code := shell(t, "("+bin+" record -o "+out+" --session "+name+" -e sched:sched_switch -- sleep 0.1; echo $? >"+status+") | true"); code != 0 {
 		t.Fatalf("pipeline: %d %s", code, o)
 	}
 	if _, err := os.Stat(ctl); !os.IsNotExist(err) {
@@ -143,6 +165,8 @@ func TestE2EBrokenPipe(t *testing.T) {
 	if b, err := os.ReadFile(status); err != nil || strings.TrimSpace(string(b)) != "0" {
 		t.Fatalf("record's exit status: %q %v", b, err)
 	}
+	// A sleeping command switches out at least once: a quiet machine and
+	// recorder may switch no task in a fixed 300 ms.
 	if lines, _ := testenv.RunBT2(t, out); len(lines) == 0 {
 		t.Fatal("babeltrace2 read no event")
 	}
@@ -263,8 +287,8 @@ func TestE2EOwnCPU(t *testing.T) {
 	// least a quarter of a second and twenty times that fixed cost, sized
 	// on this machine by timing the loop alone, so that the bounds below
 	// hold on a machine of any speed, an emulated guest included.
-	n, loop := loopCPU(t, max(250*time.Millisecond, time.Duration(20*idleMS*float64(time.Millisecond))))
-	loopMS, _, rest := own("sched:sched_process_exit", "sh", "-c", shellLoop(n))
+	n, loop := testenv.LoopCPU(t, max(250*time.Millisecond, time.Duration(20*idleMS*float64(time.Millisecond))))
+	loopMS, _, rest := own("sched:sched_process_exit", "sh", "-c", testenv.ShellLoop(n))
 	// Counted in, the loop would add about its own CPU; left out, kconsume
 	// adds to its fixed cost only what it spends idle beside the loop.
 	if loopMS > idleMS+float64(loop.Milliseconds())/2 || rest < loop/2 {
@@ -276,26 +300,4 @@ func TestE2EOwnCPU(t *testing.T) {
 		t.Errorf("400,000 events: kconsume's own %.1f ms, %d ns an event; with no events %.1f ms", ddMS, perEvent, idleMS)
 	}
 	t.Logf("beside true: kconsume %.1f ms; a shell loop of %v alone: kconsume %.1f ms, the rest %v; dd: kconsume %.1f ms, %d ns an event", idleMS, loop, loopMS, rest, ddMS, perEvent)
-}
-
-// shellLoop returns a sh script that counts to n.
-func shellLoop(n int) string {
-	return "i=0; while [ $i -lt " + strconv.Itoa(n) + " ]; do i=$((i+1)); done"
-}
-
-// loopCPU returns a count for shellLoop whose loop, run alone, takes at
-// least want of CPU here, and the CPU it took: it doubles the count from
-// 10,000 until the loop takes that long.
-func loopCPU(t *testing.T, want time.Duration) (int, time.Duration) {
-	t.Helper()
-	for n := 10000; ; n *= 2 {
-		cmd := exec.Command("sh", "-c", shellLoop(n))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v\n%s", cmd.Args, err, out)
-		}
-		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-		if took := time.Duration(ru.Utime.Nano() + ru.Stime.Nano()); took >= want || n >= 1<<30 {
-			return n, took
-		}
-	}
 }

@@ -147,14 +147,25 @@ func TestLTTngAnalyses(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := "lttng" + strconv.Itoa(os.Getpid())
+	// No --duration: the window below and the reader's reads must fall
+	// inside the recording, and in a TCG guest they outlast a fixed one
+	// (it was 5 s for 3 s of sleeps). It ends with Ctrl-C once the
+	// reader is done, or is killed when the test fails first.
 	rec := exec.Command(bin, "record", "-q", "--profile", "lttng", "-o", out, "--session", name,
-		"-e", "sched:sched_switch,sched:sched_wakeup,sched:sched_waking,sched:sched_process_exec,sched:sched_process_exit,irq:*,syscalls:sys_enter_read,syscalls:sys_exit_read",
-		"--duration", "5s")
+		"-e", "sched:sched_switch,sched:sched_wakeup,sched:sched_waking,sched:sched_process_exec,sched:sched_process_exit,irq:*,syscalls:sys_enter_read,syscalls:sys_exit_read")
 	var recOut bytes.Buffer
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
 		t.Fatal(err)
 	}
+	recDone := make(chan error, 1)
+	go func() { recDone <- rec.Wait() }()
+	t.Cleanup(func() {
+		if rec.Process.Kill() == nil {
+			<-recDone
+			_ = os.RemoveAll(filepath.Join("/run/kconsume", name))
+		}
+	})
 	ctl := filepath.Join("/run/kconsume", name, "state")
 	waitRunning(t, ctl)
 	time.Sleep(1500 * time.Millisecond) // past the statedump
@@ -171,7 +182,10 @@ func TestLTTngAnalyses(t *testing.T) {
 	if err := reader.Wait(); err != nil {
 		t.Fatalf("reader: %v", err)
 	}
-	if err := rec.Wait(); err != nil {
+	if err := rec.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-recDone; err != nil {
 		t.Fatalf("record: %v\n%s", err, recOut.String())
 	}
 	testenv.RunBT2(t, out) // babeltrace2 reads it whole
@@ -265,12 +279,22 @@ func TestCtlStatedump(t *testing.T) {
 	for _, prof := range []string{"lttng", "ftrace"} {
 		out := filepath.Join(tmp, prof)
 		name := "sd" + prof + strconv.Itoa(os.Getpid())
-		rec := exec.Command(bin, "record", "-q", "--profile", prof, "--session", name, "-o", out, "-e", "sched:sched_switch", "--duration", "120s")
+		// No --duration, which a loaded machine's statedump may outlast:
+		// it ends with Ctrl-C, or is killed when the test fails first.
+		rec := exec.Command(bin, "record", "-q", "--profile", prof, "--session", name, "-o", out, "-e", "sched:sched_switch")
 		var recOut bytes.Buffer
 		rec.Stdout, rec.Stderr = &recOut, &recOut
 		if err := rec.Start(); err != nil {
 			t.Fatal(err)
 		}
+		recDone := make(chan error, 1)
+		go func() { recDone <- rec.Wait() }()
+		t.Cleanup(func() {
+			if rec.Process.Kill() == nil {
+				<-recDone
+				_ = os.RemoveAll(filepath.Join("/run/kconsume", name))
+			}
+		})
 		ctl := filepath.Join("/run/kconsume", name, "state")
 		waitRunning(t, ctl)
 		o, code := shell(t, bin+" ctl --session "+name+" --cpu 1 statedump")
@@ -279,7 +303,7 @@ func TestCtlStatedump(t *testing.T) {
 		if err := rec.Process.Signal(os.Interrupt); err != nil {
 			t.Fatal(err)
 		}
-		if err := rec.Wait(); err != nil {
+		if err := <-recDone; err != nil {
 			t.Fatalf("record: %v\n%s", err, recOut.String())
 		}
 		if prof == "ftrace" {

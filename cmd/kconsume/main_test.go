@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,9 +160,19 @@ func TestRecordDiskFull(t *testing.T) {
 		testenv.Missing(t, "cannot mount a tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
 	out := filepath.Join(mnt, "t")
-	code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", "sched:sched_process_exec,sched:sched_process_fork,sched:sched_switch", "--subbuf-size", "16K", "--duration", "30s",
-		"--", "sh", "-c", "for i in $(seq 5000); do /bin/true; done")
+	// The command forks /bin/true until the recording ends, which
+	// removes its control directory: a fixed number of forks in a fixed
+	// --duration filled the disk only within a range of speeds (too few
+	// on a fast machine, too slow in a TCG guest). The --duration is a
+	// guard: a recording that never fills the disk ends after it, and
+	// fails the test with exit 0.
+	ctl := filepath.Join(controlRoot, "full")
+	code, stdout, stderr := runCmd("record", "-q", "-o", out, "--session", "full", "-e", "sched:sched_process_exec,sched:sched_process_fork,sched:sched_switch", "--subbuf-size", "16K", "--duration", "2m",
+		"--", "sh", "-c", "while [ -d "+ctl+" ]; do /bin/true; done")
 	if code != 1 || !strings.Contains(stderr, "disk full") || !strings.Contains(stderr, "whole") {
 		t.Fatalf("exit %d, stderr %q; want 1 and a disk-full message\n%s", code, stderr, stdout)
 	}
@@ -189,13 +201,7 @@ func TestCtl(t *testing.T) {
 		}
 	}
 	out := filepath.Join(t.TempDir(), "t")
-	done := make(chan int, 1)
-	var recOut string
-	go func() {
-		code, o, e := runCmd("record", "-q", "-o", out, "--session", "web", "-e", "sched:sched_switch", "--duration", "4s")
-		recOut = o + e
-		done <- code
-	}()
+	end := recordInProcess(t, "-q", "-o", out, "--session", "web", "-e", "sched:sched_switch")
 	dir := filepath.Join(controlRoot, "web")
 	waitFor(t, func() bool { _, err := os.Stat(filepath.Join(dir, "ctl.sock")); return err == nil })
 	if _, err := os.Stat(filepath.Join(dir, "junk")); err == nil {
@@ -242,14 +248,15 @@ func TestCtl(t *testing.T) {
 		{[]string{"ctl", "--cpu", "99", "stop"}, 1, "no such CPU"},
 		{[]string{"ctl", "jump"}, 2, "unknown command"},
 		{[]string{"ctl", "--session", "nosuch", "status"}, 1, "not running"},
-		{[]string{"record", "-q", "-o", out + "2", "--session", "web", "-e", "sched:sched_switch"}, 2, "is running"},
+		// Its --duration only ends a recording that was not refused.
+		{[]string{"record", "-q", "-o", out + "2", "--session", "web", "-e", "sched:sched_switch", "--duration", "1s"}, 2, "is running"},
 	} {
 		code, _, stderr := runCmd(c.args...)
 		if code != c.code || !strings.Contains(stderr, c.want) {
 			t.Errorf("%v: exit %d, %q; want %d mentioning %q", c.args, code, stderr, c.code, c.want)
 		}
 	}
-	if code := <-done; code != 0 {
+	if code, recOut := end(); code != 0 {
 		t.Fatalf("record: exit %d\n%s", code, recOut)
 	}
 	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
@@ -258,6 +265,56 @@ func TestCtl(t *testing.T) {
 	if code, _, stderr := runCmd("ctl", "status"); code != 1 || !strings.Contains(stderr, "no session") {
 		t.Fatalf("ctl with no session: exit %d %q", code, stderr)
 	}
+}
+
+// recordInProcess starts kconsume record with args in this process and
+// returns end, which stops it as Ctrl-C does and returns its exit code
+// and output. args give no --duration: a fixed one is a time the test's
+// steps must fit in while it records, which a slow machine (a TCG guest,
+// 10-40x slower) overruns, leaving the steps no session. end sends a
+// SIGINT to this process, which record catches while it records, and
+// sends it again every 100 ms until record returns (one sent before
+// record caught it is lost), failing t after a minute. While record runs
+// this process holds SIGINT too, so that one arriving outside record's
+// handler is dropped, not fatal. Cleanup calls end, so that a test that
+// fails leaves no recording behind.
+func recordInProcess(t *testing.T, args ...string) (end func() (code int, output string)) {
+	t.Helper()
+	held := make(chan os.Signal, 1)
+	signal.Notify(held, os.Interrupt)
+	type result struct {
+		code   int
+		output string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, o, e := runCmd(append([]string{"record"}, args...)...)
+		done <- result{code, o + e}
+	}()
+	var once sync.Once
+	var res result
+	end = func() (int, string) {
+		once.Do(func() {
+			deadline := time.Now().Add(time.Minute)
+			for {
+				_ = unix.Kill(os.Getpid(), unix.SIGINT)
+				select {
+				case res = <-done:
+					signal.Stop(held)
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+				if time.Now().After(deadline) {
+					// SIGINT stays held: record may yet catch one.
+					res = result{-1, "record still running a minute after SIGINT"}
+					return
+				}
+			}
+		})
+		return res.code, res.output
+	}
+	t.Cleanup(func() { end() })
+	return end
 }
 
 // waitFor polls cond every 10 ms until it holds, and fails t after a
@@ -364,11 +421,9 @@ func TestMetrics(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	done := make(chan int, 1)
-	go func() {
-		code, _, _ := runCmd("record", "-q", "-o", filepath.Join(t.TempDir(), "t"), "-e", "sched:sched_switch", "--duration", "2s", "--metrics", addr)
-		done <- code
-	}()
+	// No --duration: the scrape below must see the session running, and
+	// in a TCG guest polling over HTTP can take longer than a fixed one.
+	end := recordInProcess(t, "-q", "-o", filepath.Join(t.TempDir(), "t"), "-e", "sched:sched_switch", "--metrics", addr)
 	var body string
 	waitFor(t, func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
@@ -390,8 +445,8 @@ func TestMetrics(t *testing.T) {
 	if !regexp.MustCompile(`\nkconsume_drainer_overrun_max_seconds [0-9.e+-]+\n`).MatchString(body) {
 		t.Errorf("metrics lack the drainer's overrun as a number:\n%s", body)
 	}
-	if code := <-done; code != 0 {
-		t.Fatalf("record: exit %d", code)
+	if code, o := end(); code != 0 {
+		t.Fatalf("record: exit %d\n%s", code, o)
 	}
 }
 
@@ -412,17 +467,20 @@ func testCtlRewind(t *testing.T, prof string) {
 	controlRoot = t.TempDir()
 	t.Cleanup(func() { controlRoot = old })
 	out := filepath.Join(t.TempDir(), "fr")
-	done := make(chan int, 1)
-	go func() {
-		code, _, _ := runCmd("record", "-q", "-o", out, "--session", "fr", "--profile", prof, "--mode", "overwrite", "--subbuf-size", "4K", "--n-subbufs", "4", "-e", "sched:sched_switch", "--duration", "3s")
-		done <- code
-	}()
+	end := recordInProcess(t, "-q", "-o", out, "--session", "fr", "--profile", prof, "--mode", "overwrite", "--subbuf-size", "4K", "--n-subbufs", "4", "-e", "sched:sched_switch")
 	dir := filepath.Join(controlRoot, "fr")
 	waitFor(t, func() bool {
 		b, _ := os.ReadFile(filepath.Join(dir, "state"))
 		return strings.TrimSpace(string(b)) == "running"
 	})
-	time.Sleep(300 * time.Millisecond)
+	// Switches for the flight recorder to hold: a sleeping command
+	// switches out at least once, where a fixed 300 ms of a quiet
+	// machine may hold no switch at all.
+	for range 3 {
+		if err := exec.Command("sleep", "0.01").Run(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if code, _, stderr := runCmd("ctl", "--session", "fr", "snapshot"); code != 0 {
 		t.Fatalf("ctl snapshot: exit %d: %s", code, stderr)
 	}
@@ -438,8 +496,8 @@ func testCtlRewind(t *testing.T, prof string) {
 		_, err := os.Stat(filepath.Join(relayfmt.TraceDir(out+".rewind-2"), "metadata"))
 		return err == nil
 	})
-	if c := <-done; c != 0 {
-		t.Fatalf("record exit %d", c)
+	if c, o := end(); c != 0 {
+		t.Fatalf("record exit %d\n%s", c, o)
 	}
 	want, not := "sched:sched_switch: ", "prev_tid = "
 	if prof == "lttng" {
@@ -505,11 +563,7 @@ func TestSynthCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(t.TempDir(), "syn")
-	done := make(chan int, 1)
-	go func() {
-		code, _, _ := runCmd("record", "-q", "-o", out, "--session", "syn", "--synth", file, "-e", "synthetic:*,syscalls:sys_enter_getpid", "--pid", "1", "--duration", "3s")
-		done <- code
-	}()
+	end := recordInProcess(t, "-q", "-o", out, "--session", "syn", "--synth", file, "-e", "synthetic:*,syscalls:sys_enter_getpid", "--pid", "1")
 	waitFor(t, func() bool {
 		b, _ := os.ReadFile(filepath.Join(controlRoot, "syn", "state"))
 		return strings.TrimSpace(string(b)) == "running"
@@ -550,8 +604,8 @@ func TestSynthCLI(t *testing.T) {
 	if code, _, stderr := runCmd("synth", "emit", "--session", "nosuch", "phase", "n=1", "what=a"); code != 1 || !strings.Contains(stderr, "not running") {
 		t.Errorf("emit into no session: exit %d, %q", code, stderr)
 	}
-	if c := <-done; c != 0 {
-		t.Fatalf("record exit %d", c)
+	if c, o := end(); c != 0 {
+		t.Fatalf("record exit %d\n%s", c, o)
 	}
 	b, err := exec.Command(bt2, out).CombinedOutput()
 	if err != nil {
@@ -576,10 +630,12 @@ func TestSynthCLI(t *testing.T) {
 	}
 }
 
-// recordExample builds bpf/example/NAME.bpf.c with clang, starts a 2 s
+// recordExample builds bpf/example/NAME.bpf.c with clang, starts a
 // recording of it as session, and returns once the gate is open: the
-// trace's directory, and a channel that receives record's exit code.
-func recordExample(t *testing.T, name, session string) (string, <-chan int) {
+// trace's directory, and end, which ends the recording and returns its
+// exit code and output (recordInProcess: no fixed duration the caller's
+// steps must fit in).
+func recordExample(t *testing.T, name, session string) (string, func() (int, string)) {
 	t.Helper()
 	clang, err := exec.LookPath("clang")
 	if err != nil {
@@ -592,19 +648,12 @@ func recordExample(t *testing.T, name, session string) (string, <-chan int) {
 		t.Fatalf("clang: %v\n%s", err, b)
 	}
 	out := filepath.Join(t.TempDir(), "t")
-	done := make(chan int, 1)
-	go func() {
-		code, _, stderr := runCmd("record", "-q", "-o", out, "--session", session, "--bpf", obj, "--duration", "2s")
-		if code != 0 {
-			t.Log(stderr)
-		}
-		done <- code
-	}()
+	end := recordInProcess(t, "-q", "-o", out, "--session", session, "--bpf", obj)
 	waitFor(t, func() bool {
 		b, _ := os.ReadFile(filepath.Join(controlRoot, session, "state"))
 		return strings.TrimSpace(string(b)) == "running"
 	})
-	return out, done
+	return out, end
 }
 
 // TestRecordBPF builds the example program of bpf/example the way its
@@ -613,13 +662,16 @@ func recordExample(t *testing.T, name, session string) (string, <-chan int) {
 func TestRecordBPF(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireKernel(t, 5, 13, "bpf_snprintf for klog")
-	out, done := recordExample(t, "getpid", "bpf")
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
+	out, end := recordExample(t, "getpid", "bpf")
 	for i := 0; i < 100; i++ {
 		_ = os.Getpid()
 		unix.Getpid()
 	}
-	if c := <-done; c != 0 {
-		t.Fatalf("record exit %d", c)
+	if c, o := end(); c != 0 {
+		t.Fatalf("record exit %d\n%s", c, o)
 	}
 	code, rep, stderr := runCmd("report", out)
 	if code != 0 {

@@ -71,23 +71,53 @@ func TestE2ERelayd(t *testing.T) {
 	var aOut, bOut bytes.Buffer
 	a.Stdout, a.Stderr = &aOut, &aOut
 	b.Stdout, b.Stderr = &bOut, &bOut
+	// Both record getpid calls of the test's, made all along: a quiet
+	// machine may switch no task in a's 2 s, or in b's time.
+	stop := make(chan struct{})
+	genDone := make(chan struct{})
+	go func() {
+		defer close(genDone)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				unix.Getpid()
+			}
+		}
+	}()
+	defer func() { close(stop); <-genDone }()
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.Wait() }()
+	defer func() { _ = a.Process.Kill() }()
 	if err := b.Start(); err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = b.Process.Kill() }()
 	// Ctrl-C once b records: before its gate opens (loading takes
-	// seconds in a TCG guest) the signal would end it unhandled.
+	// seconds in a TCG guest) the signal would end it unhandled. It has
+	// the getpid calls made between, and records at least until a's
+	// duration has passed, however long a took to start.
 	waitFor(t, func() bool {
 		st, _ := os.ReadFile(filepath.Join("/run/kconsume", "fleetb"+uniq, "state"))
 		return strings.TrimSpace(string(st)) == "running"
 	})
-	time.Sleep(time.Second)
+	for range 100 {
+		unix.Getpid()
+	}
+	var errA error
+	select {
+	case errA = <-aDone:
+	case <-time.After(time.Minute):
+		t.Fatal("record of a 2 s session still running a minute after b's gate opened")
+	}
 	if err := b.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
-	errA, errB := a.Wait(), b.Wait()
+	errB := b.Wait()
 	if errA != nil || errB != nil {
 		t.Fatalf("record: %v, %v\n%s\n%s\nrelayd log:\n%s", errA, errB, aOut.String(), bOut.String(), r.LogTail(20))
 	}
@@ -152,7 +182,7 @@ func TestE2ERelaydKilled(t *testing.T) {
 	r := testenv.StartRelayd(t)
 	local := filepath.Join(t.TempDir(), "t")
 	rec := exec.Command(bin, "record", "-q", "-o", local, "--relayd", r.URL(), "--relayd-hostname", "crashy", "--session", "crash"+uniq,
-		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--duration", "120s", "--metrics", "127.0.0.1:0")
+		"-e", "sched:sched_switch,syscalls:sys_enter_close", "--subbuf-size", "4K", "--metrics", "127.0.0.1:0")
 	var out testenv.Output
 	rec.Stdout, rec.Stderr = &out, &out
 	if err := rec.Start(); err != nil {
@@ -160,6 +190,10 @@ func TestE2ERelaydKilled(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- rec.Wait() }()
+	// It has no --duration, which the steps below, each waiting up to a
+	// minute, could outlast in a slow guest: it ends with Ctrl-C, and a
+	// test that fails early must not leave it running.
+	defer func() { _ = rec.Process.Kill() }()
 	// Kill relayd once it has written a few packets. The test makes the
 	// events itself (close(2)): an idle guest makes too few, and a TCG
 	// guest beside another is slow to start record, so the limit is
@@ -192,6 +226,9 @@ func TestE2ERelaydKilled(t *testing.T) {
 	// while record runs.
 	ctl := filepath.Join("/run/kconsume", "crash"+uniq)
 	waitFor(t, func() bool {
+		// More events while it waits: the 50 above may not finish a
+		// packet, and an idle guest makes few of its own.
+		closeDevNull(1)
 		b, _ := os.ReadFile(filepath.Join(ctl, "relayd_not_sent"))
 		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		return n > 0
@@ -310,15 +347,25 @@ func TestE2ERelaydLive(t *testing.T) {
 			t.Fatalf("live view printed no event in a minute\nbabeltrace2: %s\nrecord: %s\nrelayd log:\n%s", viewErr.String(), recOut.String(), r.LogTail(30))
 		}
 	}
+	// Live: more events show while record still runs. They come a live
+	// timer and a viewer's poll later, a second or more in a TCG guest;
+	// a viewer that is not live shows none in a minute. Record is looked
+	// at after each count: events that came with its end do not show
+	// the view live.
 	n1 := count()
-	time.Sleep(time.Second)
-	select {
-	case err := <-recDone:
-		t.Fatalf("record ended before the live check: %v\n%s", err, recOut.String())
-	default:
-	}
-	if n2 := count(); n2 <= n1 {
-		t.Fatalf("live view: %d events, a second later %d: not live\n%s", n1, n2, viewErr.String())
+	for end := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		n2 := count()
+		select {
+		case err := <-recDone:
+			t.Fatalf("record ended before the live check: %v\n%s", err, recOut.String())
+		default:
+		}
+		if n2 > n1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("live view: %d events, still %d a minute later: not live\n%s", n1, n2, viewErr.String())
+		}
 	}
 	// The session runs until the viewer has been seen live (starting
 	// babeltrace2 in a TCG guest takes seconds), then ends with Ctrl-C.
@@ -350,8 +397,11 @@ func TestE2EReportFollow(t *testing.T) {
 	testenv.RequireRoot(t)
 	bin := testenv.KconsumeBin(t)
 	out := filepath.Join(t.TempDir(), "t")
+	// No --duration: report --follow, started beside it, must print while
+	// it records, which in a TCG guest can take longer than any fixed
+	// one. It ends with Ctrl-C once that was seen.
 	rec := exec.Command(bin, "record", "-q", "-o", out, "--session", "follow"+uniq, "--live-timer", "200ms", "-e", "syscalls:sys_enter_getpid",
-		"--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K", "--duration", "4s")
+		"--pid", strconv.Itoa(os.Getpid()), "--subbuf-size", "4K")
 	var recOut testenv.Output
 	rec.Stdout, rec.Stderr = &recOut, &recOut
 	if err := rec.Start(); err != nil {
@@ -359,6 +409,8 @@ func TestE2EReportFollow(t *testing.T) {
 	}
 	recDone := make(chan error, 1)
 	go func() { recDone <- rec.Wait() }()
+	// A test that fails early must not leave it.
+	defer func() { _ = rec.Process.Kill() }()
 	stop := make(chan struct{})
 	genDone := make(chan struct{})
 	go func() {
@@ -393,23 +445,34 @@ func TestE2EReportFollow(t *testing.T) {
 		t.Fatalf("record ended before report --follow printed: %v\n%s", err, recOut.String())
 	default:
 	}
+	if err := rec.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-recDone; err != nil {
 		t.Fatalf("record: %v\n%s", err, recOut.String())
 	}
 	close(stop)
-	time.Sleep(3 * followPeriod)
+	whole, code := shell(t, bin+" report "+out)
+	if code != 0 {
+		t.Fatalf("report: %d %s", code, whole)
+	}
+	want := strings.Split(strings.TrimSpace(whole), "\n")
+	// report --follow reads the finished trace's last packets at its
+	// next round, a followPeriod away, or several on a loaded or slow
+	// machine: wait until it printed as many lines as report did, and no
+	// longer than a minute, as a follow that missed events never does.
+	for end := time.Now().Add(time.Minute); strings.Count(folOut.String(), "\n") < len(want); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("report --follow printed %d lines in a minute after record ended, report %d", strings.Count(folOut.String(), "\n"), len(want))
+		}
+	}
 	if err := fol.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
 	if err := fol.Wait(); err != nil {
 		t.Fatalf("report --follow: %v\n%s", err, folErr.String())
 	}
-	whole, code := shell(t, bin+" report "+out)
-	if code != 0 {
-		t.Fatalf("report: %d %s", code, whole)
-	}
 	got := strings.Split(strings.TrimSpace(folOut.String()), "\n")
-	want := strings.Split(strings.TrimSpace(whole), "\n")
 	slices.Sort(got)
 	slices.Sort(want)
 	if len(want) < 10 || !slices.Equal(got, want) {

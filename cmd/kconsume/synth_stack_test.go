@@ -27,12 +27,12 @@ func TestRecordBPFStack(t *testing.T) {
 	old := controlRoot
 	controlRoot = t.TempDir()
 	t.Cleanup(func() { controlRoot = old })
-	out, done := recordExample(t, "stack", "stack")
+	out, end := recordExample(t, "stack", "stack")
 	for i := 0; i < 50; i++ {
 		unix.Getpid()
 	}
-	if c := <-done; c != 0 {
-		t.Fatalf("record exit %d", c)
+	if c, o := end(); c != 0 {
+		t.Fatalf("record exit %d\n%s", c, o)
 	}
 	b, err := exec.Command(bt2, out).CombinedOutput()
 	if err != nil {

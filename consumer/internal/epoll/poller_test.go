@@ -85,35 +85,51 @@ func TestWakeFromAnotherGoroutine(t *testing.T) {
 }
 
 // TestEarlyWakeDisarms ends a Wait before its timeout; the timeout must
-// not end a later Wait. The wake comes long before the timeout (a TCG
-// guest once took over 40 ms to run a goroutine due after 5), and the
-// later Wait lasts past the time the first timeout would have fired.
+// not end a later Wait. The Wake comes once the Wait has armed its
+// timeout, seen in the kernel's timerfd, and the timeout is an hour: the
+// order is certain on a machine of any speed, where a wake due after
+// 5 ms against a 1 s timeout was only likely (a TCG guest once took over
+// 40 ms to run a goroutine due after 5). The Wait that returns must
+// leave the timerfd disarmed, with no expiry pending, read back from the
+// kernel.
 func TestEarlyWakeDisarms(t *testing.T) {
 	p, err := New()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
+	due := func() time.Duration {
+		var cur unix.ItimerSpec
+		if err := unix.TimerfdGettime(p.tfd, &cur); err != nil {
+			t.Error(err)
+		}
+		return time.Duration(cur.Value.Nano())
+	}
 	events := make([]unix.EpollEvent, 2)
-	const timeout = time.Second
-	t0 := time.Now()
+	woke := make(chan bool, 1)
 	go func() {
-		time.Sleep(5 * time.Millisecond)
+		// armed is false when a minute passed with no timeout armed:
+		// woken anyway, so that the Wait ends and the test fails.
+		armed := false
+		for end := time.Now().Add(time.Minute); !armed && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			armed = due() > 0
+		}
 		p.Wake()
+		woke <- armed
 	}()
-	if got, err := p.Wait(events, nil, timeout); err != nil || !slices.Equal(got, []int32{WakeID}) {
-		t.Fatalf("first Wait = %v, %v after %v", got, err, time.Since(t0))
+	got, err := p.Wait(events, nil, time.Hour)
+	if !<-woke {
+		t.Fatal("Wait armed no timeout in a minute")
 	}
-	wake := t0.Add(timeout + 200*time.Millisecond)
-	go func() {
-		time.Sleep(time.Until(wake))
-		p.Wake()
-	}()
-	got, err := p.Wait(events, nil, -1)
 	if err != nil || !slices.Equal(got, []int32{WakeID}) {
-		t.Fatalf("second Wait = %v, %v after %v: the first Wait's timeout ended it", got, err, time.Since(t0))
+		t.Fatalf("first Wait = %v, %v", got, err)
 	}
-	if time.Now().Before(wake) {
-		t.Fatalf("second Wait returned after %v, before the Wake", time.Since(t0))
+	if d := due(); d != 0 {
+		t.Fatalf("after a Wait ended by a Wake its timeout is still due in %v: it would end a later Wait", d)
+	}
+	// Nothing ready is left over either: a later Wait that must not
+	// sleep returns nothing.
+	if got, err := p.Wait(events, nil, 0); err != nil || len(got) != 0 {
+		t.Fatalf("a later Wait = %v, %v; want nothing", got, err)
 	}
 }
