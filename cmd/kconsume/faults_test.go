@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -126,7 +127,7 @@ func (r *recording) wait(t *testing.T) int {
 	return -1
 }
 
-var summaryTotals = regexp.MustCompile(`(?m)^(\d+) events recorded \([^)]*\) in \S+, (\d+) discarded$`)
+var summaryTotals = regexp.MustCompile(`(?m)^(\d+) events recorded \([^)]*\) in \S+, (\d+) discarded(, up to \d+ more missed.*)?$`)
 
 // summaryCounts returns the events record's summary says it recorded and
 // discarded, failing t without a summary.
@@ -189,11 +190,17 @@ func TestFaultRelaydKilledLocalWhole(t *testing.T) {
 	getpids(t, n)
 	r.Kill()
 	getpids(t, n)
+	// record says so once a send fails, which a slow guest may reach only
+	// after the floods: as a user would, wait for it before Ctrl-C.
+	said := false
+	for deadline := time.Now().Add(time.Minute); !said && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		said = strings.Contains(rec.out.String(), "relayd lost, recording goes on into "+local)
+	}
 	if code := rec.stop(t); code != 0 {
 		t.Fatalf("record: exit %d\n%s", code, rec.out.String())
 	}
-	if !strings.Contains(rec.out.String(), "relayd lost, recording goes on into "+local) {
-		t.Errorf("record did not say relayd was lost:\n%s", rec.out.String())
+	if !said {
+		t.Errorf("record did not say relayd was lost within a minute:\n%s", rec.out.String())
 	}
 	checkTrace(t, "local copy", local, 2*n, rec.out.String())
 	_, notSent := relaydCounts(t, rec.out.String())
