@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -73,20 +74,7 @@ func TestE2ERelayd(t *testing.T) {
 	b.Stdout, b.Stderr = &bOut, &bOut
 	// Both record getpid calls of the test's, made all along: a quiet
 	// machine may switch no task in a's 2 s, or in b's time.
-	stop := make(chan struct{})
-	genDone := make(chan struct{})
-	go func() {
-		defer close(genDone)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-				unix.Getpid()
-			}
-		}
-	}()
-	defer func() { close(stop); <-genDone }()
+	defer getpidsEvery()()
 	if err := a.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -411,27 +399,8 @@ func TestE2EReportFollow(t *testing.T) {
 	go func() { recDone <- rec.Wait() }()
 	// A test that fails early must not leave it.
 	defer func() { _ = rec.Process.Kill() }()
-	stop := make(chan struct{})
-	genDone := make(chan struct{})
-	go func() {
-		defer close(genDone)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(10 * time.Millisecond):
-				unix.Getpid()
-			}
-		}
-	}()
-	defer func() {
-		select {
-		case <-stop:
-		default:
-			close(stop)
-		}
-		<-genDone
-	}()
+	stop := getpidsEvery()
+	defer stop()
 	fol := exec.Command(bin, "report", "--follow", out)
 	var folOut, folErr testenv.Output
 	fol.Stdout, fol.Stderr = &folOut, &folErr
@@ -451,7 +420,7 @@ func TestE2EReportFollow(t *testing.T) {
 	if err := <-recDone; err != nil {
 		t.Fatalf("record: %v\n%s", err, recOut.String())
 	}
-	close(stop)
+	stop()
 	whole, code := shell(t, bin+" report "+out)
 	if code != 0 {
 		t.Fatalf("report: %d %s", code, whole)
@@ -488,4 +457,23 @@ func closeDevNull(n int) {
 			f.Close()
 		}
 	}
+}
+
+// getpidsEvery makes a getpid call every 10 ms, events for a recording to
+// wait on, until the function it returns is called (once or more).
+func getpidsEvery() (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-quit:
+				return
+			case <-time.After(10 * time.Millisecond):
+				unix.Getpid()
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(quit); <-done }) }
 }
