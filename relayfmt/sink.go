@@ -244,11 +244,40 @@ func (s *DirSink) hold(n int64) error {
 		}
 		s.reserve = f
 	}
-	if err := unix.Fallocate(int(s.reserve.Fd()), 0, s.held, n); err != nil {
+	if err := allocate(s.reserve, s.held, n); err != nil {
 		return fmt.Errorf("room for a last packet: %w", err)
 	}
 	s.held += n
 	return nil
+}
+
+// allocate gives f disk blocks for its n bytes from off: fallocate(2),
+// again when a signal interrupted it (the Go runtime's preemption signal
+// does, on a large range), or zeros written where the file system has no
+// fallocate (EOPNOTSUPP: NFS before 4.2, some FUSE file systems). It
+// fails when the disk has no such room.
+func allocate(f *os.File, off, n int64) error {
+	for {
+		err := unix.Fallocate(int(f.Fd()), 0, off, n)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS):
+			zeros := make([]byte, min(n, 1<<20))
+			for done := int64(0); done < n; {
+				k := min(n-done, int64(len(zeros)))
+				if _, err := f.WriteAt(zeros[:k], off+done); err != nil {
+					return err
+				}
+				done += k
+			}
+			return nil
+		default:
+			return err
+		}
+	}
 }
 
 // WriteFinal frees the room set aside for stream name and appends packets
