@@ -25,6 +25,10 @@ import (
 // both paths on one kernel.
 var noBTFEvents = false
 
+// renameBTFAnyway keeps task_rename on its BTF program where programs run
+// preemptibly too, for the tests that check its fields against ftrace.
+var renameBTFAnyway = false
+
 // btfEvent is an event a tp_btf program of the recorder builds: the
 // layouts it can build, as struct trace_event_raw_* lays them out, each
 // ending at its last field.
@@ -105,7 +109,7 @@ func btfShape(f *tracefs.Format) (*btfEvent, int) {
 		if e.system != f.System || e.name != f.Name {
 			continue
 		}
-		if e.name == "task_rename" && (preemptible().On || forcePreemptible) {
+		if e.name == "task_rename" && (preemptible().On || forcePreemptible) && !renameBTFAnyway {
 			// __set_task_comm calls it with preemption on (it takes no
 			// task_lock since 6.13): where tp_btf programs run
 			// preemptibly (preempt.go), its perf tracepoint, which keeps
