@@ -162,6 +162,8 @@ func (r *recorder) newAreaRing(i int) *ringbuf {
 		vmask:    areaLapMask,
 		lapShift: uint(bits.TrailingZeros64(size)),
 		area:     true,
+		rec:      r,
+		idx:      i,
 	}
 	rb.cons = atomic.LoadUint64(rb.consPos)
 	return rb

@@ -448,6 +448,7 @@ func (d *drainer) flushAll() {
 func (d *drainer) placeMissed() {
 	all, lost := d.rec.missed()
 	d.loss.placeMissed(d.streams[0], all, lost)
+	d.rec.keep.placed(0, d.loss.missedPlaced)
 }
 
 // close releases the sources and the poller; the goroutine must have

@@ -286,6 +286,9 @@ func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 		if c := binary.LittleEndian.Uint64(e[pktContent:]) / 8; c >= relayfmt.PacketHeaderSize && c <= p.esize {
 			clear(e[c:])
 		}
+		// The ledger first: a kill before the packet is written
+		// counts it lost, one after it never counts it twice.
+		p.rec.keep.took(p.cpu, p.got+cw>>32, p.cons+p.esize)
 		ok, err := w.ch.PutPacket(st.idx, e, cw>>32)
 		if !ok && err == nil {
 			if cutoff != ^uint64(0) {
@@ -343,6 +346,7 @@ func (p *pktRing) skipAll() {
 			return
 		}
 		p.release(e)
+		p.rec.keep.took(p.cpu, p.got, p.cons)
 	}
 }
 

@@ -76,6 +76,9 @@ type recorder struct {
 	userTP    bool
 	injectMu  sync.Mutex
 	injectRec *gen.RingbufKcInjectRec
+	// keep is what the recording keeps for a recover after a kill
+	// (crash.go), nil when it keeps nothing.
+	keep *crashKeep
 }
 
 // loadOpts replaces the recorder by another object built on kconsume.h
@@ -760,6 +763,8 @@ func objectsMissed(objs []*object) (n uint64) {
 // idempotent.
 func (r *recorder) close() {
 	_ = r.detach()
+	r.keep.release()
+	r.keep = nil
 	for _, m := range r.rings {
 		_ = m.Close()
 	}

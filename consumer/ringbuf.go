@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -44,6 +45,11 @@ type ringbuf struct {
 	lapShift uint   // position >> lapShift is the lap (64: none)
 	area     bool
 	got      uint64 // records read, discarded ones not counted; rewind takes back
+	// A kc_area ring's recorder and stream, and the records released
+	// to the writers so far: its ledger (crash.go) keeps them.
+	rec      *recorder
+	idx      int
+	released uint64
 }
 
 // newRingbuf maps the ring buffer map fd with a data area of size bytes.
@@ -132,9 +138,31 @@ func (r *ringbuf) producer() uint64 { return atomic.LoadUint64(r.prodPos) }
 // reading that position.
 func (r *ringbuf) release(pos uint64) {
 	if r.area {
-		r.zero(atomic.LoadUint64(r.consPos), pos)
+		old := atomic.LoadUint64(r.consPos)
+		if r.rec.keep != nil && pos > old {
+			// The ledger before the zeroes: a kill after it finds
+			// these records counted, one before it in the ring.
+			r.released += areaRecords(r.data, r.mask, old, pos)
+			r.rec.keep.took(r.idx, r.released, pos)
+		}
+		r.zero(old, pos)
 	}
 	atomic.StoreUint64(r.consPos, pos)
+}
+
+// areaRecords returns the records, padding not counted, of the kc_area
+// ring data between positions from and to, which must hold finished
+// records only.
+func areaRecords(data []byte, mask, from, to uint64) uint64 {
+	var n uint64
+	for p := from; p < to; {
+		hdr := binary.LittleEndian.Uint32(data[p&mask:])
+		if hdr&rbDisc == 0 {
+			n++
+		}
+		p += (uint64(hdr&^(rbBusy|rbDisc)) + rbHdrLen + 7) &^ 7
+	}
+	return n
 }
 
 // zero clears the bytes of a kc_area ring between positions from and to.

@@ -72,6 +72,9 @@ type Session struct {
 	// final holds the counts at Close; Stats, which the control server
 	// may call while Close runs, reads it.
 	final atomic.Pointer[[]CPUStats]
+	// keepErr says why a kill of this recording would lose what it
+	// holds uncounted (crash.go), nil when recover would count it.
+	keepErr error
 }
 
 // New loads and attaches the recorder for cfg and starts draining; the
@@ -287,8 +290,17 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 	}
 	s.w = &writer{ch: s.ch, global: cfg.Global}
 	s.dr.setWriter(s.w)
+	s.keepErr = errors.New("no local directory")
+	if cfg.Dir != "" && (opts == nil || opts.spec == nil) {
+		s.rec.keep, s.keepErr = keepForRecover(s.rec, cfg.Dir)
+	}
 	return s, nil
 }
+
+// KillCounted returns nil when kconsume recover, run on this recording's
+// directory after the recording was killed, would count the events lost
+// with it; else why it would not.
+func (s *Session) KillCounted() error { return s.keepErr }
 
 func chooseTransport(t Transport) (Transport, error) {
 	rbErr := features.HaveMapType(ebpf.RingBuf)

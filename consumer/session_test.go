@@ -40,6 +40,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	testenv.RemoveBin()
+	testenv.SweepPins()
 	os.Exit(code)
 }
 

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -180,12 +181,24 @@ func faultRun(t *testing.T, rng *rand.Rand, kind int, seed int64, tally *faultTa
 			t.Fatalf("recover after record was killed: exit %d\n%s", c, o)
 		}
 		events, discarded := traceCounts(t, local)
-		if events+discarded > produced {
-			t.Errorf("after a kill and recover: %d events and %d discarded of %d made", events, discarded, produced)
+		// The recording's pinned counts and rings outlive it:
+		// recover writes what its rings held and counts the rest,
+		// so every event made before the kill is in the trace or
+		// counted there, and none after it (the programs went with
+		// the process).
+		if events+discarded != before {
+			t.Errorf("after a kill and recover: %d events and %d discarded, want %d (made before the kill)", events, discarded, before)
+		}
+		if left, _ := filepath.Glob(filepath.Join(local, consumer.CrashNote)); len(left) > 0 {
+			t.Errorf("recover left the recording's note: %v", left)
+		}
+		if left, _ := filepath.Glob(fmt.Sprintf("/sys/fs/bpf/kconsume/%d-*", rec.cmd.Process.Pid)); len(left) > 0 {
+			t.Errorf("recover left the recording's pins: %v", left)
 		}
 		tally.inTrace += events
 		tally.counted += discarded
-		tally.unrecorded += max(0, produced-events-discarded)
+		tally.uncounted += max(0, before-events-discarded)
+		tally.unrecorded += produced - before
 		return
 	case faultDiskFull:
 		if code != 1 || !strings.Contains(out, "disk full") {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/kconsume/kconsume/consumer"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -138,5 +139,30 @@ func recoverCmd(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, "%s: whole, %d packets\n", r.File, r.Packets)
 		}
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	killed, err := consumer.RecoverKilled(dir)
+	switch {
+	case err != nil:
+		return err
+	case killed == nil:
+		return nil
+	case killed.Uncounted != "":
+		fmt.Fprintf(stdout, "the recording was killed; the events it held then are not counted: %s\n", killed.Uncounted)
+		return nil
+	}
+	var lost, rescued uint64
+	for _, k := range killed.Streams {
+		if k.Rescued > 0 {
+			fmt.Fprintf(stdout, "%s: %d events taken from the recorder's ring and written\n", k.Stream, k.Rescued)
+		}
+		if k.Lost > 0 {
+			fmt.Fprintf(stdout, "%s: %d events the recorder made were lost with the recording, now counted as discarded at the end\n", k.Stream, k.Lost)
+		}
+		lost += k.Lost
+		rescued += k.Rescued
+	}
+	fmt.Fprintf(stdout, "the recording was killed: %d events it held written from its rings, %d lost with it and counted in the trace\n", rescued, lost)
+	return nil
 }
