@@ -3,21 +3,12 @@ package consumer
 import (
 	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
-
-// inGuest reports whether the test runs inside a vmtest guest: the suite
-// sets KCONSUME_VMTEST and the guest's kernel command line carries the
-// run's nonce. Both must hold before a test may offline a CPU.
-func inGuest() bool {
-	cmdline, _ := os.ReadFile("/proc/cmdline")
-	return os.Getenv("KCONSUME_VMTEST") != "" && strings.Contains(string(cmdline), "vmtest.nonce=")
-}
 
 func setOnline(t *testing.T, cpu int, on bool) {
 	t.Helper()
@@ -37,7 +28,7 @@ func setOnline(t *testing.T, cpu int, on bool) {
 // CPU 1's stream: the perf transport reopens the ring of a CPU that comes
 // back, and records left in an offline CPU's ring are still drained.
 func TestCPUHotplug(t *testing.T) {
-	if !inGuest() {
+	if !testenv.InGuest() {
 		t.Skip("offlines a CPU: runs only inside a vmtest guest (make vmtest)")
 	}
 	testenv.RequireRoot(t)

@@ -27,7 +27,8 @@ const getpidsComm = "kc-getpids"
 
 // getpidsChild is the test binary run as the child that makes exactly n
 // getpid calls (KC_GETPIDS=n), on one thread named getpidsComm and
-// pinned to CPU 0, as the C program does. It returns its exit
+// pinned to CPU 0, as the C program does, or to the CPU
+// KC_GETPIDS_CPU names (-1: none). It returns its exit
 // status.
 func getpidsChild(arg string) int {
 	runtime.LockOSThread()
@@ -35,10 +36,18 @@ func getpidsChild(arg string) int {
 	if err != nil {
 		return 2
 	}
-	var set unix.CPUSet
-	set.Set(0)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		return 3
+	cpu := 0
+	if v := os.Getenv("KC_GETPIDS_CPU"); v != "" {
+		if cpu, err = strconv.Atoi(v); err != nil {
+			return 2
+		}
+	}
+	if cpu >= 0 {
+		var set unix.CPUSet
+		set.Set(cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			return 3
+		}
 	}
 	if err := unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&append([]byte(getpidsComm), 0)[0])), 0, 0, 0); err != nil {
 		return 4

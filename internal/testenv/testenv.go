@@ -175,3 +175,12 @@ func LTTngAnalysis(t testing.TB, tool string) string {
 	}
 	return p
 }
+
+// InGuest reports whether the test runs inside a vmtest guest: the suite
+// sets KCONSUME_VMTEST and the guest's kernel command line carries the
+// run's nonce. Both must hold before a test may change the machine's
+// kernel settings, such as offlining a CPU.
+func InGuest() bool {
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	return os.Getenv("KCONSUME_VMTEST") != "" && strings.Contains(string(cmdline), "vmtest.nonce=")
+}
