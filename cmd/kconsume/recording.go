@@ -70,7 +70,15 @@ const gatePause = 15 * time.Millisecond
 // an exitError when the command failed.
 func (r *recorder) run(command []string, duration time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	defer func() {
+		// From here to the exit a Ctrl-C has nothing left to stop:
+		// ignored, it cannot kill the process by its default action
+		// between the summary and the exit status (a recording that
+		// stopped itself on a full disk, say). Ignore before stop,
+		// so that no moment has the default action.
+		signal.Ignore(os.Interrupt, syscall.SIGTERM)
+		stop()
+	}()
 	// Threads started since raisePriority (the session's setup), before
 	// the trace starts: one the monitor started, while the spare threads
 	// settled, would have its value. Best effort, as at each refresh.
