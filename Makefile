@@ -41,8 +41,8 @@ lint:
 	$(GO) tool staticcheck $(PKGS)
 
 # Every benchmark against its baseline, in rounds (A/B/A/B), as one
-# Markdown table printed and written to bench/results.md; see README
-# "Performance". ROUNDS below 5 gives a quick look, not a result.
+# Markdown table printed and written to bench/results.md; see
+# docs/performance.md. ROUNDS below 5 gives a quick look, not a result.
 ROUNDS ?= 5
 bench:
 	$(GO) run ./bench -rounds $(ROUNDS) -o bench/results.md

@@ -417,7 +417,8 @@ func (d *drainer) cutoff() uint64 {
 // at nice -20 it took the CPU from the traced tasks, with a 1 MiB ring
 // (--memory 1408K) hackbench ran 0.77 to 0.88 s instead of 0.50 to 0.63,
 // and the rings, drained in pieces while the producers outran it, lost
-// up to a third of the events instead of none (BENCHMARKS.md, session 22).
+// up to a third of the events instead of none (BENCHMARKS.md,
+// 2026-11-26, 38ca4e7).
 // With a bound, records left behind by a drain would otherwise wait past
 // it for the next record of another process.
 func (d *drainer) drainAll(cutoff uint64) (more bool) {

@@ -108,7 +108,7 @@ var errPreemptible = errors.New("its programs run preemptibly on this kernel, wh
 // where tracing programs run preemptibly on any kernel: tests set it to
 // run them where the kernel does not call for them, and
 // KCONSUME_RAW_FROM_PERF=1 in the environment sets it, to measure what
-// they cost against the same binary without them (README, Performance).
+// they cost against the same binary without them (docs/performance.md).
 var forcePreemptible = os.Getenv("KCONSUME_RAW_FROM_PERF") == "1"
 
 // Preemptible returns whether this kernel runs tracing programs

@@ -10,8 +10,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/golden from the generator")
 
-// goldenDir is a small trace written by writeGolden; the README's Quick
-// start reports it.
+// goldenDir is a small trace written by writeGolden.
 const goldenDir = "testdata/golden/basic"
 
 // writeGolden writes a deterministic trace: fixed UUID, seeded events,

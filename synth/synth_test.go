@@ -346,7 +346,7 @@ func utoa(u uint64) string { return strconv.FormatUint(u, 10) }
 
 // FuzzParse holds the parser on any input: no panic; what it accepts
 // reads back alike and relayfmt takes; and it parts from the kernel's
-// language only where the README says: integer arrays accepted, and
+// language only where docs/synthetic-events.md says: integer arrays accepted, and
 // duplicate, too long, non-ASCII or stack-count names refused.
 func FuzzParse(f *testing.F) {
 	f.Add("wakeup_latency u64 lat; pid_t pid; char comm[16]")

@@ -459,8 +459,7 @@ func TestLTTngPriorities(t *testing.T) {
 			// BPF program ran on the CPU), or the wakeup came while the
 			// machine's own agent thread ran, where an ftrace instance
 			// beside kconsume sees wakeups that no BPF program does,
-			// tracepoint or tp_btf, and no counter counts (session 20's
-			// note). Record again, as TestLTTngFork does.
+			// tracepoint or tp_btf, and no counter counts. Record again, as TestLTTngFork does.
 			var out, o string
 			var lines []string
 			var counts map[string]int
