@@ -69,7 +69,7 @@ func ringOff(off int) int {
 	return off
 }
 
-// maxDyn mirrors KC_MAX_DYN in bpf/kconsume.bpf.c.
+// maxDyn mirrors KC_MAX_DYN (bpf/kc/event.h; TestMirrorsC).
 const maxDyn = 8
 
 // dynRel mirrors KC_DYN_REL.

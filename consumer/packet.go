@@ -39,8 +39,10 @@ import (
 const (
 	pktMinElem  = 16 << 10
 	pktMinElems = 4
-	// pktCommit is the commit word's offset in an element (KC_PKT_COMMIT).
-	pktCommit = 64
+	// pktCommit is the commit word's offset in an element
+	// (KC_PKT_COMMIT): packet_seq_num's place until the channel writes
+	// the number.
+	pktCommit = relayfmt.OffPacketSeqNum
 )
 
 // noPkt turns packet mode off where it would be used, so that tests cover
@@ -111,7 +113,7 @@ func pktEligible(cfg Config, formats []*tracefs.Format, synths int, wake, raw bo
 	return nil
 }
 
-// maxPktOps mirrors KC_MAX_OPS in bpf/kconsume.bpf.c.
+// maxPktOps mirrors KC_MAX_OPS (bpf/kc/event.h; TestMirrorsC).
 const maxPktOps = 16
 
 // BPF steps of kc_ctf_build (KC_OP_*).
@@ -203,9 +205,9 @@ func (r *recorder) flushPktHere(cpu int, now uint64) error {
 // Offsets of the fields the writers write in an element's packet header
 // (relayfmt/FORMAT.md; KC_PKT_BEGIN, KC_PKT_END, KC_PKT_CONTENT).
 const (
-	pktBegin   = 32
-	pktEnd     = 40
-	pktContent = 48
+	pktBegin   = relayfmt.OffTimestampBegin
+	pktEnd     = relayfmt.OffTimestampEnd
+	pktContent = relayfmt.OffContentSize
 )
 
 // pktRing reads a packet-mode ring: whole elements, once their commit

@@ -124,7 +124,7 @@ var noCookie = false
 
 // keyPlaceholder, sizePlaceholder and nrPlaceholder are
 // KC_KEY_PLACEHOLDER, KC_SIZE_PLACEHOLDER and KC_NR_PLACEHOLDER of
-// bpf/kconsume.bpf.c; smallMax is KC_SMALL_MAX.
+// bpf/kc/; smallMax is KC_SMALL_MAX (TestMirrorsC checks them).
 const (
 	keyPlaceholder  = 0x6b634b4559
 	sizePlaceholder = 0x6b6353495a
@@ -501,14 +501,14 @@ func wakeupMask(cfg Config, ncpu int) uint64 {
 }
 
 const (
-	// sampledMax mirrors KC_SAMPLED_MAX in bpf/kconsume.h, the largest
+	// sampledMax mirrors KC_SAMPLED_MAX (bpf/kc/core.h), the largest
 	// ring record a sampled wakeup check may pass over.
 	sampledMax = 256
 	// maxWakeupStride caps the records between two looks at a ring's fill.
 	maxWakeupStride = 64
 )
 
-// Bits of kc_cpu_state.armed (bpf/kconsume.h: KC_ARM_*).
+// Bits of kc_cpu_state.armed (bpf/kc/core.h: KC_ARM_*).
 const (
 	armFill = 1 // wake at the watermark
 	armData = 2 // wake at the first record of another process

@@ -24,7 +24,7 @@ import (
 // skips perf_syscall_enter and trace_call_bpf, a good part of the cost of
 // a traced syscall. LTTng records syscalls the same way.
 
-// sysMax is KC_SYS_MAX of bpf/kconsume.bpf.c: the syscall numbers the
+// sysMax is KC_SYS_MAX (bpf/kc/syscall.h): the syscall numbers the
 // dispatch map covers.
 const sysMax = 1024
 

@@ -30,6 +30,17 @@ const (
 	PacketHeaderSize = 84
 )
 
+// The offsets of the packet header's fields a producer writing packets in
+// place fills (Channel.PutPacket): the BPF writers of packet mode
+// (bpf/kc/pkt.h, KC_PKT_*) write these and keep their commit word where
+// packet_seq_num goes until PutPacket writes it.
+const (
+	OffTimestampBegin = offTimestampBegin
+	OffTimestampEnd   = offTimestampEnd
+	OffContentSize    = offContentSize
+	OffPacketSeqNum   = offPacketSeqNum
+)
+
 // Event header sizes. The compact header is one little-endian uint32: the
 // event id in bits 0-4 and the low 27 bits of the timestamp in bits 5-31.
 // The extended header is a byte whose low 5 bits hold ExtendedID, then a
