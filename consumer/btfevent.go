@@ -178,7 +178,7 @@ func switchStateArg() (bool, error) {
 
 // setupBTF keeps in spec the BTF programs of uses (by program name) and
 // sets their variables in set; it removes the others (the perf object
-// has none). When the kernel cannot run one, it is removed and r.btfErr
+// has none). When the kernel cannot run one, it is removed and r.plan[pathBTF]
 // says why.
 func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses map[string]btfUse) {
 	for _, e := range btfEvents {
@@ -193,7 +193,7 @@ func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses 
 		if e.prog == gen.RingbufProgKcBtfSwitch {
 			arg, err := switchStateArg()
 			if err != nil {
-				r.btfErr = err
+				r.plan[pathBTF] = err
 				delete(spec.Programs, e.prog)
 				continue
 			}
@@ -217,7 +217,7 @@ func (r *recorder) dropBTF(spec *ebpf.CollectionSpec) {
 }
 
 // attachBTF attaches the BTF program loaded for event key and returns
-// its name; or it returns "", saying why in r.btfErr, when none was
+// its name; or it returns "", saying why in r.plan[pathBTF], when none was
 // loaded for key or the kernel refuses it.
 func (r *recorder) attachBTF(key int) string {
 	name := r.btfKeys[key]
@@ -227,7 +227,7 @@ func (r *recorder) attachBTF(key int) string {
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: p})
 	if err != nil {
-		r.btfErr = fmt.Errorf("attaching %s: %w", name, err)
+		r.plan[pathBTF] = fmt.Errorf("attaching %s: %w", name, err)
 		return ""
 	}
 	r.links = append(r.links, l)
@@ -255,5 +255,5 @@ func (s *Session) BTFEvents() (events []string, why error) {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.btfErr
+	return events, s.rec.plan[pathBTF]
 }

@@ -3,8 +3,6 @@ package consumer
 import (
 	"errors"
 	"fmt"
-	"maps"
-	"math/bits"
 	"os"
 	"strconv"
 	"strings"
@@ -13,10 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
-	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
-	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -42,13 +37,11 @@ type recorder struct {
 	running    *ebpf.Variable
 	stateMem   []byte
 	useCookie  bool           // event keys come from attach cookies
+	plan       plan           // why each optional path is not taken (plan.go)
 	preempt    Preemptible    // whether tracing programs run preemptibly here (preempt.go)
 	rawPerf    bool           // the raw syscall path rides on the perf tracepoints (preempt.go)
 	tpProgs    []string       // the recorder copy attached for each event key
-	sysErr     error          // why syscall events are not on the raw syscall path
-	btfErr     error          // why an event is not on the BTF path
 	fentry     map[int]string // event key → its fentry or fexit program copy
-	fentryErr  error          // why syscall events are not on the function path
 	btfKeys    map[int]string // event key → the BTF program loaded for it
 	switchKey  uint32         // wakeup_latency: sched_switch's key and info
 	switchInfo gen.RingbufKcTpInfo
@@ -58,17 +51,13 @@ type recorder struct {
 	objMu     sync.Mutex
 	objMissed uint64
 	area      bool   // the programs write into kc_area rings (area.go)
-	areaErr   error  // why they do not
 	areaMem   []byte // kc_area, mapped
 	pkt       bool   // its elements are packets the writers fill (packet.go)
-	pktErr    error  // why they are not
 	pktElem   int    // their size
 	// userFault is set when kc_sys_user_fault pages in the user memory
-	// of syscall events' user-space fields (sysuser.go); userFaultErr
-	// says why not, where some event has them.
-	userFault    bool
-	userFaultErr error
-	userOn       bool // kc_sys_user is on: some event has user-space fields
+	// of syscall events' user-space fields (sysuser.go).
+	userFault bool
+	userOn    bool // kc_sys_user is on: some event has user-space fields
 	// userRec is set when kc_sys_user_fault, once attached, records the
 	// events it pages memory in for, which then need no tracepoint;
 	// userTP when kc_tracepoint fills user-space fields, for the others.
@@ -131,224 +120,6 @@ const (
 	nrPlaceholder   = 0x6b634e5253
 	smallMax        = 128
 )
-
-// loadRecorder creates the maps and the programs of transport for
-// nevents events: one program told each event's key by the attach
-// cookie, or on kernels before 5.15 one program copy per event with its
-// key patched in. It returns the recorder with its gate closed and its
-// wakeups armed, or the error of the step that failed, having released
-// what it made.
-func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *loadOpts) (_ *recorder, err error) {
-	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport, btfKeys: map[int]string{}, fentry: map[int]string{}}
-	defer func() {
-		if err != nil {
-			r.close()
-		}
-	}()
-	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK (64 KiB by
-	// default), which a few rings exceed; later ones use memcg
-	// accounting and this does nothing.
-	if err := rlimit.RemoveMemlock(); err != nil {
-		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK for BPF maps: %w", err)
-	}
-	var spec *ebpf.CollectionSpec
-	set := map[string]any{}
-	switch {
-	case opts != nil && opts.spec != nil:
-		spec = opts.spec
-		maps.Copy(set, opts.vars)
-	case transport == Perf:
-		spec, err = gen.LoadPerf()
-	default:
-		spec, err = gen.LoadRingbuf()
-	}
-	if err != nil {
-		return nil, err
-	}
-	spec.Maps[gen.RingbufMapKcState].MaxEntries = uint32(2 * ncpu)
-	if m := spec.Maps[gen.RingbufMapKcTpInfoMap]; m != nil {
-		m.MaxEntries = uint32(max(nevents, 1))
-		r.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
-		set[gen.RingbufVarKcUseCookie] = boolU32(r.useCookie)
-		set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
-		set[gen.RingbufVarKcPidBits] = pidBits(cfg.PIDs)
-		set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
-		set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
-		set[gen.RingbufVarKcHooks] = boolU32(opts != nil && opts.hooks)
-		if err := r.copies(spec, nevents, opts); err != nil {
-			return nil, err
-		}
-	}
-	if opts != nil && opts.spec != nil {
-		r.areaErr = errors.New("another producer writes the BPF ring buffers")
-	} else {
-		r.areaErr = areaUsable(cfg, ncpu, transport, cfg.Objects)
-		r.area = r.areaErr == nil
-	}
-	raw := opts != nil && opts.sys
-	if raw {
-		if r.sysErr = r.rawSysPossible(); r.sysErr != nil && cfg.Syscalls == SyscallsRaw {
-			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)
-		}
-	}
-	r.preempt = preemptible()
-	if forcePreemptible {
-		r.preempt = Preemptible{On: true, Why: "forced by a test"}
-	}
-	r.pktErr = errors.New("no events given")
-	if opts != nil && opts.spec == nil {
-		// A kernel that refuses the raw syscall programs' load refuses
-		// packet mode's first: the fallbacks below drop it before them.
-		r.pktErr = opts.pktTP
-		if raw && r.sysErr == nil {
-			r.pktErr = opts.pktRaw
-		}
-	}
-	if !r.area {
-		r.pktErr = fmt.Errorf("no kc_area rings: %w", r.areaErr)
-	}
-	r.pkt = r.pktErr == nil
-	if r.area {
-		setupArea(spec, set, cfg, ncpu, gen.RingbufMapKcArea, r.pkt)
-		if r.pkt {
-			r.pktElem, _ = pktShape(cfg)
-		}
-	} else {
-		stripArea(spec)
-	}
-	if transport == Ringbuf {
-		rings := spec.Maps[gen.RingbufMapKcRings]
-		rings.MaxEntries = uint32(ncpu)
-		rings.InnerMap.MaxEntries = uint32(r.ringSize())
-		set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
-		if r.pkt {
-			// A packet is what the drainer takes: waking it for less
-			// would wake it for nothing.
-			set[gen.RingbufVarKcWakeupBytes] = uint64(max(cfg.Watermark, r.pktElem))
-		}
-		set[gen.RingbufVarKcWakeupMask] = wakeupMask(cfg, ncpu)
-	} else {
-		spec.Maps[gen.PerfMapKcPerf].MaxEntries = uint32(ncpu)
-	}
-	if spec.Variables[gen.RingbufVarKcSelfTgid] != nil {
-		set[gen.RingbufVarKcSelfTgid] = uint32(os.Getpid())
-	}
-	set[gen.RingbufVarKcClock] = uint32(cfg.Clock)
-	set[gen.RingbufVarKcGlobal] = boolU32(cfg.Global)
-	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
-		if !raw || r.sysErr != nil {
-			dropRawSys(spec)
-		} else {
-			r.rawPerf = r.preempt.On
-			rawFromPerf(spec, r.rawPerf)
-			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
-		}
-	}
-	if spec.Programs[gen.RingbufProgKcSysFentry] != nil {
-		var evs []sysEvent
-		if opts != nil {
-			evs = opts.sysEvents
-		}
-		if err := r.fentryCopies(spec, evs); err != nil {
-			return nil, err
-		}
-		if len(r.fentry) > 0 {
-			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
-		}
-	}
-	var uses map[string]btfUse
-	if opts != nil {
-		uses = opts.btf
-	}
-	r.setupBTF(spec, set, uses)
-	r.setupUserFault(spec, opts != nil && opts.user, opts != nil && opts.userNr)
-	for name, v := range set {
-		vs := spec.Variables[name]
-		if vs == nil {
-			return nil, fmt.Errorf("BPF object has no variable %s", name)
-		}
-		if err := vs.Set(v); err != nil {
-			return nil, fmt.Errorf("setting %s: %w", name, err)
-		}
-	}
-	r.coll, err = ebpf.NewCollection(spec)
-	if err != nil && spec.Programs[gen.RingbufProgKcSysUserFault] != nil {
-		// Paging user memory in is the newest part: the first to go.
-		r.userFaultErr = fmt.Errorf("loading: %w", err)
-		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
-		r.userRec, r.userTP = false, r.userOn
-		r.setUserVars(spec)
-		r.coll, err = ebpf.NewCollection(spec)
-	}
-	if err != nil && r.pkt {
-		// Packet mode is the newest writer of all.
-		r.pkt, r.pktErr = false, fmt.Errorf("loading: %w", err)
-		elem, count := areaShape(cfg.RingSize)
-		r.pktElem = 0
-		for name, v := range map[string]any{gen.RingbufVarKcPktOn: uint32(0), gen.RingbufVarKcWakeupBytes: uint64(cfg.Watermark), gen.RingbufVarKcAreaEsize: uint64(elem),
-			gen.RingbufVarKcAreaEshift: uint32(bits.TrailingZeros(uint(elem))), gen.RingbufVarKcAreaKmask: uint32(count - 1)} {
-			if err := spec.Variables[name].Set(v); err != nil {
-				return nil, fmt.Errorf("setting %s: %w", name, err)
-			}
-		}
-		spec.Maps[gen.RingbufMapKcArea].ValueSize = uint32(elem)
-		spec.Maps[gen.RingbufMapKcArea].MaxEntries = uint32(ncpu * count)
-		r.coll, err = ebpf.NewCollection(spec)
-	}
-	if err != nil && r.area {
-		// The own rings are an optimisation, and the newest code: the
-		// first to go when the kernel refuses the recorder.
-		r.area, r.areaErr = false, fmt.Errorf("loading: %w", err)
-		r.pkt, r.pktErr = false, fmt.Errorf("no kc_area rings: %w", r.areaErr)
-		spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(cfg.RingSize)
-		if err := spec.Variables[gen.RingbufVarKcAreaOn].Set(uint32(0)); err != nil {
-			return nil, fmt.Errorf("setting %s: %w", gen.RingbufVarKcAreaOn, err)
-		}
-		stripArea(spec)
-		r.coll, err = ebpf.NewCollection(spec)
-	}
-	if err != nil && len(r.fentry) > 0 && cfg.Syscalls == SyscallsFentry {
-		return nil, fmt.Errorf("fentry syscall path: loading the BPF recorder: %w", err)
-	}
-	if err != nil && len(r.fentry) > 0 {
-		// The function path is an optimisation too.
-		r.fentryErr = fmt.Errorf("loading: %w", err)
-		r.dropFentry(spec)
-		r.coll, err = ebpf.NewCollection(spec)
-	}
-	if err != nil && spec.Programs[gen.RingbufProgKcSysEnter] != nil && cfg.Syscalls != SyscallsRaw {
-		// The raw syscall path is an optimisation: a kernel that refuses
-		// it records syscall events through their tracepoints.
-		r.sysErr = fmt.Errorf("loading: %w", err)
-		dropRawSys(spec)
-		r.coll, err = ebpf.NewCollection(spec)
-	}
-	if err != nil && len(r.btfKeys) > 0 {
-		// So is the BTF event path.
-		r.btfErr = fmt.Errorf("loading: %w", err)
-		r.dropBTF(spec)
-		r.coll, err = ebpf.NewCollection(spec)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("loading the BPF recorder: %w", err)
-	}
-	if r.area {
-		if err := r.mapArea(); err != nil {
-			return nil, err
-		}
-	}
-	r.running = r.coll.Variables[gen.RingbufVarKcRunning]
-	state := r.coll.Maps[gen.RingbufMapKcState]
-	r.stateMem, err = unix.Mmap(state.FD(), 0, roundPage(2*ncpu*cpuStateLen), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("mapping kc_state: %w", err)
-	}
-	r.arm(cfg.Latency > 0) // the drainer starts asleep
-	if opts != nil && opts.spec != nil {
-		return r, nil
-	}
-	return r, r.setFilters()
-}
 
 // copies makes the recorder's program copies in spec. With attach
 // cookies: kc_tracepoint for every event, plus kc_tp_sN for the events

@@ -455,7 +455,7 @@ func (s *Session) RawSyscalls() (events []string, why error) {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.sysErr
+	return events, s.rec.plan[pathRawSys]
 }
 
 // FentrySyscalls returns the syscall events recorded through the
@@ -467,18 +467,18 @@ func (s *Session) FentrySyscalls() (events []string, why error) {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.fentryErr
+	return events, s.rec.plan[pathFentry]
 }
 
 // OwnRings returns nil when the recorder's programs write into its own
 // rings (kc_area, area.go), or why they write into BPF ring buffers or
 // perf buffers.
-func (s *Session) OwnRings() error { return s.rec.areaErr }
+func (s *Session) OwnRings() error { return s.rec.plan[pathOwnRings] }
 
 // Packets returns nil when the recorder's programs write the trace's
 // packets themselves (packet mode, packet.go), so the drainer reads no
 // record, or why they do not.
-func (s *Session) Packets() error { return s.rec.pktErr }
+func (s *Session) Packets() error { return s.rec.plan[pathPackets] }
 
 // Events returns the formats of the recorded tracepoints.
 func (s *Session) Events() []*tracefs.Format { return s.events }

@@ -119,8 +119,8 @@ func taskBTF() bool {
 // kc_sys_exit as needed. It returns, per event key, the program that
 // records the event, or "" for the events left to their tracepoints.
 // When the function path fails to attach, its events take the raw path
-// and r.fentryErr says why; when the raw path fails, its events keep
-// their tracepoints and r.sysErr says why. With Config.Syscalls
+// and r.plan[pathFentry] says why; when the raw path fails, its events keep
+// their tracepoints and r.plan[pathRawSys] says why. With Config.Syscalls
 // SyscallsFentry or SyscallsRaw, that path's failure is the error
 // returned instead.
 func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
@@ -129,7 +129,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 		if r.cfg.Syscalls == SyscallsFentry {
 			return nil, fmt.Errorf("fentry syscall path: %w", err)
 		}
-		r.fentryErr = err
+		r.plan[pathFentry] = err
 	}
 	if r.coll.Programs[gen.RingbufProgKcSysEnter] == nil {
 		return progs, nil
@@ -153,7 +153,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 		rawKeys = append(rawKeys, i)
 		k := gen.RingbufKcSysKey{Key: uint32(i + 1), Id: uint16(f.ID), Size: uint16(f.FixedSize())}
 		if err := keys.Put(slot, k); err != nil {
-			r.sysErr = fmt.Errorf("dispatching %s: %w", f.FullName(), err)
+			r.plan[pathRawSys] = fmt.Errorf("dispatching %s: %w", f.FullName(), err)
 			break
 		}
 		slots = append(slots, slot)
@@ -161,7 +161,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	}
 	var links []link.Link
 	for dir, name := range []string{gen.RingbufProgKcSysEnter, gen.RingbufProgKcSysExit} {
-		if !used[dir] || r.sysErr != nil {
+		if !used[dir] || r.plan[pathRawSys] != nil {
 			continue
 		}
 		var l link.Link
@@ -172,12 +172,12 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			l, err = link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
 		}
 		if err != nil {
-			r.sysErr = fmt.Errorf("attaching %s: %w", name, err)
+			r.plan[pathRawSys] = fmt.Errorf("attaching %s: %w", name, err)
 			break
 		}
 		links = append(links, l)
 	}
-	if r.sysErr != nil {
+	if r.plan[pathRawSys] != nil {
 		for _, l := range links {
 			_ = l.Close()
 		}
@@ -185,7 +185,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			_ = keys.Put(slot, gen.RingbufKcSysKey{})
 		}
 		if r.cfg.Syscalls == SyscallsRaw {
-			return nil, fmt.Errorf("raw syscall path: %w", r.sysErr)
+			return nil, fmt.Errorf("raw syscall path: %w", r.plan[pathRawSys])
 		}
 		for _, i := range rawKeys {
 			progs[i] = ""
@@ -239,7 +239,7 @@ func (r *recorder) fentryPossible(n int) error {
 // __x64_sys_NAME the kernel's BTF has, a copy of kc_sys_fentry (entry
 // events) or kc_sys_fexit (exit events) attached to it, with the event's
 // key and syscall number patched in; it removes the two originals. When
-// the path cannot run, it adds none and r.fentryErr says why; with
+// the path cannot run, it adds none and r.plan[pathFentry] says why; with
 // Config.Syscalls SyscallsFentry that is the error returned, as is a
 // syscall event the path cannot record.
 func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error {
@@ -250,7 +250,7 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 		return nil
 	}
 	fail := func(err error) error {
-		r.fentryErr = err
+		r.plan[pathFentry] = err
 		r.dropFentry(spec)
 		if r.cfg.Syscalls == SyscallsFentry {
 			return fmt.Errorf("%w: fentry syscall path: %w", ErrNotSupported, err)
@@ -271,7 +271,7 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 			if r.cfg.Syscalls == SyscallsFentry {
 				return fail(err)
 			}
-			r.fentryErr = err
+			r.plan[pathFentry] = err
 			continue
 		}
 		if !probed {

@@ -201,7 +201,7 @@ func userFaultProbe() error {
 // setupUserFault readies spec for the recorded events with user-space
 // fields, where need says there are some. It keeps kc_sys_user_fault,
 // made sleepable, where the kernel takes it, else removes it, and
-// r.userFaultErr says why. The program then records those events itself
+// r.plan[pathUserFault] says why. The program then records those events itself
 // (kc_sys_user_rec, r.userRec) unless a cgroup filter, which it cannot
 // test, or Config.Syscalls SyscallsTracepoint keeps them on their
 // tracepoints. kc_tracepoint fills user-space fields (kc_sys_user_on,
@@ -223,7 +223,7 @@ func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
 		}
 	}
 	if !need || err != nil {
-		r.userFaultErr = err
+		r.plan[pathUserFault] = err
 		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
 	} else if ps != nil {
 		ps.Flags |= unix.BPF_F_SLEEPABLE
@@ -251,7 +251,7 @@ func (r *recorder) setUserVars(spec *ebpf.CollectionSpec) {
 // before them. It returns, by event key, the program's name for the
 // events it records itself (r.userRec), which need no tracepoint, and
 // "" for the others. Where it fails, the events are recorded without it
-// and r.userFaultErr says why; but where it was to record them and
+// and r.plan[pathUserFault] says why; but where it was to record them and
 // kc_tracepoint was loaded without the means to fill their fields
 // (r.userTP), it fails with ErrNotSupported.
 func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) ([]string, error) {
@@ -267,7 +267,7 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 			continue
 		}
 		if err := keys.Put(uint32(nr), uint32(i+1)); err != nil {
-			r.userFaultErr = fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err)
+			r.plan[pathUserFault] = fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err)
 			return r.userFailed(formats)
 		}
 		if r.userRec {
@@ -276,7 +276,7 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 	if err != nil {
-		r.userFaultErr = fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err)
+		r.plan[pathUserFault] = fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err)
 		return r.userFailed(formats)
 	}
 	r.links = append(r.links, l)
@@ -289,7 +289,7 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 // to record some that kc_tracepoint cannot then fill.
 func (r *recorder) userFailed(formats []*tracefs.Format) ([]string, error) {
 	if r.userRec && !r.userTP {
-		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.userFaultErr)
+		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.plan[pathUserFault])
 	}
 	return make([]string, len(formats)), nil
 }
@@ -317,5 +317,5 @@ func (s *Session) UserFault() error {
 	if s.rec.userFault {
 		return nil
 	}
-	return s.rec.userFaultErr
+	return s.rec.plan[pathUserFault]
 }

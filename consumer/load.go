@@ -1,0 +1,342 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math/bits"
+	"os"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/gen"
+)
+
+// loading is the state of loadRecorder's steps: the spec being made and
+// the values its variables get.
+type loading struct {
+	spec    *ebpf.CollectionSpec
+	set     map[string]any
+	opts    *loadOpts
+	nevents int
+	raw     bool // some event may take the raw syscall path
+}
+
+// loadRecorder creates the maps and the programs of transport for
+// nevents events: one program told each event's key by the attach
+// cookie, or on kernels before 5.15 one program copy per event with its
+// key patched in. It returns the recorder with its gate closed and its
+// wakeups armed, or the error of the step that failed, having released
+// what it made.
+func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *loadOpts) (_ *recorder, err error) {
+	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport, btfKeys: map[int]string{}, fentry: map[int]string{}}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK (64 KiB by
+	// default), which a few rings exceed; later ones use memcg
+	// accounting and this does nothing.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK for BPF maps: %w", err)
+	}
+	l := &loading{set: map[string]any{}, opts: opts, nevents: nevents, raw: opts != nil && opts.sys}
+	steps := []func(*loading) error{r.baseSpec, r.decide, r.setupRings, r.setupSyscalls, r.setupRest, r.load}
+	for _, step := range steps {
+		if err := step(l); err != nil {
+			return nil, err
+		}
+	}
+	if r.area {
+		if err := r.mapArea(); err != nil {
+			return nil, err
+		}
+	}
+	r.running = r.coll.Variables[gen.RingbufVarKcRunning]
+	state := r.coll.Maps[gen.RingbufMapKcState]
+	r.stateMem, err = unix.Mmap(state.FD(), 0, roundPage(2*ncpu*cpuStateLen), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mapping kc_state: %w", err)
+	}
+	r.arm(cfg.Latency > 0) // the drainer starts asleep
+	if opts != nil && opts.spec != nil {
+		return r, nil
+	}
+	return r, r.setFilters()
+}
+
+// baseSpec takes the object of the transport (or the one opts gives),
+// sizes its per-CPU state and its events' table, and makes the program
+// copies of the events.
+func (r *recorder) baseSpec(l *loading) error {
+	var err error
+	switch {
+	case l.opts != nil && l.opts.spec != nil:
+		l.spec = l.opts.spec
+		maps.Copy(l.set, l.opts.vars)
+	case r.transport == Perf:
+		l.spec, err = gen.LoadPerf()
+	default:
+		l.spec, err = gen.LoadRingbuf()
+	}
+	if err != nil {
+		return err
+	}
+	cfg, set := r.cfg, l.set
+	l.spec.Maps[gen.RingbufMapKcState].MaxEntries = uint32(2 * r.ncpu)
+	m := l.spec.Maps[gen.RingbufMapKcTpInfoMap]
+	if m == nil {
+		return nil
+	}
+	m.MaxEntries = uint32(max(l.nevents, 1))
+	r.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
+	set[gen.RingbufVarKcUseCookie] = boolU32(r.useCookie)
+	set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
+	set[gen.RingbufVarKcPidBits] = pidBits(cfg.PIDs)
+	set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
+	set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
+	set[gen.RingbufVarKcHooks] = boolU32(l.opts != nil && l.opts.hooks)
+	return r.copies(l.spec, l.nevents, l.opts)
+}
+
+// decide fills the plan of the paths this kernel and configuration
+// allow before the load: the own rings, the raw syscall path, packet
+// mode, and whether tracing programs run preemptibly here.
+func (r *recorder) decide(l *loading) error {
+	cfg, opts := r.cfg, l.opts
+	if opts != nil && opts.spec != nil {
+		r.plan[pathOwnRings] = errors.New("another producer writes the BPF ring buffers")
+	} else {
+		r.plan[pathOwnRings] = areaUsable(cfg, r.ncpu, r.transport, cfg.Objects)
+		r.area = r.plan[pathOwnRings] == nil
+	}
+	if l.raw {
+		if r.plan[pathRawSys] = r.rawSysPossible(); r.plan[pathRawSys] != nil && cfg.Syscalls == SyscallsRaw {
+			return fmt.Errorf("raw syscall path: %w", r.plan[pathRawSys])
+		}
+	}
+	r.preempt = preemptible()
+	if forcePreemptible {
+		r.preempt = Preemptible{On: true, Why: "forced by a test"}
+	}
+	r.plan[pathPackets] = errors.New("no events given")
+	if opts != nil && opts.spec == nil {
+		// A kernel that refuses the raw syscall programs' load refuses
+		// packet mode's first: the fallbacks drop it before them.
+		r.plan[pathPackets] = opts.pktTP
+		if l.raw && r.plan[pathRawSys] == nil {
+			r.plan[pathPackets] = opts.pktRaw
+		}
+	}
+	if !r.area {
+		r.plan[pathPackets] = fmt.Errorf("no kc_area rings: %w", r.plan[pathOwnRings])
+	}
+	r.pkt = r.plan[pathPackets] == nil
+	return nil
+}
+
+// setupRings shapes the rings the writers write: kc_area's (with packet
+// mode's elements) or none, and the transport's maps and wakeups.
+func (r *recorder) setupRings(l *loading) error {
+	cfg, spec, set := r.cfg, l.spec, l.set
+	if r.area {
+		setupArea(spec, set, cfg, r.ncpu, gen.RingbufMapKcArea, r.pkt)
+		if r.pkt {
+			r.pktElem, _ = pktShape(cfg)
+		}
+	} else {
+		stripArea(spec)
+	}
+	if r.transport != Ringbuf {
+		spec.Maps[gen.PerfMapKcPerf].MaxEntries = uint32(r.ncpu)
+		return nil
+	}
+	rings := spec.Maps[gen.RingbufMapKcRings]
+	rings.MaxEntries = uint32(r.ncpu)
+	rings.InnerMap.MaxEntries = uint32(r.ringSize())
+	set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
+	if r.pkt {
+		// A packet is what the drainer takes: waking it for less
+		// would wake it for nothing.
+		set[gen.RingbufVarKcWakeupBytes] = uint64(max(cfg.Watermark, r.pktElem))
+	}
+	set[gen.RingbufVarKcWakeupMask] = wakeupMask(cfg, r.ncpu)
+	return nil
+}
+
+// setupSyscalls keeps the raw syscall programs (on the perf tracepoints
+// where tracing programs run preemptibly) or drops them, and makes the
+// function path's program copies.
+func (r *recorder) setupSyscalls(l *loading) error {
+	spec, set := l.spec, l.set
+	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
+		if !l.raw || r.plan[pathRawSys] != nil {
+			dropRawSys(spec)
+		} else {
+			r.rawPerf = r.preempt.On
+			rawFromPerf(spec, r.rawPerf)
+			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
+		}
+	}
+	if spec.Programs[gen.RingbufProgKcSysFentry] == nil {
+		return nil
+	}
+	var evs []sysEvent
+	if l.opts != nil {
+		evs = l.opts.sysEvents
+	}
+	if err := r.fentryCopies(spec, evs); err != nil {
+		return err
+	}
+	if len(r.fentry) > 0 {
+		set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
+	}
+	return nil
+}
+
+// setupRest sets the BTF and user-fault programs up and the variables
+// the steps before chose.
+func (r *recorder) setupRest(l *loading) error {
+	spec, set, opts := l.spec, l.set, l.opts
+	set[gen.RingbufVarKcClock] = uint32(r.cfg.Clock)
+	set[gen.RingbufVarKcGlobal] = boolU32(r.cfg.Global)
+	if spec.Variables[gen.RingbufVarKcSelfTgid] != nil {
+		set[gen.RingbufVarKcSelfTgid] = uint32(os.Getpid())
+	}
+	var uses map[string]btfUse
+	if opts != nil {
+		uses = opts.btf
+	}
+	r.setupBTF(spec, set, uses)
+	r.setupUserFault(spec, opts != nil && opts.user, opts != nil && opts.userNr)
+	return setVars(spec, set)
+}
+
+// setVars gives spec's variables the values of set. It fails for a
+// variable spec does not have.
+func setVars(spec *ebpf.CollectionSpec, set map[string]any) error {
+	for name, v := range set {
+		vs := spec.Variables[name]
+		if vs == nil {
+			return fmt.Errorf("BPF object has no variable %s", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("setting %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// load creates the collection; while the kernel refuses it, it drops the
+// optional paths of fallbacks in their order, newest first, each saying
+// in the plan why it went, and tries again. It fails with the kernel's
+// error when nothing is left to drop, or when the user asked for the
+// path that would go.
+func (r *recorder) load(l *loading) error {
+	var err error
+	r.coll, err = newCollection(l.spec)
+	for _, f := range fallbacks {
+		if err == nil {
+			break
+		}
+		if !f.in(r, l) {
+			continue
+		}
+		if f.asked != nil {
+			if ferr := f.asked(r, err); ferr != nil {
+				return ferr
+			}
+		}
+		r.plan[f.path] = fmt.Errorf("loading: %w", err)
+		if derr := f.drop(r, l); derr != nil {
+			return derr
+		}
+		r.coll, err = newCollection(l.spec)
+	}
+	if err != nil {
+		return fmt.Errorf("loading the BPF recorder: %w", err)
+	}
+	return nil
+}
+
+// newCollection is ebpf.NewCollection; tests make it refuse a spec.
+var newCollection = ebpf.NewCollection
+
+// fallbacks are the optional paths load drops, in order: the newest code
+// first.
+var fallbacks = []fallback{
+	{
+		// Paging user memory in is the newest part: the first to go.
+		path: pathUserFault,
+		in:   func(_ *recorder, l *loading) bool { return l.spec.Programs[gen.RingbufProgKcSysUserFault] != nil },
+		drop: func(r *recorder, l *loading) error {
+			delete(l.spec.Programs, gen.RingbufProgKcSysUserFault)
+			r.userRec, r.userTP = false, r.userOn
+			r.setUserVars(l.spec)
+			return nil
+		},
+	},
+	{
+		// Packet mode is the newest writer of all.
+		path: pathPackets,
+		in:   func(r *recorder, _ *loading) bool { return r.pkt },
+		drop: func(r *recorder, l *loading) error {
+			r.pkt, r.pktElem = false, 0
+			elem, count := areaShape(r.cfg.RingSize)
+			l.spec.Maps[gen.RingbufMapKcArea].ValueSize = uint32(elem)
+			l.spec.Maps[gen.RingbufMapKcArea].MaxEntries = uint32(r.ncpu * count)
+			return setVars(l.spec, map[string]any{gen.RingbufVarKcPktOn: uint32(0), gen.RingbufVarKcWakeupBytes: uint64(r.cfg.Watermark), gen.RingbufVarKcAreaEsize: uint64(elem),
+				gen.RingbufVarKcAreaEshift: uint32(bits.TrailingZeros(uint(elem))), gen.RingbufVarKcAreaKmask: uint32(count - 1)})
+		},
+	},
+	{
+		// The own rings are an optimisation, and newer code than the
+		// rest.
+		path: pathOwnRings,
+		in:   func(r *recorder, _ *loading) bool { return r.area },
+		drop: func(r *recorder, l *loading) error {
+			r.area, r.pkt = false, false
+			r.plan[pathPackets] = fmt.Errorf("no kc_area rings: %w", r.plan[pathOwnRings])
+			l.spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(r.cfg.RingSize)
+			if err := setVars(l.spec, map[string]any{gen.RingbufVarKcAreaOn: uint32(0)}); err != nil {
+				return err
+			}
+			stripArea(l.spec)
+			return nil
+		},
+	},
+	{
+		// The function path is an optimisation too, unless asked for.
+		path: pathFentry,
+		in:   func(r *recorder, _ *loading) bool { return len(r.fentry) > 0 },
+		asked: func(r *recorder, err error) error {
+			if r.cfg.Syscalls == SyscallsFentry {
+				return fmt.Errorf("fentry syscall path: loading the BPF recorder: %w", err)
+			}
+			return nil
+		},
+		drop: func(r *recorder, l *loading) error { r.dropFentry(l.spec); return nil },
+	},
+	{
+		// The raw syscall path is an optimisation: a kernel that
+		// refuses it records syscall events through their
+		// tracepoints. Asked for by name, it is not dropped, and the
+		// next path goes instead.
+		path: pathRawSys,
+		in: func(r *recorder, l *loading) bool {
+			return l.spec.Programs[gen.RingbufProgKcSysEnter] != nil && r.cfg.Syscalls != SyscallsRaw
+		},
+		drop: func(_ *recorder, l *loading) error { dropRawSys(l.spec); return nil },
+	},
+	{
+		// So is the BTF event path.
+		path: pathBTF,
+		in:   func(r *recorder, _ *loading) bool { return len(r.btfKeys) > 0 },
+		drop: func(r *recorder, l *loading) error { r.dropBTF(l.spec); return nil },
+	},
+}
