@@ -355,4 +355,7 @@ func (p *pktRing) skipAll() {
 // lost returns 0: the recorder counts the reservations that failed.
 func (p *pktRing) lost() uint64 { return 0 }
 
+// taken returns the events in the packets taken: the writers count none.
+func (p *pktRing) taken() (uint64, bool) { return p.got, true }
+
 func (p *pktRing) close() { p.data = nil }

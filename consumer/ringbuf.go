@@ -186,6 +186,10 @@ func (r *ringbuf) waiting() uint64 { return r.producer() - atomic.LoadUint64(r.c
 // recorder counts the reservations that failed.
 func (r *ringbuf) lost() uint64 { return 0 }
 
+// taken returns the records read, for a kc_area ring, whose writers do
+// not count them; a BPF ring buffer's writers do.
+func (r *ringbuf) taken() (uint64, bool) { return r.got, r.area }
+
 // skipAll drops everything the ring holds now (reset), up to a record
 // still being written.
 func (r *ringbuf) skipAll() {

@@ -80,13 +80,10 @@ func (d *drainer) stats(ch *relayfmt.Channel) []CPUStats {
 		o.Reordered = st.win.reordered
 		o.Wakeups = st.wakeups
 		o.PerfLost = st.src.lost()
-		if p, ok := st.src.(*pktRing); ok {
-			o.Emitted = p.got
-		}
-		if r, ok := st.src.(*ringbuf); ok && r.area {
-			// kc_area's writers do not count: what the drainer read
+		if n, ok := st.src.taken(); ok {
+			// Writers that do not count: what the drainer read
 			// (records still in the ring are not counted yet).
-			o.Emitted = r.got
+			o.Emitted = n
 		}
 	}
 	return out

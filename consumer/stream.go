@@ -44,6 +44,10 @@ type source interface {
 	skipAll()
 	// lost returns the records the transport itself reported lost.
 	lost() uint64
+	// taken returns the records the source counted as it read them,
+	// and true, where the writers do not count what they emit (kc_area
+	// rings, packet mode); else false.
+	taken() (uint64, bool)
 	close()
 }
 
@@ -98,7 +102,8 @@ func (noSource) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 		w.emit(st, st.win.pop())
 	}
 }
-func (noSource) waiting() uint64 { return 0 }
-func (noSource) skipAll()        {}
-func (noSource) lost() uint64    { return 0 }
-func (noSource) close()          {}
+func (noSource) waiting() uint64       { return 0 }
+func (noSource) skipAll()              {}
+func (noSource) lost() uint64          { return 0 }
+func (noSource) taken() (uint64, bool) { return 0, false }
+func (noSource) close()                {}
