@@ -731,7 +731,7 @@ func TestSummaryLate(t *testing.T) {
 		{[]consumer.CPUStats{{CPU: 0, Emitted: 900}}, late, ""},
 	} {
 		var out bytes.Buffer
-		r := &recorder{stdout: &out, start: time.Now()}
+		r := &recordRun{stdout: &out, start: time.Now()}
 		r.summary(tc.stats, tc.d)
 		got := out.String()
 		if tc.want == "" && strings.Contains(got, "consumer ran") || tc.want != "" && !strings.Contains(got, tc.want) {

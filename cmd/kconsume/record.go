@@ -278,7 +278,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		s.Close()
 		return err
 	}
-	r := &recorder{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay, cmdNice: cmdNice, prio: prio}
+	r := &recordRun{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay, cmdNice: cmdNice, prio: prio}
 	return r.run(o.command, o.duration)
 }
 

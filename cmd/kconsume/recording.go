@@ -27,8 +27,8 @@ func isTerminal(f *os.File) bool {
 	return err == nil
 }
 
-// recorder runs a session to its end and reports on it.
-type recorder struct {
+// recordRun runs a session to its end and reports on it.
+type recordRun struct {
 	s              *consumer.Session
 	srv            *control.Server
 	h              *handler
@@ -68,7 +68,7 @@ const gatePause = 15 * time.Millisecond
 // channel failure (a full disk), then closes the session so every file is
 // whole, and prints the summary. It returns the command's exit status as
 // an exitError when the command failed.
-func (r *recorder) run(command []string, duration time.Duration) error {
+func (r *recordRun) run(command []string, duration time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer func() {
 		// From here to the exit a Ctrl-C has nothing left to stop:
@@ -83,6 +83,63 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	// the trace starts: one the monitor started, while the spare threads
 	// settled, would have its value. Best effort, as at each refresh.
 	_ = r.prio.apply()
+	w := &runWait{command: command, duration: duration, cmdDone: make(chan error, 1), opened: make(chan error, 1)}
+	defer w.close()
+	if err := r.prepare(w); err != nil {
+		r.s.Close()
+		return err
+	}
+	if err := r.armGate(w); err != nil {
+		return r.abort(w, err)
+	}
+	cmdErr, failure, err := r.wait(ctx, w)
+	if err != nil {
+		return r.abort(w, err)
+	}
+	return r.finish(w, cmdErr, failure)
+}
+
+// runWait is what run's steps share: the timers, the held command and
+// the gate.
+type runWait struct {
+	command  []string
+	duration time.Duration
+	end      *timerfd.Timer // the duration's, which closes the gate itself
+	ends     <-chan struct{}
+	later    *timerfd.Timer // a refresh put off
+	held     *heldCmd
+	gate     *timerfd.Timer
+	opened   chan error  // the gate's callback: nil when this goroutine starts the command
+	released atomic.Bool // the held command has its go-ahead
+	cmd      *exec.Cmd   // the command, once it runs
+	cmdDone  chan error
+}
+
+// close releases the timers and the held command's pipe.
+func (w *runWait) close() {
+	for _, t := range []*timerfd.Timer{w.gate, w.end, w.later} {
+		if t != nil {
+			t.Close()
+		}
+	}
+	if w.held != nil {
+		w.held.closePipe()
+	}
+}
+
+// abort kills the held command, closes the session and returns err.
+func (r *recordRun) abort(w *runWait, err error) error {
+	if w.held != nil && w.held.cmd.Process != nil {
+		_ = w.held.cmd.Process.Kill()
+		_ = w.held.cmd.Wait()
+	}
+	r.s.Close()
+	return err
+}
+
+// prepare makes the timers, hands the setup's garbage back, writes the
+// control directory and starts the command held before its exec.
+func (r *recordRun) prepare(w *runWait) error {
 	// The duration and the refresh below wait on timerfds, not Go
 	// timers: a Go timer wakes the runtime's sysmon thread when due,
 	// which then polls every 20 µs until the timer has run, tens of the
@@ -91,121 +148,119 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	// The duration's timer closes the gate itself, on the one thread its
 	// expiry wakes: handing that to this goroutine would first wake a
 	// second thread inside the trace.
-	closeGate := func() { _ = r.s.Stop() }
-	var ends <-chan struct{}
-	var end *timerfd.Timer
-	if duration > 0 {
-		var err error
-		if end, err = timerfd.NewFunc(closeGate); err != nil {
-			r.s.Close()
+	var err error
+	if w.duration > 0 {
+		if w.end, err = timerfd.NewFunc(r.closeGate); err != nil {
 			return err
 		}
-		defer end.Close()
-		ends = end.C()
+		w.ends = w.end.C()
 	}
-	later, err := timerfd.New()
-	if err != nil {
-		r.s.Close()
+	if w.later, err = timerfd.New(); err != nil {
 		return err
 	}
-	defer later.Close()
-	// Setting up allocated the channel's buffers and the BPF objects'
-	// specs: collect that garbage and hand its pages back now, or the
-	// collector's workers and the runtime's scavenger would run after the
-	// gate opens and put the recorder's own context switches and
-	// madvise calls into the trace.
-	//
-	// One P while it does: the collection's end wakes the runtime's
-	// background scavenger, which on a second P would race the call to
-	// return pages, and having returned any, sleeps a second
-	// (runtime/mgcscavenge.go: 1 ms of work at a ratio of 0.001) and
-	// wakes into the trace, sysmon polling with it. On one P it runs
-	// after the call has returned everything, finds nothing and parks.
-	//
-	// Twice: the scavenger may have done work during the setup, before
-	// the first call, and then sleeps its second on a timer that would
-	// fire into the trace. The second call's collection starts by waking
-	// it (finishsweep_m calls scavenger.wake, which readies a sleeping
-	// scavenger too); with nothing left to return it parks without a
-	// timer.
-	procs := runtime.GOMAXPROCS(1)
-	debug.FreeOSMemory()
-	debug.FreeOSMemory()
-	runtime.GOMAXPROCS(procs)
+	freeSetup()
 	// The control directory is written before the gate opens, all but
 	// its state, which must not say running before the programs record:
 	// the gate's callback renames a staged one into place.
 	_ = r.srv.Refresh()
-	var held *heldCmd
-	if len(command) > 0 {
-		var err error
-		if held, err = startHeld(command, r.cmdNice); err != nil {
-			r.s.Close()
+	if len(w.command) > 0 {
+		if w.held, err = startHeld(w.command, r.cmdNice); err != nil {
 			return err
 		}
-		defer held.closePipe()
 	}
-	abort := func(err error) error {
-		if held != nil && held.cmd.Process != nil {
-			_ = held.cmd.Process.Kill()
-			_ = held.cmd.Wait()
-		}
-		r.s.Close()
-		return err
-	}
-	// The gate opens on a timer's thread after a pause, with no system
-	// call of the runtime's on the way: the setup's calls left the
-	// runtime's sysmon polling every 20 µs, and each poll inside the
-	// trace is two of the recorder's context switches. Paused, every P
-	// idles, and sysmon, which looks at least every 10 ms, goes to sleep
-	// until a goroutine next enters a system call. The gate's callback
-	// then makes raw ones alone (the state file's rename, the duration's
-	// timer, the held command's go-ahead), and its thread goes back to
-	// the poller: one switch of the recorder's own opens the trace.
+	return nil
+}
+
+// closeGate stops recording; it runs on a timer's thread or the command
+// waiter's.
+func (r *recordRun) closeGate() { _ = r.s.Stop() }
+
+// freeSetup collects the setup's garbage and hands its pages back.
+//
+// Setting up allocated the channel's buffers and the BPF objects' specs:
+// collected now, or the collector's workers and the runtime's scavenger
+// would run after the gate opens and put the recorder's own context
+// switches and madvise calls into the trace.
+//
+// One P while it does: the collection's end wakes the runtime's
+// background scavenger, which on a second P would race the call to
+// return pages, and having returned any, sleeps a second
+// (runtime/mgcscavenge.go: 1 ms of work at a ratio of 0.001) and wakes
+// into the trace, sysmon polling with it. On one P it runs after the
+// call has returned everything, finds nothing and parks.
+//
+// Twice: the scavenger may have done work during the setup, before the
+// first call, and then sleeps its second on a timer that would fire into
+// the trace. The second call's collection starts by waking it
+// (finishsweep_m calls scavenger.wake, which readies a sleeping
+// scavenger too); with nothing left to return it parks without a timer.
+func freeSetup() {
+	procs := runtime.GOMAXPROCS(1)
+	debug.FreeOSMemory()
+	debug.FreeOSMemory()
+	runtime.GOMAXPROCS(procs)
+}
+
+// armGate sets the timer whose callback opens the gate.
+//
+// The gate opens on a timer's thread after a pause, with no system call
+// of the runtime's on the way: the setup's calls left the runtime's
+// sysmon polling every 20 µs, and each poll inside the trace is two of
+// the recorder's context switches. Paused, every P idles, and sysmon,
+// which looks at least every 10 ms, goes to sleep until a goroutine next
+// enters a system call. The gate's callback then makes raw ones alone
+// (the state file's rename, the duration's timer, the held command's
+// go-ahead), and its thread goes back to the poller: one switch of the
+// recorder's own opens the trace.
+func (r *recordRun) armGate(w *runWait) error {
 	r.s.Prepare()
 	running, err := r.srv.Stage("state", "running")
 	if err != nil {
-		return abort(err)
+		return err
 	}
-	opened := make(chan error, 1)
-	var released atomic.Bool // the held command has its go-ahead
-	gate, err := timerfd.NewFunc(func() {
+	held := w.held
+	w.gate, err = timerfd.NewFunc(func() {
 		if err := r.s.Start(); err != nil {
-			opened <- err
+			w.opened <- err
 			return
 		}
 		if c, ok := ownCPU(); ok {
 			r.cpuAtGate.Store(&c)
 		}
-		if end != nil {
-			_ = end.Reset(duration)
+		if w.end != nil {
+			_ = w.end.Reset(w.duration)
 		}
 		_ = running()
 		switch {
 		case held == nil:
 		case held.pipe != nil:
 			if err := held.release(); err != nil {
-				opened <- fmt.Errorf("starting %s: %w", command[0], err)
+				w.opened <- fmt.Errorf("starting %s: %w", w.command[0], err)
 				return
 			}
-			released.Store(true)
+			w.released.Store(true)
 		default:
-			opened <- nil // this goroutine starts it: no /bin/sh to hold it
+			w.opened <- nil // this goroutine starts it: no /bin/sh to hold it
 		}
 	})
 	if err == nil {
-		err = gate.Reset(gatePause)
+		err = w.gate.Reset(gatePause)
 	}
 	if err != nil {
-		return abort(err)
+		return err
 	}
-	defer gate.Close()
-	var cmd *exec.Cmd
-	cmdDone := make(chan error, 1)
 	if held != nil && held.pipe != nil {
-		cmd = held.cmd
-		go func() { cmdDone <- waitExit(cmd, closeGate) }()
+		w.cmd = held.cmd
+		go func() { w.cmdDone <- waitExit(w.cmd, r.closeGate) }()
 	}
+	return nil
+}
+
+// wait runs until a signal (ctx), the duration, the command's exit or a
+// channel failure, keeping the control directory, the status line and
+// the relayd stream up to date. It returns the command's error, the
+// channel's failure, or an error that aborts the recording.
+func (r *recordRun) wait(ctx context.Context, w *runWait) (cmdErr, failure, err error) {
 	// The live status line, and a stream to relayd (whose loss and
 	// reconnection it reports), tick every second; without them, the
 	// control directory is refreshed after the drainer ran for data, at
@@ -219,8 +274,11 @@ func (r *recorder) run(command []string, duration time.Duration) error {
 	r.lastTick = r.start
 	lastRefresh := time.Now()
 	refreshing := false
-	var cmdErr, failure error
-loop:
+	refresh := func() {
+		refreshing = false
+		r.refresh()
+		lastRefresh = time.Now()
+	}
 	for {
 		// The drainer signals activity after each pass for data, into a
 		// one-slot channel. Received only while it can lead to a refresh,
@@ -231,64 +289,66 @@ loop:
 			activity = nil
 		}
 		select {
-		case err := <-opened:
+		case err := <-w.opened:
 			// nil: the gate is open and the command, not held, is
 			// this goroutine's to start.
 			if err != nil {
-				return abort(err)
+				return nil, nil, err
 			}
-			if err := startAtNice(held.cmd, r.cmdNice); err != nil {
-				return abort(fmt.Errorf("starting %s: %w", command[0], err))
+			if err := startAtNice(w.held.cmd, r.cmdNice); err != nil {
+				return nil, nil, fmt.Errorf("starting %s: %w", w.command[0], err)
 			}
-			cmd = held.cmd
-			go func() { cmdDone <- waitExit(cmd, closeGate) }()
+			w.cmd = w.held.cmd
+			go func() { w.cmdDone <- waitExit(w.cmd, r.closeGate) }()
 		case <-ctx.Done():
-			break loop
-		case <-ends:
-			break loop
-		case cmdErr = <-cmdDone:
-			cmd = nil
-			break loop
+			return nil, nil, nil
+		case <-w.ends:
+			return nil, nil, nil
+		case cmdErr = <-w.cmdDone:
+			w.cmd = nil
+			return cmdErr, nil, nil
 		case <-r.s.Channel().Failed():
-			failure = r.s.Channel().Err()
-			break loop
+			return nil, r.s.Channel().Err(), nil
 		case <-tick:
-			r.refresh()
-			lastRefresh = time.Now()
+			refresh()
 			r.relay.poll(r.stderr, r.live)
 			if r.live {
 				r.status()
 			}
 		case <-activity:
 			if wait := time.Second - time.Since(lastRefresh); wait > 0 {
-				if later.Reset(wait) == nil {
+				if w.later.Reset(wait) == nil {
 					refreshing = true
 				}
 				continue
 			}
-			r.refresh()
-			lastRefresh = time.Now()
-		case <-later.C():
-			refreshing = false
-			r.refresh()
-			lastRefresh = time.Now()
+			refresh()
+		case <-w.later.C():
+			refresh()
 		}
 	}
+}
+
+// finish closes the gate and the session, prints the summary and
+// returns the recording's outcome: a channel failure, the command's
+// exit status (an exitError), or nil.
+func (r *recordRun) finish(w *runWait, cmdErr, failure error) error {
 	// No gate may open after this.
-	gate.Close()
-	if cmd != nil && held.pipe != nil && !released.Load() {
+	w.gate.Close()
+	w.gate = nil
+	if w.cmd != nil && w.held.pipe != nil && !w.released.Load() {
 		// Stopped before the gate opened: the held shell never ran the
 		// command, and would only exit when its pipe closes. waitExit
 		// reaps it.
-		_ = cmd.Process.Kill()
-		cmd = nil
+		_ = w.cmd.Process.Kill()
+		w.cmd = nil
 	}
 	if r.live {
 		fmt.Fprint(r.stderr, "\r\033[K")
 	}
-	if cmd != nil {
+	if w.cmd != nil {
 		// Stopped by a signal or the duration: the command goes on.
-		fmt.Fprintf(r.stderr, "kconsume record: stopped; %s (pid %d) keeps running\n", command[0], cmd.Process.Pid)
+		fmt.Fprintf(r.stderr, "kconsume record: stopped; %s (pid %d) keeps running\n", w.command[0], w.cmd.Process.Pid)
 	}
 	closeErr := r.s.Close()
 	stats, _ := r.s.Stats()
@@ -317,7 +377,7 @@ loop:
 // refresh updates the control directory and gives the threads the
 // runtime started since the last refresh their nice value. Both are best
 // effort: the next refresh tries again.
-func (r *recorder) refresh() {
+func (r *recordRun) refresh() {
 	_ = r.srv.Refresh()
 	_ = r.prio.apply()
 }

@@ -17,7 +17,7 @@ func totals(stats []consumer.CPUStats) (records, bytes, discarded uint64) {
 }
 
 // status rewrites the live line on the terminal.
-func (r *recorder) status() {
+func (r *recordRun) status() {
 	stats, err := r.s.Stats()
 	if err != nil {
 		return
@@ -30,7 +30,7 @@ func (r *recorder) status() {
 }
 
 // summary prints per-CPU counts, losses by layer and advice.
-func (r *recorder) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
+func (r *recordRun) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	w := r.stdout
 	records, bytes, discarded := totals(stats)
 	var unplaced uint64
@@ -138,7 +138,7 @@ func humanBytes(b uint64) string {
 // opening to the summary (draining, writing the trace, the final drain),
 // which the command's time does not include, and what that is per event
 // recorded.
-func (r *recorder) footprint(stats []consumer.CPUStats, used cpuTime) {
+func (r *recordRun) footprint(stats []consumer.CPUStats, used cpuTime) {
 	records, _, _ := totals(stats)
 	all := used.user + used.sys
 	fmt.Fprintf(r.stdout, "kconsume's own CPU while recording: %s (%s user, %s system)", ms(all), ms(used.user), ms(used.sys))
