@@ -54,7 +54,7 @@ func rows() []sectionRow {
 		}
 		if size == 64 {
 			add(drain, row{
-				what: "kconsume drain in packet mode (how a recording drains since session 29): `sys_enter_mmap` events (64 B trace records) that the BPF program wrote as CTF packets, handed to a sink that drops them",
+				what: "kconsume drain in packet mode (how a recording drains by default): `sys_enter_mmap` events (64 B trace records) that the BPF program wrote as CTF packets, handed to a sink that drops them",
 				cmd:  "go test -bench 'DrainPackets/discard' -benchtime 20x ./consumer",
 				fig:  m("DrainPackets/discard", "rec/s"), scale: 1e6, label: "M rec/s",
 				extra:  []extra{{m("DrainPackets/discard", "cpu-ns/rec"), "CPU ns/rec"}},

@@ -1,5 +1,5 @@
 #!/bin/sh
-# ab-stats.sh EVENT PROG 'LOAD' BIN...: BENCHMARKS.md, session 33. For
+# ab-stats.sh EVENT PROG 'LOAD' BIN...: BENCHMARKS.md, 2026-11-27 (47b27d1). For
 # each kconsume binary in turn, records EVENT, runs LOAD pinned to CPU 0,
 # and prints the mean ns a run of the recorder's program PROG, from the
 # kernel's BPF statistics, which bpfstats must hold on meanwhile:

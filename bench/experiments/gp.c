@@ -1,4 +1,4 @@
-/* gp: N getpid calls in a loop; prints the ns per call (BENCHMARKS.md, session 28). */
+/* gp: N getpid calls in a loop; prints the ns per call (BENCHMARKS.md, 2026-11-27, a0e96f3). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

@@ -1,5 +1,5 @@
 #!/bin/sh
-# syscalls-7x.sh: BENCHMARKS.md, session 32. Runs inside a vmtest guest
+# syscalls-7x.sh: BENCHMARKS.md, 2026-11-27 (879b13a). Runs inside a vmtest guest
 # (go run ./vmtest/cmd/vmtest run -kernel newest -- THIS), with two
 # kconsume binaries built on the host at /tmp/kc-old and /tmp/kc-new:
 # the perf-event links and BPF links `record -e 'syscalls:*'` holds, then

@@ -1,5 +1,5 @@
 // Command bpfstats keeps the kernel's BPF run-time statistics on for a
-// while: BENCHMARKS.md, session 33. The statistics stay on only while a
+// while: BENCHMARKS.md, 2026-11-27 (47b27d1). The statistics stay on only while a
 // process holds the file descriptor BPF_ENABLE_STATS returns, so they go
 // off when bpfstats exits, however it exits; the machine's
 // kernel.bpf_stats_enabled setting is never written.
