@@ -45,7 +45,10 @@ func getpidsChild(arg string) int {
 	if cpu >= 0 {
 		var set unix.CPUSet
 		set.Set(cpu)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
+		// A CPU offline just now (TestFaultsHotplug) takes no task:
+		// the worker runs unpinned, as one pinned to it before would
+		// after the kernel moved it.
+		if err := unix.SchedSetaffinity(0, &set); err != nil && (!errors.Is(err, unix.EINVAL) || os.Getenv("KC_GETPIDS_CPU") == "") {
 			return 3
 		}
 	}
