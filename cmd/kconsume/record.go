@@ -44,51 +44,55 @@ type recordOpts struct {
 	niceSet    bool // --nice given
 }
 
-// parseRecord parses record's arguments into options and a session
-// configuration that passed Config.Check. It fails with a usageError
-// naming the bad flag, or flag.ErrHelp.
-func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
-	fs := newFlags("record", recordSynopsis, "kconsume record -o /tmp/t -e sched:sched_switch,syscalls:sys_enter_getpid --duration 5s", stderr)
-	var (
-		o               recordOpts
-		events, comms   listFlag
-		pids            listFlag
-		objects         listFlag
-		subbuf          = sizeFlag(consumer.DefaultSubbufSize)
-		ring            = sizeFlag(consumer.DefaultRingSize)
-		memory          sizeFlag
-		mode, transport string
-		clock, syscalls string
-		cgroup          string
-		nsub            int
-		global          bool
-		latency         time.Duration
-	)
+// recordFlags is what record's flags give the session's configuration,
+// as parsed.
+type recordFlags struct {
+	events, comms, pids, objects     listFlag
+	subbuf, ring, memory             sizeFlag
+	mode, transport, clock, syscalls string
+	cgroup                           string
+	nsub                             int
+	global                           bool
+	latency                          time.Duration
+}
+
+// defineRecordFlags declares record's flags, into o and f.
+func defineRecordFlags(fs *flag.FlagSet, o *recordOpts, f *recordFlags) {
 	fs.StringVar(&o.out, "o", "", "output `directory` (created; must be empty unless --force)")
-	fs.StringVar(&cgroup, "cgroup", "", "record only tasks in this cgroup v2 `directory` and below")
-	fs.IntVar(&nsub, "n-subbufs", consumer.DefaultNSubbufs, "sub-buffers per CPU, at least 2 (where the BPF programs write the packets, the ring holds them and this is not used)")
-	fs.StringVar(&mode, "mode", "discard", "when sub-buffers are full: discard new records, or overwrite the oldest (flight recorder)")
-	fs.BoolVar(&global, "global", false, "one buffer and one stream file for all CPUs")
-	fs.StringVar(&transport, "transport", "auto", "auto, ringbuf (Linux 5.8+) or perf")
-	fs.StringVar(&clock, "clock", "mono", "mono, boot (5.8+) or tai (6.1+)")
-	fs.StringVar(&syscalls, "syscalls", "auto", "how syscalls:* events are recorded: fentry (on each recorded syscall's function: other syscalls pay nothing; for a few events), raw (from sys_enter/sys_exit: cheaper per event, but runs on every syscall), tracepoint (each event's own), or auto (fentry for up to 32 events, else raw, where the kernel allows)")
+	fs.StringVar(&f.cgroup, "cgroup", "", "record only tasks in this cgroup v2 `directory` and below")
+	fs.IntVar(&f.nsub, "n-subbufs", consumer.DefaultNSubbufs, "sub-buffers per CPU, at least 2 (where the BPF programs write the packets, the ring holds them and this is not used)")
+	fs.StringVar(&f.mode, "mode", "discard", "when sub-buffers are full: discard new records, or overwrite the oldest (flight recorder)")
+	fs.BoolVar(&f.global, "global", false, "one buffer and one stream file for all CPUs")
+	fs.StringVar(&f.transport, "transport", "auto", "auto, ringbuf (Linux 5.8+) or perf")
+	fs.StringVar(&f.clock, "clock", "mono", "mono, boot (5.8+) or tai (6.1+)")
+	fs.StringVar(&f.syscalls, "syscalls", "auto", "how syscalls:* events are recorded: fentry (on each recorded syscall's function: other syscalls pay nothing; for a few events), raw (from sys_enter/sys_exit: cheaper per event, but runs on every syscall), tracepoint (each event's own), or auto (fentry for up to 32 events, else raw, where the kernel allows)")
 	fs.DurationVar(&o.duration, "duration", 0, "stop after this long (0: until Ctrl-C or the command's exit)")
-	fs.DurationVar(&latency, "latency", 0, "longest a record of another process waits in a ring before the consumer picks it up (0: no bound, the consumer wakes when a quarter of a ring is full; each bound costs a wakeup per period while data arrives, and keeps the consumer reading records: the BPF programs then write no packets)")
+	fs.DurationVar(&f.latency, "latency", 0, "longest a record of another process waits in a ring before the consumer picks it up (0: no bound, the consumer wakes when a quarter of a ring is full; each bound costs a wakeup per period while data arrives, and keeps the consumer reading records: the BPF programs then write no packets)")
 	fs.BoolVar(&o.force, "force", false, "replace a trace already in the output directory")
 	fs.StringVar(&o.session, "session", "", "session `name` for kconsume ctl (default: the output directory's name)")
 	fs.BoolVar(&o.quiet, "q", false, "no live status line")
 	fs.StringVar(&o.synthFile, "synth", "", "also define the synthetic events in this `file` (one definition per line)")
 	fs.StringVar(&o.metrics, "metrics", "", "serve the per-CPU counters in Prometheus text format at http://`addr`/metrics")
-	fs.Var(&events, "e", "`event`s to record (repeat or separate with commas)")
-	fs.Var(&pids, "pid", "record only these thread or process `id`s (repeat or commas)")
-	fs.Var(&objects, "bpf", "also load this BPF object `file` built on bpf/kc_synth.h and record the synthetic events it declares (repeat or commas)")
-	fs.Var(&comms, "comm", "record only tasks with this command `name` (repeat or commas)")
-	fs.Var(&subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K); where the BPF programs write the packets, a packet is the largest power of two up to it (16K at least)")
-	fs.Var(&ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
+	fs.Var(&f.events, "e", "`event`s to record (repeat or separate with commas)")
+	fs.Var(&f.pids, "pid", "record only these thread or process `id`s (repeat or commas)")
+	fs.Var(&f.objects, "bpf", "also load this BPF object `file` built on bpf/kc_synth.h and record the synthetic events it declares (repeat or commas)")
+	fs.Var(&f.comms, "comm", "record only tasks with this command `name` (repeat or commas)")
+	fs.Var(&f.subbuf, "subbuf-size", "sub-buffer `size` (a multiple of 4K); where the BPF programs write the packets, a packet is the largest power of two up to it (16K at least)")
+	fs.Var(&f.ring, "ring-size", "BPF ring buffer `size` per CPU (a power of two)")
 	fs.IntVar(&o.nice, "nice", defaultNice, "nice `value` of kconsume's threads, -20..19: well below the workload's, the consumer gets the CPU before the rings fill under a saturating load (needs CAP_SYS_NICE; the COMMAND and the Go runtime's monitor thread keep kconsume's own value)")
-	fs.Var(&memory, "memory", "buffer memory per CPU, ring and sub-buffers together, split by kconsume (a ring of the largest power of two up to 3/4, the rest in 8 sub-buffers); replaces --ring-size, --subbuf-size and --n-subbufs")
+	fs.Var(&f.memory, "memory", "buffer memory per CPU, ring and sub-buffers together, split by kconsume (a ring of the largest power of two up to 3/4, the rest in 8 sub-buffers); replaces --ring-size, --subbuf-size and --n-subbufs")
 	o.relay = relaydFlags(fs)
 	fs.Var(&o.prof, "profile", "`name` of the event and field naming: ftrace (tracefs names) or lttng (lttng-modules names and a statedump, for LTTng's analyses and Trace Compass)")
+}
+
+// parseRecord parses record's arguments into options and a session
+// configuration that passed Config.Check. It fails with a usageError
+// naming the bad flag, or flag.ErrHelp.
+func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
+	fs := newFlags("record", recordSynopsis, "kconsume record -o /tmp/t -e sched:sched_switch,syscalls:sys_enter_getpid --duration 5s", stderr)
+	var o recordOpts
+	f := recordFlags{subbuf: sizeFlag(consumer.DefaultSubbufSize), ring: sizeFlag(consumer.DefaultRingSize)}
+	defineRecordFlags(fs, &o, &f)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -96,68 +100,28 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 		return nil, usageError{err}
 	}
 	o.command = fs.Args()
-	fs.Visit(func(f *flag.Flag) { o.niceSet = o.niceSet || f.Name == "nice" })
+	fs.Visit(func(fl *flag.Flag) { o.niceSet = o.niceSet || fl.Name == "nice" })
 	if o.nice < -20 || o.nice > 19 {
 		return nil, usageError{fmt.Errorf("--nice %d: want -20..19", o.nice)}
 	}
-	if err := applyMemory(fs, int(memory), (*int)(&ring), (*int)(&subbuf), &nsub); err != nil {
+	if err := applyMemory(fs, int(f.memory), (*int)(&f.ring), (*int)(&f.subbuf), &f.nsub); err != nil {
 		return nil, usageError{err}
-	}
-	cfg := consumer.Config{
-		Events:     events,
-		Cgroup:     cgroup,
-		Comms:      comms,
-		SubbufSize: int(subbuf),
-		NSubbufs:   nsub,
-		Global:     global,
-		RingSize:   int(ring),
-		Latency:    latency,
 	}
 	if o.out == "" && !o.relay.enabled() {
 		return nil, usageError{errors.New("-o DIR is required (or --relayd URL)")}
 	}
-	if len(events) == 0 && len(objects) == 0 {
+	if len(f.events) == 0 && len(f.objects) == 0 {
 		return nil, usageError{errors.New("-e EVENT or --bpf FILE is required (see kconsume list)")}
 	}
-	for _, p := range pids {
-		n, err := strconv.Atoi(p)
-		if err != nil || n <= 0 {
-			return nil, usageError{fmt.Errorf("--pid %q: not a process id", p)}
-		}
-		// A thread id answers kill(2) as its process's id does; a task
-		// that exits later ends its events, as perf's --pid does.
-		if err := syscall.Kill(n, 0); errors.Is(err, syscall.ESRCH) {
-			return nil, usageError{fmt.Errorf("--pid %d: no such process or thread", n)}
-		}
-		cfg.PIDs = append(cfg.PIDs, n)
-	}
-	var err error
-	if cfg.Mode, err = parseMode(mode); err != nil {
-		return nil, usageError{err}
-	}
-	if cfg.Transport, err = parseTransport(transport); err != nil {
-		return nil, usageError{err}
-	}
-	if cfg.Clock, err = parseClock(clock); err != nil {
-		return nil, usageError{err}
-	}
-	if cfg.Syscalls, err = parseSyscalls(syscalls); err != nil {
-		return nil, usageError{err}
+	cfg, err := f.config()
+	if err != nil {
+		return nil, err
 	}
 	if o.duration < 0 {
 		return nil, usageError{fmt.Errorf("--duration %v is negative", o.duration)}
 	}
-	for _, obj := range objects {
-		spec, err := consumer.LoadObject(obj)
-		if err != nil {
-			return nil, usageError{err}
-		}
-		cfg.Objects = append(cfg.Objects, spec)
-	}
-	if o.synthFile != "" || len(objects) > 0 || slices.ContainsFunc(events, func(e string) bool { return strings.HasPrefix(e, consumer.SynthSystem+":") }) {
-		if cfg.Synth, err = synthDefs(o.synthFile); err != nil {
-			return nil, err
-		}
+	if err := f.addSynth(&cfg, o.synthFile); err != nil {
+		return nil, err
 	}
 	o.session = sessionName(o.session, o.out)
 	if o.prof.lttng() && o.out != "" && filepath.Base(filepath.Clean(o.out)) != "kernel" {
@@ -177,6 +141,69 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	}
 	o.cfg = cfg
 	return &o, nil
+}
+
+// config returns the session's configuration the flags ask for, but its
+// directory and synthetic events. It fails with a usageError naming the
+// bad flag: a process id that is none, or an unknown mode, transport,
+// clock or syscall path.
+func (f *recordFlags) config() (consumer.Config, error) {
+	cfg := consumer.Config{
+		Events:     f.events,
+		Cgroup:     f.cgroup,
+		Comms:      f.comms,
+		SubbufSize: int(f.subbuf),
+		NSubbufs:   f.nsub,
+		Global:     f.global,
+		RingSize:   int(f.ring),
+		Latency:    f.latency,
+	}
+	for _, p := range f.pids {
+		n, err := strconv.Atoi(p)
+		if err != nil || n <= 0 {
+			return cfg, usageError{fmt.Errorf("--pid %q: not a process id", p)}
+		}
+		// A thread id answers kill(2) as its process's id does; a task
+		// that exits later ends its events, as perf's --pid does.
+		if err := syscall.Kill(n, 0); errors.Is(err, syscall.ESRCH) {
+			return cfg, usageError{fmt.Errorf("--pid %d: no such process or thread", n)}
+		}
+		cfg.PIDs = append(cfg.PIDs, n)
+	}
+	var err error
+	if cfg.Mode, err = parseMode(f.mode); err != nil {
+		return cfg, usageError{err}
+	}
+	if cfg.Transport, err = parseTransport(f.transport); err != nil {
+		return cfg, usageError{err}
+	}
+	if cfg.Clock, err = parseClock(f.clock); err != nil {
+		return cfg, usageError{err}
+	}
+	if cfg.Syscalls, err = parseSyscalls(f.syscalls); err != nil {
+		return cfg, usageError{err}
+	}
+	return cfg, nil
+}
+
+// addSynth loads the --bpf objects into cfg, and the synthetic events'
+// definitions (the stored ones and synthFile's) when anything
+// asks for synthetic events. A bad object is a usageError.
+func (f *recordFlags) addSynth(cfg *consumer.Config, synthFile string) error {
+	for _, obj := range f.objects {
+		spec, err := consumer.LoadObject(obj)
+		if err != nil {
+			return usageError{err}
+		}
+		cfg.Objects = append(cfg.Objects, spec)
+	}
+	if synthFile != "" || len(f.objects) > 0 || slices.ContainsFunc(f.events, func(e string) bool { return strings.HasPrefix(e, consumer.SynthSystem+":") }) {
+		var err error
+		if cfg.Synth, err = synthDefs(synthFile); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // record runs kconsume record: it takes the session's name, prepares the
@@ -215,56 +242,19 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// The session's name is taken first: a second record with the same
-	// name must not touch the first one's output.
 	h := &handler{relay: o.relay}
-	srv, err := control.Serve(controlRoot, o.session, h)
+	srv, err := claimOutput(o, h, stderr)
 	if err != nil {
-		if errors.Is(err, control.ErrRunning) {
-			return usageError{fmt.Errorf("%w: stop it first or pick another --session", err)}
-		}
 		return err
 	}
 	defer srv.Close()
-	if o.out != "" {
-		if err := prepareDir(o.out, o.force); err != nil {
-			return err
-		}
-	}
-	if o.sessionDir != "" {
-		fmt.Fprintf(stderr, "kconsume record: the trace goes into %s, laid out as an LTTng session: give %s to LTTng's analyses and babeltrace2, as to kconsume report\n", o.out, o.sessionDir)
-	}
-	cfg.Env = map[string]string{"session": o.session}
-	if err := o.relay.connect(&cfg, o.session, stderr); err != nil {
-		return err
-	}
-	if err := o.prof.configure(&cfg, o.session); err != nil {
-		o.relay.abort(cfg)
-		return err
-	}
-
-	s, err := consumer.New(cfg)
+	s, err := newRecordSession(o, &cfg, stderr)
 	if err != nil {
-		o.relay.abort(cfg)
-		if errors.Is(err, consumer.ErrConfig) || errors.Is(err, consumer.ErrUnknownEvent) {
-			return usageError{err}
-		}
 		return err
 	}
 	h.set(s)
 	defer o.relay.startLive(s)()
-	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
-		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
-	}
-	if p, evs := s.Preemptible(); len(evs) > 0 {
-		fmt.Fprintf(stderr, "kconsume record: %s: %s recorded by programs that run preemptibly here; a task preempted inside one makes the kernel skip the other tasks' events on its CPU (counted as missed): --syscalls raw keeps them\n", p.Why, listSome(evs, 3))
-	}
-	if why := s.OwnRings(); why != nil && s.Transport() == consumer.Ringbuf && !cfg.Global {
-		fmt.Fprintf(stderr, "kconsume record: records through BPF ring buffers: own rings: %v\n", host.explain(why))
-	}
-	if _, why := s.BTFEvents(); why != nil {
-		fmt.Fprintf(stderr, "kconsume record: sched events through their tracepoints: BTF path: %v\n", host.explain(why))
-	}
+	noteFallbacks(s, cfg, host, stderr)
 	if o.metrics != "" {
 		addr, stopMetrics, err := serveMetrics(o.metrics, h)
 		if err != nil {
@@ -280,6 +270,70 @@ func record(args []string, stdout, stderr io.Writer) error {
 	}
 	r := &recordRun{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay, cmdNice: cmdNice, prio: prio}
 	return r.run(o.command, o.duration)
+}
+
+// claimOutput takes the session's name in the control directory, served
+// by h, then prepares the output directory. The name is taken first: a
+// second record with the same name must not touch the first one's
+// output. The caller closes the server.
+func claimOutput(o *recordOpts, h *handler, stderr io.Writer) (*control.Server, error) {
+	srv, err := control.Serve(controlRoot, o.session, h)
+	if err != nil {
+		if errors.Is(err, control.ErrRunning) {
+			return nil, usageError{fmt.Errorf("%w: stop it first or pick another --session", err)}
+		}
+		return nil, err
+	}
+	if o.out != "" {
+		if err := prepareDir(o.out, o.force); err != nil {
+			srv.Close()
+			return nil, err
+		}
+	}
+	if o.sessionDir != "" {
+		fmt.Fprintf(stderr, "kconsume record: the trace goes into %s, laid out as an LTTng session: give %s to LTTng's analyses and babeltrace2, as to kconsume report\n", o.out, o.sessionDir)
+	}
+	return srv, nil
+}
+
+// newRecordSession connects the relayd stream, lets the profile
+// configure cfg and creates the session; on failure the stream is
+// aborted, and a configuration the consumer refuses is a usageError.
+func newRecordSession(o *recordOpts, cfg *consumer.Config, stderr io.Writer) (*consumer.Session, error) {
+	cfg.Env = map[string]string{"session": o.session}
+	if err := o.relay.connect(cfg, o.session, stderr); err != nil {
+		return nil, err
+	}
+	if err := o.prof.configure(cfg, o.session); err != nil {
+		o.relay.abort(*cfg)
+		return nil, err
+	}
+	s, err := consumer.New(*cfg)
+	if err != nil {
+		o.relay.abort(*cfg)
+		if errors.Is(err, consumer.ErrConfig) || errors.Is(err, consumer.ErrUnknownEvent) {
+			return nil, usageError{err}
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// noteFallbacks tells on stderr which of the session's faster paths the
+// kernel refused, and why.
+func noteFallbacks(s *consumer.Session, cfg consumer.Config, host kernel, stderr io.Writer) {
+	if _, why := s.RawSyscalls(); why != nil && cfg.Syscalls == consumer.SyscallsAuto {
+		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
+	}
+	if p, evs := s.Preemptible(); len(evs) > 0 {
+		fmt.Fprintf(stderr, "kconsume record: %s: %s recorded by programs that run preemptibly here; a task preempted inside one makes the kernel skip the other tasks' events on its CPU (counted as missed): --syscalls raw keeps them\n", p.Why, listSome(evs, 3))
+	}
+	if why := s.OwnRings(); why != nil && s.Transport() == consumer.Ringbuf && !cfg.Global {
+		fmt.Fprintf(stderr, "kconsume record: records through BPF ring buffers: own rings: %v\n", host.explain(why))
+	}
+	if _, why := s.BTFEvents(); why != nil {
+		fmt.Fprintf(stderr, "kconsume record: sched events through their tracepoints: BTF path: %v\n", host.explain(why))
+	}
 }
 
 // Capability bits (include/uapi/linux/capability.h).
