@@ -24,7 +24,7 @@ type Options struct {
 	CPUs       int           // vCPUs; default 2
 	MemoryMB   int           // default 2048
 	Accel      string        // "tcg", "kvm" or "auto" (default: KVM only if a probe boot works)
-	Timeout    time.Duration // whole run, boot included; default 30 minutes
+	Timeout    time.Duration // whole run, boot included; default 45 minutes
 	KernelArgs string        // appended to the kernel command line
 	Dir        string        // working directory of the command; default the current one
 	Env        []string      // environment of the command; default os.Environ()
@@ -63,7 +63,7 @@ func (o *Options) defaults() {
 		o.Accel = "auto"
 	}
 	if o.Timeout <= 0 {
-		o.Timeout = 30 * time.Minute
+		o.Timeout = 45 * time.Minute
 	}
 	if o.Dir == "" {
 		o.Dir, _ = os.Getwd()

@@ -62,7 +62,7 @@ func BuildSuite(ctx context.Context, dir string, pkgs, testArgs []string) (*Suit
 			return fail(fmt.Errorf("go test -c %s: %w: %s", f[0], err, strings.TrimSpace(string(b))))
 		}
 		s.Packages = append(s.Packages, f[0])
-		args := []string{bin, "-test.count=1", "-test.timeout=15m"}
+		args := []string{bin, "-test.count=1", "-test.timeout=30m"}
 		args = append(args, testArgs...)
 		for i := range args {
 			args[i] = shellQuote(args[i])

@@ -84,7 +84,7 @@ func (g *guestFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&g.cpus, "cpus", 2, "virtual CPUs")
 	fs.IntVar(&g.mem, "mem", 2048, "guest memory in MiB")
 	fs.StringVar(&g.accel, "accel", "auto", "tcg, kvm, or auto (KVM only if a probe boot works)")
-	fs.DurationVar(&g.timeout, "timeout", 30*time.Minute, "limit for one guest, boot included")
+	fs.DurationVar(&g.timeout, "timeout", 45*time.Minute, "limit for one guest, boot included")
 	fs.StringVar(&g.kernelArgs, "append", "", "extra kernel command line arguments")
 	fs.StringVar(&g.cache, "cache", vmtest.DefaultCacheDir(), "kernel cache directory")
 }
