@@ -1,26 +1,12 @@
 package consumer
 
 import (
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
-
-func setOnline(t *testing.T, cpu int, on bool) {
-	t.Helper()
-	v := "0"
-	if on {
-		v = "1"
-	}
-	p := "/sys/devices/system/cpu/cpu" + strconv.Itoa(cpu) + "/online"
-	if err := os.WriteFile(p, []byte(v), 0); err != nil {
-		t.Fatalf("cpu%d online=%s: %v", cpu, v, err)
-	}
-}
 
 // TestCPUHotplug offlines CPU 1 before the session starts, brings it back,
 // traces a child pinned to it, then traces again and offlines the CPU at
@@ -42,15 +28,15 @@ func TestCPUHotplug(t *testing.T) {
 	const n1, n2 = 3000, 2000
 	for _, tr := range transports(t) {
 		t.Run(tr.String(), func(t *testing.T) {
-			setOnline(t, 1, false)
-			t.Cleanup(func() { setOnline(t, 1, true) })
+			testenv.SetCPUOnline(t, 1, false)
+			t.Cleanup(func() { testenv.SetCPUOnline(t, 1, true) })
 			c1 := startChild(t, "getpid", n1, "KC_CHILD_CPU=1")
 			c2 := startChild(t, "getpid", n2, "KC_CHILD_CPU=1")
 			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c1.tid, c2.tid}, Transport: tr})
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
 			}
-			setOnline(t, 1, true)
+			testenv.SetCPUOnline(t, 1, true)
 			// The children may run once CPU 1's ring is back: the perf
 			// transport reopens it when a uevent tells it, or looking
 			// every 100 ms; the ringbuf transport has nothing to reopen.
@@ -74,7 +60,7 @@ func TestCPUHotplug(t *testing.T) {
 			}
 			c1.run(t)
 			c2.run(t)
-			setOnline(t, 1, false)
+			testenv.SetCPUOnline(t, 1, false)
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}

@@ -30,21 +30,7 @@ func TestFaultsHotplug(t *testing.T) {
 	if ncpu < 2 {
 		t.Fatalf("needs 2 CPUs online in the guest, have %d", ncpu)
 	}
-	runs := 3
-	if v := os.Getenv("KC_FAULT_RUNS"); v != "" {
-		var err error
-		if runs, err = strconv.Atoi(v); err != nil || runs < 1 {
-			t.Fatalf("KC_FAULT_RUNS=%q: want a positive number", v)
-		}
-	}
-	seed := time.Now().UnixNano() % 1e9
-	if v := os.Getenv("KC_FAULT_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-			t.Fatalf("KC_FAULT_SEED=%q: want a number", v)
-		}
-	}
-	t.Logf("%d runs from seed %d; KC_FAULT_SEED=S KC_FAULT_RUNS=1 repeats the run of seed S", runs, seed)
+	runs, seed := testenv.FaultRuns(t, 3)
 	modes := [][]string{nil, {"--latency", "5ms"}, {"--transport", "perf"}}
 	var made, toggles int
 	for i := range runs {
@@ -64,7 +50,7 @@ func TestFaultsHotplug(t *testing.T) {
 // and the times the CPU went offline.
 func hotplugRun(t *testing.T, rng *rand.Rand, ncpu int, mode []string, seed int64) (made, toggles int) {
 	victim := ncpu - 1
-	t.Cleanup(func() { cpuOnline(t, victim, true) })
+	t.Cleanup(func() { testenv.SetCPUOnline(t, victim, true) })
 	type worker struct{ n, cpu int }
 	ws := make([]worker, 2+rng.IntN(3))
 	for i := range ws {
@@ -87,9 +73,9 @@ func hotplugRun(t *testing.T, rng *rand.Rand, ncpu int, mode []string, seed int6
 	}
 	for range toggles {
 		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond)
-		cpuOnline(t, victim, false)
+		testenv.SetCPUOnline(t, victim, false)
 		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond)
-		cpuOnline(t, victim, true)
+		testenv.SetCPUOnline(t, victim, true)
 	}
 	for _, cmd := range cmds {
 		// A worker pinned to the CPU taken offline loses its affinity
@@ -141,20 +127,4 @@ func onlineCount(t *testing.T) int {
 		t.Fatalf("online CPUs %q: want a range from 0", s)
 	}
 	return n + 1
-}
-
-// cpuOnline takes cpu offline or brings it back.
-func cpuOnline(t *testing.T, cpu int, on bool) {
-	t.Helper()
-	v := "0"
-	if on {
-		v = "1"
-	}
-	p := "/sys/devices/system/cpu/cpu" + strconv.Itoa(cpu) + "/online"
-	if b, _ := os.ReadFile(p); strings.TrimSpace(string(b)) == v {
-		return
-	}
-	if err := os.WriteFile(p, []byte(v), 0); err != nil {
-		t.Fatalf("cpu%d online=%s: %v", cpu, v, err)
-	}
 }

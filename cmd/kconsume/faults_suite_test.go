@@ -58,21 +58,7 @@ type faultTally struct {
 // event when it missed no packet.
 func TestFaults(t *testing.T) {
 	testenv.RequireRoot(t)
-	runs := 3
-	if v := os.Getenv("KC_FAULT_RUNS"); v != "" {
-		var err error
-		if runs, err = strconv.Atoi(v); err != nil || runs < 1 {
-			t.Fatalf("KC_FAULT_RUNS=%q: want a positive number", v)
-		}
-	}
-	seed := time.Now().UnixNano() % 1e9
-	if v := os.Getenv("KC_FAULT_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-			t.Fatalf("KC_FAULT_SEED=%q: want a number", v)
-		}
-	}
-	t.Logf("%d runs from seed %d; KC_FAULT_SEED=S KC_FAULT_RUNS=1 repeats the run of seed S", runs, seed)
+	runs, seed := testenv.FaultRuns(t, 3)
 	var tally faultTally
 	for i := range runs {
 		s := seed + int64(i)

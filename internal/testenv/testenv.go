@@ -11,9 +11,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -183,4 +185,47 @@ func LTTngAnalysis(t testing.TB, tool string) string {
 func InGuest() bool {
 	cmdline, _ := os.ReadFile("/proc/cmdline")
 	return os.Getenv("KCONSUME_VMTEST") != "" && strings.Contains(string(cmdline), "vmtest.nonce=")
+}
+
+// SetCPUOnline takes cpu offline or brings it back, in a vmtest guest
+// only: anywhere else it fails t, as the machine's own kernel settings
+// are not a test's to change.
+func SetCPUOnline(t testing.TB, cpu int, on bool) {
+	t.Helper()
+	if !InGuest() {
+		t.Fatalf("cpu%d online=%v: only inside a vmtest guest", cpu, on)
+	}
+	v := "0"
+	if on {
+		v = "1"
+	}
+	p := fmt.Sprintf("/sys/devices/system/cpu/cpu%d/online", cpu)
+	if b, _ := os.ReadFile(p); strings.TrimSpace(string(b)) == v {
+		return
+	}
+	if err := os.WriteFile(p, []byte(v), 0); err != nil {
+		t.Fatalf("cpu%d online=%s: %v", cpu, v, err)
+	}
+}
+
+// FaultRuns returns the runs and the first seed of a seeded fault suite:
+// KC_FAULT_RUNS (else runs) and KC_FAULT_SEED (else the time), and logs
+// how to repeat one run.
+func FaultRuns(t testing.TB, runs int) (int, int64) {
+	t.Helper()
+	if v := os.Getenv("KC_FAULT_RUNS"); v != "" {
+		var err error
+		if runs, err = strconv.Atoi(v); err != nil || runs < 1 {
+			t.Fatalf("KC_FAULT_RUNS=%q: want a positive number", v)
+		}
+	}
+	seed := time.Now().UnixNano() % 1e9
+	if v := os.Getenv("KC_FAULT_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatalf("KC_FAULT_SEED=%q: want a number", v)
+		}
+	}
+	t.Logf("%d runs from seed %d; KC_FAULT_SEED=S KC_FAULT_RUNS=1 repeats the run of seed S", runs, seed)
+	return runs, seed
 }
