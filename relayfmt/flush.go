@@ -105,6 +105,8 @@ func (c *Channel) Reset() {
 }
 
 // reset is ResetCPU on b.
+// reset is ResetCPU on b: the open sub-buffer, and in Overwrite mode every
+// retained one, are dropped and their sequence numbers used again.
 func (b *buffer) reset() {
 	b.opens++
 	if b.cur != nil {
@@ -141,6 +143,8 @@ func (c *Channel) Snapshot() error {
 
 // snapshot is Snapshot on b: it returns the sink's error, after which
 // the sub-buffers not written stay retained.
+// snapshot is Snapshot on b. It returns the sink's error, leaving the
+// sub-buffers from the one it failed on retained.
 func (b *buffer) snapshot() error {
 	b.flush()
 	for {
@@ -196,6 +200,9 @@ func (c *Channel) RewindTo(sink Sink, cpu int) error {
 
 // rewindTo is RewindTo on b, writing its held sub-buffers to sink (the
 // metadata aside); it returns sink's error.
+// rewindTo is RewindTo on b: it writes b's held sub-buffers to sink from
+// the oldest, each packet's discarded count raised by the events of the
+// sub-buffers before it that the copy lacks. It returns sink's error.
 func (b *buffer) rewindTo(sink Sink) error {
 	b.flush()
 	p := b.produced.Load()
