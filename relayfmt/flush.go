@@ -104,7 +104,6 @@ func (c *Channel) Reset() {
 	}
 }
 
-// reset is ResetCPU on b.
 // reset is ResetCPU on b: the open sub-buffer, and in Overwrite mode every
 // retained one, are dropped and their sequence numbers used again.
 func (b *buffer) reset() {
@@ -141,8 +140,6 @@ func (c *Channel) Snapshot() error {
 	return errors.Join(errs...)
 }
 
-// snapshot is Snapshot on b: it returns the sink's error, after which
-// the sub-buffers not written stay retained.
 // snapshot is Snapshot on b. It returns the sink's error, leaving the
 // sub-buffers from the one it failed on retained.
 func (b *buffer) snapshot() error {
@@ -198,8 +195,6 @@ func (c *Channel) RewindTo(sink Sink, cpu int) error {
 	return nil
 }
 
-// rewindTo is RewindTo on b, writing its held sub-buffers to sink (the
-// metadata aside); it returns sink's error.
 // rewindTo is RewindTo on b: it writes b's held sub-buffers to sink from
 // the oldest, each packet's discarded count raised by the events of the
 // sub-buffers before it that the copy lacks. It returns sink's error.
