@@ -380,6 +380,8 @@ func (c *Channel) Metadata() Metadata {
 // Streams returns the number of buffers (1 in global mode).
 func (c *Channel) Streams() int { return len(c.bufs) }
 
+// buf returns cpu's buffer, the one buffer in global mode; it fails with
+// ErrNoStream for a cpu the channel has no buffer for.
 func (c *Channel) buf(cpu int) (*buffer, error) {
 	if c.cfg.Global {
 		return c.bufs[0], nil
@@ -414,20 +416,6 @@ func (c *Channel) StatsCPU(cpu int) (Stats, error) {
 		st.Records -= n
 	}
 	return st, nil
-}
-
-// Lose counts n events of cpu's stream that never reached the channel
-// whole (a packet PutPacket refused or had no room for at the end) as
-// discarded, as Stats.Unwritten: they are reported in the stream's next
-// packet. It fails only for an unknown cpu.
-func (c *Channel) Lose(cpu int, n uint64) error {
-	b, err := c.buf(cpu)
-	if err != nil {
-		return err
-	}
-	b.lost += n
-	b.discarded += n
-	return nil
 }
 
 // Failed returns a channel that is closed when the sink fails for any
@@ -491,39 +479,6 @@ func (c *Channel) Close() error {
 // before it, the statedump among them. Call it before the first event.
 func (c *Channel) Begin(ts uint64) { c.begin.Store(ts) }
 
-// endTogether ends, at Close, every per-CPU stream that has packets at
-// the newest event of any: a stream whose last event is older gets an
-// empty packet from there to that event, as LTTng flushes an empty packet
-// into every stream at its stop. Without it, readers that keep only the
-// span every stream covers (above) would cut the events after the first
-// stream's last. It reports whether it finished any packet; the sink must
-// have written every finished sub-buffer (Flush) before it runs.
-func (c *Channel) endTogether() bool {
-	if c.global != nil {
-		return false
-	}
-	if c.Err() != nil {
-		return false
-	}
-	var stop uint64
-	for _, b := range c.bufs {
-		stop = max(stop, b.lastTS)
-	}
-	added := false
-	for _, b := range c.bufs {
-		if b.produced.Load() == 0 && b.put == 0 || b.lastTS >= stop {
-			continue
-		}
-		if b.cur == nil && !b.open(b.lastTS) {
-			continue
-		}
-		b.lastTS = stop
-		b.finish()
-		added = true
-	}
-	return added
-}
-
 // Prefault makes every sub-buffer's memory resident without changing a
 // byte of it (madvise MADV_POPULATE_WRITE, Linux 5.14), so the page
 // faults of a first lap through the sub-buffers do not happen while the
@@ -559,51 +514,4 @@ func wholePages(mem []byte) []byte {
 		return nil
 	}
 	return mem[first-start : end-start]
-}
-
-// writeFinal ends a stream whose sink failed with one last packet, when
-// the sink can still take it (FinalSink): empty, numbered after the last
-// packet the sink took and running from its end to the stream's last
-// event, its events_discarded counting, on top of the stream's losses,
-// every event the sink did not take. babeltrace2 then reports them as
-// discarded at the end of the stream, where they were lost. A stream
-// whose sink did not fail gets nothing. It returns the sink's error.
-func (b *buffer) writeFinal() error {
-	b.mu.Lock()
-	failed, opened, written, seq, end, wDisc := b.sinkErr, b.opened, b.wEvents, b.wSeq, b.wEnd, b.wDisc
-	b.mu.Unlock()
-	if _, ok := b.ch.sink.(FinalSink); failed == nil || !ok {
-		return nil
-	}
-	unwritten := b.unwritten(written)
-	if unwritten == 0 && b.discarded == wDisc {
-		return nil
-	}
-	var pkts [][]byte
-	if !opened {
-		pkts = append(pkts, b.opener())
-		end = b.firstTS
-	}
-	h := b.hdr
-	h.TimestampBegin, h.TimestampEnd = end, max(end, b.lastTS)
-	h.ContentSize = PacketHeaderSize * 8
-	h.SeqNum = seq + 1
-	h.EventsDiscarded = b.discarded + unwritten
-	p := make([]byte, b.size)
-	PutPacketHeader(p, &h)
-	pkts = append(pkts, p)
-	if err := WriteFinal(b.ch.sink, b.name, pkts...); err != nil {
-		return fmt.Errorf("stream %s: last packet, of the %d events lost: %w", b.name, h.EventsDiscarded, err)
-	}
-	return nil
-}
-
-// unwritten returns how many of the events put into the buffer's packets
-// (finished or open) are not among the written ones the sink took.
-func (b *buffer) unwritten(written uint64) uint64 {
-	total := b.finished
-	if b.cur != nil {
-		total += b.events
-	}
-	return total - min(written, total)
 }

@@ -6,28 +6,6 @@ import (
 	"fmt"
 )
 
-// writeOut writes the finished sub-buffers to the sink and releases them,
-// on the writer's goroutine: sinkLoop's work, for a local sink (Commit).
-// After a sink error it writes and releases nothing more, as sinkLoop.
-func (b *buffer) writeOut() {
-	for cn := b.consumed.Load(); cn != b.produced.Load(); cn++ {
-		slot := int(cn % b.n)
-		if b.emit(b.mem[slot*b.size:(slot+1)*b.size], b.slotEvents[slot]) != nil {
-			return
-		}
-		b.release(cn + 1)
-	}
-}
-
-// release hands the sub-buffers before cn back to the writer and wakes
-// whoever waits for them (waitDrained).
-func (b *buffer) release(cn uint64) {
-	b.mu.Lock()
-	b.consumed.Store(cn)
-	b.cond.Broadcast()
-	b.mu.Unlock()
-}
-
 // flush finishes the current sub-buffer if it holds events or losses not
 // yet in any packet. If losses are pending and no sub-buffer is open, it
 // opens one to carry them, when one is free. It reports whether losses
@@ -58,6 +36,8 @@ func (c *Channel) FlushCPU(cpu int) error {
 	return b.flushWait()
 }
 
+// flushWait is FlushCPU on b: it returns once the sink has written every
+// finished sub-buffer, or with the sink's error.
 func (b *buffer) flushWait() error {
 	pending := b.flush()
 	if b.ch.cfg.Mode == Overwrite {
@@ -124,6 +104,8 @@ func (c *Channel) Reset() {
 	}
 }
 
+// reset is ResetCPU on b: the open sub-buffer, and in Overwrite mode every
+// retained one, are dropped and their sequence numbers used again.
 func (b *buffer) reset() {
 	b.opens++
 	if b.cur != nil {
@@ -158,6 +140,8 @@ func (c *Channel) Snapshot() error {
 	return errors.Join(errs...)
 }
 
+// snapshot is Snapshot on b. It returns the sink's error, leaving the
+// sub-buffers from the one it failed on retained.
 func (b *buffer) snapshot() error {
 	b.flush()
 	for {
@@ -211,6 +195,9 @@ func (c *Channel) RewindTo(sink Sink, cpu int) error {
 	return nil
 }
 
+// rewindTo is RewindTo on b: it writes b's held sub-buffers to sink from
+// the oldest, each packet's discarded count raised by the events of the
+// sub-buffers before it that the copy lacks. It returns sink's error.
 func (b *buffer) rewindTo(sink Sink) error {
 	b.flush()
 	p := b.produced.Load()
@@ -248,92 +235,6 @@ func (b *buffer) rewindTo(sink Sink) error {
 	return nil
 }
 
-// opener returns an empty packet with a zero discarded count at the
-// stream's first timestamp, to go before a first packet that already
-// counts losses: a CTF reader reports a loss only as the increase between
-// two packets, so the losses show from the stream's start.
-func (b *buffer) opener() []byte {
-	o := make([]byte, b.size)
-	h := b.hdr
-	h.TimestampBegin, h.TimestampEnd = b.firstTS, b.firstTS
-	h.ContentSize = PacketHeaderSize * 8
-	PutPacketHeader(o, &h)
-	return o
-}
-
-// emit hands one finished packet of events events to the sink. Before a
-// stream's first packet, if that packet already counts discarded events,
-// it writes an empty packet with a zero count (sequence number 0), because
-// a CTF reader reports a loss only as the increase between two packets.
-// It returns the sink's error, or the one it returned before.
-func (b *buffer) emit(pkt []byte, events uint64) error {
-	b.mu.Lock()
-	err := b.sinkErr
-	b.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	if !b.opened && binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) != 0 {
-		err = b.ch.sink.WritePacket(b.name, b.opener())
-	}
-	if err == nil {
-		err = b.ch.sink.WritePacket(b.name, pkt)
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if err != nil {
-		b.sinkErr = fmt.Errorf("stream %s: %w", b.name, err)
-		b.cond.Broadcast()
-		b.ch.failOnce.Do(func() { close(b.ch.failed) })
-		return b.sinkErr
-	}
-	b.opened = true
-	b.stats.Written++ // only the one that writes packets touches it
-	b.wEvents += events
-	b.wSeq = binary.LittleEndian.Uint64(pkt[offPacketSeqNum:])
-	b.wEnd = binary.LittleEndian.Uint64(pkt[offTimestampEnd:])
-	b.wDisc = binary.LittleEndian.Uint64(pkt[offEventsDiscarded:])
-	return nil
-}
-
-// sinkLoop writes finished sub-buffers in order and releases them for
-// reuse (relay's subbufs_consumed). After a sink error it stops releasing,
-// so the writer drops and counts instead of overwriting unwritten data.
-func (b *buffer) sinkLoop() {
-	defer b.ch.wg.Done()
-	for {
-		cn := b.consumed.Load()
-		if cn == b.produced.Load() {
-			select {
-			case <-b.doorbell:
-				continue
-			case <-b.ch.quit:
-				if cn == b.produced.Load() {
-					return
-				}
-				continue
-			}
-		}
-		slot := int(cn % b.n)
-		if b.emit(b.mem[slot*b.size:(slot+1)*b.size], b.slotEvents[slot]) != nil {
-			<-b.ch.quit
-			return
-		}
-		b.release(cn + 1)
-	}
-}
-
-// waitDrained waits until the sink has released every finished
-// sub-buffer, or failed.
-func (b *buffer) waitDrained() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for b.sinkErr == nil && b.consumed.Load() != b.produced.Load() {
-		b.cond.Wait()
-	}
-	return b.sinkErr
-}
-
 // WaitRoom waits until cpu's buffer has a free sub-buffer, as the sink
 // writes them out, and returns nil then; it returns the sink's error
 // once the sink failed, when none will ever free. It is for a writer
@@ -353,4 +254,37 @@ func (c *Channel) WaitRoom(cpu int) error {
 		b.cond.Wait()
 	}
 	return b.sinkErr
+}
+
+// endTogether ends, at Close, every per-CPU stream that has packets at
+// the newest event of any: a stream whose last event is older gets an
+// empty packet from there to that event, as LTTng flushes an empty packet
+// into every stream at its stop. Without it, readers that keep only the
+// span every stream covers (above) would cut the events after the first
+// stream's last. It reports whether it finished any packet; the sink must
+// have written every finished sub-buffer (Flush) before it runs.
+func (c *Channel) endTogether() bool {
+	if c.global != nil {
+		return false
+	}
+	if c.Err() != nil {
+		return false
+	}
+	var stop uint64
+	for _, b := range c.bufs {
+		stop = max(stop, b.lastTS)
+	}
+	added := false
+	for _, b := range c.bufs {
+		if b.produced.Load() == 0 && b.put == 0 || b.lastTS >= stop {
+			continue
+		}
+		if b.cur == nil && !b.open(b.lastTS) {
+			continue
+		}
+		b.lastTS = stop
+		b.finish()
+		added = true
+	}
+	return added
 }

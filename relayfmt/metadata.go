@@ -99,13 +99,21 @@ func (c Clock) freq() uint64 {
 // and event header structures must match format.go.
 func (m *Metadata) TSDL() []byte {
 	var b bytes.Buffer
-	clk := m.Clock.Name
+	m.writeTraceEnv(&b)
+	m.writeClockStream(&b)
+	m.writeEvents(&b)
+	return b.Bytes()
+}
+
+// writeTraceEnv writes the integer aliases, the trace block (the packet
+// header of format.go) and the env block.
+func (m *Metadata) writeTraceEnv(b *bytes.Buffer) {
 	b.WriteString("/* CTF 1.8 */\n\n")
 	for _, t := range []IntType{U8, U16, U32, U64, S8, S16, S32, S64} {
-		fmt.Fprintf(&b, "typealias integer { size = %d; align = 8; signed = %t; } := %s;\n", t.Size()*8, t.Signed(), ctype(t))
+		fmt.Fprintf(b, "typealias integer { size = %d; align = 8; signed = %t; } := %s;\n", t.Size()*8, t.Signed(), ctype(t))
 	}
 	b.WriteString("typealias integer { size = 5; align = 1; signed = false; } := uint5_t;\n\n")
-	fmt.Fprintf(&b, `trace {
+	fmt.Fprintf(b, `trace {
 	major = 1;
 	minor = 8;
 	uuid = "%s";
@@ -127,20 +135,27 @@ env {
 	global = %d;
 `, formatUUID(m.UUID), tsdlQuote(m.tracer()), FormatVersion, m.SubbufSize, m.NSubbufs, b2i(m.Global))
 	for _, k := range sortedKeys(m.Env) {
-		fmt.Fprintf(&b, "\t%s = %s;\n", k, tsdlQuote(m.Env[k]))
+		fmt.Fprintf(b, "\t%s = %s;\n", k, tsdlQuote(m.Env[k]))
 	}
 	for _, k := range slices.Sorted(maps.Keys(m.EnvInt)) {
 		if _, dup := m.Env[k]; !dup {
-			fmt.Fprintf(&b, "\t%s = %d;\n", k, m.EnvInt[k])
+			fmt.Fprintf(b, "\t%s = %d;\n", k, m.EnvInt[k])
 		}
 	}
+	b.WriteString("};\n")
+}
+
+// writeClockStream writes the clock block, the clock-mapped integers and
+// the stream block with the packet context and event header of
+// format.go.
+func (m *Metadata) writeClockStream(b *bytes.Buffer) {
+	clk := m.Clock.Name
 	freq := m.Clock.freq()
 	offS, offNs := m.Clock.Offset/1e9, m.Clock.Offset%1e9
 	if offNs < 0 {
 		offS, offNs = offS-1, offNs+1e9
 	}
-	fmt.Fprintf(&b, `};
-
+	fmt.Fprintf(b, `
 clock {
 	name = %s;
 	description = %s;
@@ -186,19 +201,22 @@ stream {
 		b.WriteString("\tevent.context := struct {\n\t\tuint32_t _cpu;\n\t} align(8);\n")
 	}
 	b.WriteString("};\n")
+}
+
+// writeEvents writes one event block per class.
+func (m *Metadata) writeEvents(b *bytes.Buffer) {
 	for _, c := range m.Classes {
 		if c == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "\nevent {\n\tname = %s;\n\tid = %d;\n\tstream_id = 0;\n\tfields := struct {\n", tsdlQuote(c.Name), c.ID)
+		fmt.Fprintf(b, "\nevent {\n\tname = %s;\n\tid = %d;\n\tstream_id = 0;\n\tfields := struct {\n", tsdlQuote(c.Name), c.ID)
 		for _, f := range c.Fields {
 			b.WriteString("\t\t")
-			writeField(&b, &f)
+			writeField(b, &f)
 			b.WriteString(";\n")
 		}
 		b.WriteString("\t};\n};\n")
 	}
-	return b.Bytes()
 }
 
 // writeField writes one field declaration. Names get a leading underscore,

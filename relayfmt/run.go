@@ -35,19 +35,9 @@ type Run struct {
 	cpu    uint32 // the cpu the Run was started for
 }
 
-// Run starts a Run on cpu's buffer (the one buffer in global mode) at its
-// current state. A Run on an unknown cpu, on a buffer with no open
-// sub-buffer or on a global channel (whose events carry the CPU as their
-// context, which Put does not write) refuses every event.
-func (c *Channel) Run(cpu int) Run {
-	b, err := c.buf(cpu)
-	if err != nil {
-		return Run{}
-	}
-	return b.run(uint32(cpu))
-}
-
-func (b *buffer) run(cpu uint32) Run {
+// newRun returns a Run on b at its current state, for cpu; it refuses
+// every event when b has no open sub-buffer or its events carry a context.
+func newRun(b *buffer, cpu uint32) Run {
 	r := Run{b: b, cpu: cpu, lastTS: b.lastTS, maxTS: math.MaxUint64, events: b.events, opens: b.opens, off: b.off}
 	if b.lastFull <= math.MaxUint64-compactTSMask {
 		r.maxTS = b.lastFull + compactTSMask
@@ -107,7 +97,7 @@ func (r *Run) Append(ts uint64, id uint32, payload []byte) (bool, error) {
 	}
 	r.Sync()
 	written, err := b.writeSlow(ts, id, payload, cpu, false)
-	*r = b.run(cpu)
+	*r = newRun(b, cpu)
 	return written, err
 }
 

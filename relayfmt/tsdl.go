@@ -30,7 +30,7 @@ func ParseMetadata(text []byte) (*Metadata, error) {
 	p := &parser{lx: lexer{src: text, line: 1}, aliases: map[string]*tType{}, structs: map[string]*tType{}}
 	p.next()
 	m := &Metadata{}
-	var seen struct{ trace, env, clock, stream bool }
+	var seen seenBlocks
 	for p.tok.kind != tkEOF && p.err == nil {
 		switch kw := p.tok.text; {
 		case p.tok.kind == tkIdent && kw == "typealias":
@@ -55,30 +55,7 @@ func ParseMetadata(text []byte) (*Metadata, error) {
 			if p.err != nil {
 				break
 			}
-			var err error
-			switch kw {
-			case "trace":
-				seen.trace = true
-				err = m.applyTrace(entries)
-			case "env":
-				seen.env = true
-				err = m.applyEnv(entries)
-			case "clock":
-				if seen.clock {
-					err = errors.New("more than one clock")
-				}
-				seen.clock = true
-				err = errors.Join(err, m.applyClock(entries))
-			case "stream":
-				if seen.stream {
-					err = errors.New("more than one stream class")
-				}
-				seen.stream = true
-				err = errors.Join(err, m.applyStream(entries))
-			case "event":
-				err = m.applyEvent(entries)
-			}
-			if err != nil {
+			if err := m.applyBlock(kw, entries, &seen); err != nil {
 				return nil, fmt.Errorf("metadata: %s block at line %d: %w", kw, line, err)
 			}
 		default:
@@ -101,456 +78,40 @@ func ParseMetadata(text []byte) (*Metadata, error) {
 	return m, nil
 }
 
-// --- lexer ---
+// seenBlocks records which of the blocks a trace has only once were read.
+type seenBlocks struct{ trace, env, clock, stream bool }
 
-type tokKind uint8
-
-const (
-	tkEOF tokKind = iota
-	tkIdent
-	tkNumber
-	tkString
-	tkPunct
-)
-
-type token struct {
-	kind tokKind
-	text string
-	line int
-}
-
-type lexer struct {
-	src  []byte
-	pos  int
-	line int
-}
-
-func (l *lexer) scan() (token, error) {
-	for l.pos < len(l.src) {
-		c := l.src[l.pos]
-		switch {
-		case c == '\n':
-			l.line++
-			l.pos++
-		case c == ' ' || c == '\t' || c == '\r':
-			l.pos++
-		case c == '/' && l.pos+1 < len(l.src) && l.src[l.pos+1] == '*':
-			end := strings.Index(string(l.src[l.pos+2:]), "*/")
-			if end < 0 {
-				return token{}, fmt.Errorf("line %d: unterminated comment", l.line)
-			}
-			l.line += strings.Count(string(l.src[l.pos:l.pos+2+end]), "\n")
-			l.pos += end + 4
-		case c == '/' && l.pos+1 < len(l.src) && l.src[l.pos+1] == '/':
-			for l.pos < len(l.src) && l.src[l.pos] != '\n' {
-				l.pos++
-			}
-		default:
-			return l.token()
+// applyBlock applies the entries of a top-level block of kind kw to m
+// and notes the block in seen. It fails for a second clock or stream
+// block, or for entries the block's apply rejects.
+func (m *Metadata) applyBlock(kw string, entries []entry, seen *seenBlocks) error {
+	var err error
+	switch kw {
+	case "trace":
+		seen.trace = true
+		err = m.applyTrace(entries)
+	case "env":
+		seen.env = true
+		err = m.applyEnv(entries)
+	case "clock":
+		if seen.clock {
+			err = errors.New("more than one clock")
 		}
-	}
-	return token{kind: tkEOF, line: l.line}, nil
-}
-
-func (l *lexer) token() (token, error) {
-	start, c := l.pos, l.src[l.pos]
-	switch {
-	case c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
-		for l.pos < len(l.src) && isIdentByte(l.src[l.pos]) {
-			l.pos++
+		seen.clock = true
+		err = errors.Join(err, m.applyClock(entries))
+	case "stream":
+		if seen.stream {
+			err = errors.New("more than one stream class")
 		}
-		return token{tkIdent, string(l.src[start:l.pos]), l.line}, nil
-	case c >= '0' && c <= '9' || c == '-':
-		l.pos++
-		for l.pos < len(l.src) && (isIdentByte(l.src[l.pos])) {
-			l.pos++
-		}
-		return token{tkNumber, string(l.src[start:l.pos]), l.line}, nil
-	case c == '"':
-		l.pos++
-		var sb strings.Builder
-		for l.pos < len(l.src) {
-			ch := l.src[l.pos]
-			l.pos++
-			switch ch {
-			case '"':
-				return token{tkString, sb.String(), l.line}, nil
-			case '\n':
-				return token{}, fmt.Errorf("line %d: newline in string", l.line)
-			case '\\':
-				if l.pos >= len(l.src) {
-					return token{}, fmt.Errorf("line %d: unterminated string", l.line)
-				}
-				sb.WriteByte(l.src[l.pos])
-				l.pos++
-			default:
-				sb.WriteByte(ch)
-			}
-		}
-		return token{}, fmt.Errorf("line %d: unterminated string", l.line)
-	case c == ':' && l.pos+1 < len(l.src) && l.src[l.pos+1] == '=':
-		l.pos += 2
-		return token{tkPunct, ":=", l.line}, nil
-	case c == '.' && l.pos+2 < len(l.src) && l.src[l.pos+1] == '.' && l.src[l.pos+2] == '.':
-		l.pos += 3
-		return token{tkPunct, "...", l.line}, nil
-	case strings.IndexByte("{}[]()<>;=:,.", c) >= 0:
-		l.pos++
-		return token{tkPunct, string(c), l.line}, nil
+		seen.stream = true
+		err = errors.Join(err, m.applyStream(entries))
+	case "event":
+		err = m.applyEvent(entries)
 	}
-	return token{}, fmt.Errorf("line %d: unexpected character %q", l.line, c)
+	return err
 }
 
-func isIdentByte(c byte) bool {
-	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-}
-
-// --- parser ---
-
-type tTypeKind uint8
-
-const (
-	ttInt tTypeKind = iota + 1
-	ttString
-	ttStruct
-	ttEnum
-	ttVariant
-)
-
-type tType struct {
-	kind     tTypeKind
-	name     string // struct name, if any
-	size     int    // integer bits
-	align    int    // bits
-	signed   bool
-	encoding string
-	mapClock string
-	fields   []tField // struct, variant
-	base     *tType   // enum
-	tag      string   // variant
-}
-
-type tField struct {
-	name   string
-	typ    *tType
-	arrLen int    // > 0 for an array
-	seqLen string // non-empty for a sequence
-	line   int
-}
-
-type entry struct {
-	key  string
-	val  string // for '=' entries
-	kind tokKind
-	typ  *tType // for ':=' entries
-	line int
-}
-
-type parser struct {
-	lx      lexer
-	tok     token
-	err     error
-	aliases map[string]*tType
-	structs map[string]*tType
-}
-
-func (p *parser) next() {
-	if p.err != nil {
-		p.tok = token{kind: tkEOF}
-		return
-	}
-	t, err := p.lx.scan()
-	if err != nil {
-		p.err = fmt.Errorf("metadata: %w", err)
-		t = token{kind: tkEOF}
-	}
-	p.tok = t
-}
-
-func (p *parser) fail(msg string) {
-	if p.err == nil {
-		p.err = fmt.Errorf("metadata: line %d: %s", p.tok.line, msg)
-	}
-	p.tok = token{kind: tkEOF}
-}
-
-func (p *parser) is(punct string) bool { return p.tok.kind == tkPunct && p.tok.text == punct }
-
-func (p *parser) expect(punct string) {
-	if !p.is(punct) {
-		p.fail(fmt.Sprintf("expected %q, found %q", punct, p.tok.text))
-		return
-	}
-	p.next()
-}
-
-func (p *parser) ident() string {
-	if p.tok.kind != tkIdent {
-		p.fail(fmt.Sprintf("expected an identifier, found %q", p.tok.text))
-		return ""
-	}
-	s := p.tok.text
-	p.next()
-	return s
-}
-
-// parseTypeName reads a type alias name, which may be several words
-// ("unsigned long").
-func (p *parser) parseTypeName() string {
-	words := []string{p.ident()}
-	for p.tok.kind == tkIdent {
-		words = append(words, p.ident())
-	}
-	return strings.Join(words, " ")
-}
-
-func (p *parser) aliasPrefix(s string) bool {
-	for k := range p.aliases {
-		if k == s || strings.HasPrefix(k, s+" ") {
-			return true
-		}
-	}
-	return false
-}
-
-// parseBlock parses "{ entry; ... } ;" after a block keyword.
-func (p *parser) parseBlock() []entry {
-	p.expect("{")
-	var es []entry
-	for p.err == nil && !p.is("}") {
-		e := entry{line: p.tok.line}
-		e.key = p.ident()
-		for p.is(".") {
-			p.next()
-			e.key += "." + p.ident()
-		}
-		switch {
-		case p.is("="):
-			p.next()
-			e.val, e.kind = p.parseValue()
-		case p.is(":="):
-			p.next()
-			e.typ = p.parseType(0)
-		default:
-			p.fail(fmt.Sprintf("expected = or := after %q", e.key))
-		}
-		p.expect(";")
-		es = append(es, e)
-	}
-	p.expect("}")
-	p.expect(";")
-	return es
-}
-
-func (p *parser) parseValue() (string, tokKind) {
-	t := p.tok
-	switch t.kind {
-	case tkNumber, tkString:
-		p.next()
-		return t.text, t.kind
-	case tkIdent:
-		s := p.ident()
-		for p.is(".") {
-			p.next()
-			s += "." + p.ident()
-		}
-		return s, tkIdent
-	}
-	p.fail(fmt.Sprintf("expected a value, found %q", t.text))
-	return "", tkEOF
-}
-
-func (p *parser) parseType(depth int) *tType {
-	if depth > maxDepth {
-		p.fail("types nested too deeply")
-		return &tType{}
-	}
-	if p.tok.kind != tkIdent {
-		p.fail(fmt.Sprintf("expected a type, found %q", p.tok.text))
-		return &tType{}
-	}
-	switch p.tok.text {
-	case "integer":
-		p.next()
-		return p.parseInteger()
-	case "string":
-		p.next()
-		if p.is("{") { // string { encoding = UTF8; }
-			p.next()
-			for p.err == nil && !p.is("}") {
-				p.ident()
-				p.expect("=")
-				p.parseValue()
-				p.expect(";")
-			}
-			p.expect("}")
-		}
-		return &tType{kind: ttString, align: 8}
-	case "struct":
-		p.next()
-		t := &tType{kind: ttStruct, align: 8}
-		if p.tok.kind == tkIdent {
-			t.name = p.ident()
-			if !p.is("{") {
-				if s, ok := p.structs[t.name]; ok {
-					return s
-				}
-				p.fail(fmt.Sprintf("unknown struct %q", t.name))
-				return t
-			}
-		}
-		t.fields = p.parseFields(depth)
-		if p.tok.kind == tkIdent && p.tok.text == "align" {
-			p.next()
-			p.expect("(")
-			t.align = p.number()
-			p.expect(")")
-		}
-		if t.name != "" && p.err == nil {
-			p.structs[t.name] = t
-		}
-		return t
-	case "enum":
-		p.next()
-		t := &tType{kind: ttEnum}
-		p.expect(":")
-		t.base = p.parseType(depth + 1)
-		p.expect("{")
-		for p.err == nil && !p.is("}") {
-			if p.tok.kind == tkString {
-				p.next()
-			} else {
-				p.ident()
-			}
-			if p.is("=") {
-				p.next()
-				p.number()
-				if p.is("...") {
-					p.next()
-					p.number()
-				}
-			}
-			if !p.is(",") {
-				break
-			}
-			p.next()
-		}
-		p.expect("}")
-		if t.base.kind != ttInt {
-			p.fail("enum base is not an integer")
-		}
-		t.size, t.align = t.base.size, t.base.align
-		return t
-	case "variant":
-		p.next()
-		t := &tType{kind: ttVariant}
-		if p.is("<") {
-			p.next()
-			t.tag = p.ident()
-			p.expect(">")
-		}
-		t.fields = p.parseFields(depth)
-		return t
-	}
-	// An alias may be several words ("unsigned long"): take words while
-	// they still begin a known alias, so the field name is left.
-	name := p.ident()
-	for p.tok.kind == tkIdent && p.aliasPrefix(name+" "+p.tok.text) {
-		name += " " + p.ident()
-	}
-	if t, ok := p.aliases[name]; ok {
-		return t
-	}
-	p.fail(fmt.Sprintf("unknown type %q", name))
-	return &tType{}
-}
-
-func (p *parser) parseInteger() *tType {
-	t := &tType{kind: ttInt}
-	p.expect("{")
-	for p.err == nil && !p.is("}") {
-		key := p.ident()
-		p.expect("=")
-		val, _ := p.parseValue()
-		p.expect(";")
-		switch key {
-		case "size":
-			t.size = atoiOr(val, -1)
-		case "align":
-			t.align = atoiOr(val, -1)
-		case "signed":
-			t.signed = val == "true" || val == "TRUE" || val == "1"
-		case "encoding":
-			t.encoding = val
-		case "map":
-			t.mapClock = val
-		case "byte_order":
-			if val != "le" && val != "native" {
-				p.fail("only little-endian integers are supported")
-			}
-		}
-	}
-	p.expect("}")
-	if t.size < 1 || t.size > 64 || t.align < 1 || t.align > 64 {
-		p.fail("integer size or alignment out of range")
-	}
-	return t
-}
-
-func (p *parser) parseFields(depth int) []tField {
-	p.expect("{")
-	var fs []tField
-	for p.err == nil && !p.is("}") {
-		f := tField{line: p.tok.line}
-		f.typ = p.parseType(depth + 1)
-		f.name = p.ident()
-		if p.is("[") {
-			p.next()
-			if p.tok.kind == tkNumber {
-				f.arrLen = p.number()
-				if f.arrLen < 1 {
-					p.fail("array length out of range")
-				}
-			} else {
-				f.seqLen = p.ident()
-			}
-			p.expect("]")
-		}
-		p.expect(";")
-		fs = append(fs, f)
-		if len(fs) > MaxFields+8 {
-			p.fail("too many fields")
-		}
-	}
-	p.expect("}")
-	return fs
-}
-
-func (p *parser) number() int {
-	if p.tok.kind != tkNumber {
-		p.fail(fmt.Sprintf("expected a number, found %q", p.tok.text))
-		return 0
-	}
-	n := atoiOr(p.tok.text, -1)
-	if n < 0 {
-		p.fail(fmt.Sprintf("bad number %q", p.tok.text))
-		return 0
-	}
-	p.next()
-	return n
-}
-
-// atoiOr parses a decimal, hex or octal integer that fits in 31 bits.
-func atoiOr(s string, def int) int {
-	n, err := strconv.ParseInt(s, 0, 32)
-	if err != nil {
-		return def
-	}
-	return int(n)
-}
-
-// --- interpretation ---
-
+// lookup returns the entry of es with key key, and whether there is one.
 func lookup(es []entry, key string) (entry, bool) {
 	for _, e := range es {
 		if e.key == key {

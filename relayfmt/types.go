@@ -160,52 +160,8 @@ func NewEventClass(id uint32, name string, fields []Field) (*EventClass, error) 
 	c := &EventClass{ID: id, Name: name, Fields: append([]Field(nil), fields...), lenSlot: make([]int, len(fields))}
 	seen := make(map[string]int, len(fields))
 	for i, f := range c.Fields {
-		c.lenSlot[i] = -1
-		if !IsIdent(f.Name) {
-			return nil, fmt.Errorf("event %q: field name %q is not an identifier ([A-Za-z_][A-Za-z0-9_]*, at most %d bytes)", name, f.Name, MaxNameLen)
-		}
-		if _, dup := seen[f.Name]; dup {
-			return nil, fmt.Errorf("event %q: duplicate field name %q", name, f.Name)
-		}
-		seen[f.Name] = i
-		if f.Kind != String && f.Elem.Size() == 0 {
-			return nil, fmt.Errorf("event %q: field %q: invalid integer type %d", name, f.Name, f.Elem)
-		}
-		if f.Text && f.Elem != U8 {
-			return nil, fmt.Errorf("event %q: field %q: text needs u8 elements, not %v", name, f.Name, f.Elem)
-		}
-		switch f.Kind {
-		case Scalar:
-			if f.Text {
-				return nil, fmt.Errorf("event %q: field %q: a scalar cannot be text", name, f.Name)
-			}
-			c.addFixed(f.Elem.Size())
-		case Array:
-			if f.Len < 1 || f.Len > MaxArrayLen {
-				return nil, fmt.Errorf("event %q: field %q: array length %d out of range 1..%d", name, f.Name, f.Len, MaxArrayLen)
-			}
-			c.addFixed(f.Len * f.Elem.Size())
-		case String:
-			if f.Elem != 0 || f.Text {
-				return nil, fmt.Errorf("event %q: field %q: a string has no element type", name, f.Name)
-			}
-			c.fixed = -1
-		case Sequence:
-			j, ok := seen[f.LengthField]
-			if !ok || j == i {
-				return nil, fmt.Errorf("event %q: field %q: length field %q is not an earlier field", name, f.Name, f.LengthField)
-			}
-			if lf := c.Fields[j]; lf.Kind != Scalar || lf.Elem.Signed() {
-				return nil, fmt.Errorf("event %q: field %q: length field %q must be an unsigned scalar", name, f.Name, f.LengthField)
-			}
-			if c.lenSlot[j] < 0 {
-				c.lenSlot[j] = c.nslots
-				c.nslots++
-			}
-			c.lenSlot[i] = c.lenSlot[j]
-			c.fixed = -1
-		default:
-			return nil, fmt.Errorf("event %q: field %q: unknown kind %d", name, f.Name, f.Kind)
+		if err := c.addField(i, f, seen); err != nil {
+			return nil, err
 		}
 	}
 	// A field of fixed size that no sequence takes its length from is
@@ -227,6 +183,63 @@ func NewEventClass(id uint32, name string, fields []Field) (*EventClass, error) 
 		}
 	}
 	return c, nil
+}
+
+// addField checks f, the field at index i of c, against the fields before
+// it (seen maps their names to their indexes) and adds it to c's layout:
+// its fixed size, or the slot of the sequence length it gives or takes.
+// It fails, saying why, for a name that is not an identifier or repeats,
+// a bad element type, length or kind, or a sequence whose length field
+// is not an earlier unsigned scalar.
+func (c *EventClass) addField(i int, f Field, seen map[string]int) error {
+	c.lenSlot[i] = -1
+	if !IsIdent(f.Name) {
+		return fmt.Errorf("event %q: field name %q is not an identifier ([A-Za-z_][A-Za-z0-9_]*, at most %d bytes)", c.Name, f.Name, MaxNameLen)
+	}
+	if _, dup := seen[f.Name]; dup {
+		return fmt.Errorf("event %q: duplicate field name %q", c.Name, f.Name)
+	}
+	seen[f.Name] = i
+	if f.Kind != String && f.Elem.Size() == 0 {
+		return fmt.Errorf("event %q: field %q: invalid integer type %d", c.Name, f.Name, f.Elem)
+	}
+	if f.Text && f.Elem != U8 {
+		return fmt.Errorf("event %q: field %q: text needs u8 elements, not %v", c.Name, f.Name, f.Elem)
+	}
+	switch f.Kind {
+	case Scalar:
+		if f.Text {
+			return fmt.Errorf("event %q: field %q: a scalar cannot be text", c.Name, f.Name)
+		}
+		c.addFixed(f.Elem.Size())
+	case Array:
+		if f.Len < 1 || f.Len > MaxArrayLen {
+			return fmt.Errorf("event %q: field %q: array length %d out of range 1..%d", c.Name, f.Name, f.Len, MaxArrayLen)
+		}
+		c.addFixed(f.Len * f.Elem.Size())
+	case String:
+		if f.Elem != 0 || f.Text {
+			return fmt.Errorf("event %q: field %q: a string has no element type", c.Name, f.Name)
+		}
+		c.fixed = -1
+	case Sequence:
+		j, ok := seen[f.LengthField]
+		if !ok || j == i {
+			return fmt.Errorf("event %q: field %q: length field %q is not an earlier field", c.Name, f.Name, f.LengthField)
+		}
+		if lf := c.Fields[j]; lf.Kind != Scalar || lf.Elem.Signed() {
+			return fmt.Errorf("event %q: field %q: length field %q must be an unsigned scalar", c.Name, f.Name, f.LengthField)
+		}
+		if c.lenSlot[j] < 0 {
+			c.lenSlot[j] = c.nslots
+			c.nslots++
+		}
+		c.lenSlot[i] = c.lenSlot[j]
+		c.fixed = -1
+	default:
+		return fmt.Errorf("event %q: field %q: unknown kind %d", c.Name, f.Name, f.Kind)
+	}
+	return nil
 }
 
 func (c *EventClass) addFixed(n int) {

@@ -212,6 +212,8 @@ func (b *buffer) validPayload(id uint32, payload []byte) bool {
 	return err == nil && n == len(payload)
 }
 
+// lose counts one record rejected by Write in counter and as discarded,
+// and returns err, the one Write returns for it.
 func (b *buffer) lose(counter *uint64, err error) error {
 	*counter++
 	b.discarded++
@@ -227,6 +229,20 @@ func (c *Channel) Discard(cpu int, n uint64) error {
 		return err
 	}
 	b.stats.Lost += n
+	b.discarded += n
+	return nil
+}
+
+// Lose counts n events of cpu's stream that never reached the channel
+// whole (a packet PutPacket refused or had no room for at the end) as
+// discarded, as Stats.Unwritten: they are reported in the stream's next
+// packet. It fails only for an unknown cpu.
+func (c *Channel) Lose(cpu int, n uint64) error {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return err
+	}
+	b.lost += n
 	b.discarded += n
 	return nil
 }
@@ -384,4 +400,16 @@ func (c *Channel) PutPacket(cpu int, pkt []byte, events uint64) (bool, error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// Run starts a Run on cpu's buffer (the one buffer in global mode) at its
+// current state. A Run on an unknown cpu, on a buffer with no open
+// sub-buffer or on a global channel (whose events carry the CPU as their
+// context, which Put does not write) refuses every event.
+func (c *Channel) Run(cpu int) Run {
+	b, err := c.buf(cpu)
+	if err != nil {
+		return Run{}
+	}
+	return newRun(b, uint32(cpu))
 }
