@@ -229,8 +229,15 @@ func TestLTTngAnalyses(t *testing.T) {
 	// whole window.
 	truth := min(100, 100*float64(run1-run0)/float64(w1.Sub(w0).Nanoseconds()))
 	t.Logf("lttng-cputop: burner %.2f %% over %s; kernel schedstat %.2f %% (the machine is shared)", got, tr[0], truth)
-	if got > truth+5 || got < truth-5 {
-		t.Errorf("lttng-cputop: burner %.2f %%, kernel says %.2f %%", got, truth)
+	// Two TCG guests on a loaded 2-core host drifted 8 points apart
+	// (93.3 % against 85.4 % in the 6.12 guest): the drift above grows
+	// with the host's load.
+	tol := 5.0
+	if testenv.InGuest() {
+		tol = 10
+	}
+	if got > truth+tol || got < truth-tol {
+		t.Errorf("lttng-cputop: burner %.2f %%, kernel says %.2f %% (within %.0f points wanted)", got, truth, tol)
 	}
 	if truth < 10 {
 		t.Errorf("the burner ran %.2f %% of the window by the kernel's account: the comparison says nothing", truth)
