@@ -13,7 +13,7 @@ import (
 
 // The BTF event path records sched:sched_switch, sched_waking,
 // sched_wakeup, sched_wakeup_new and task:task_rename with tp_btf
-// programs of their own (kc_btf_* in bpf/kconsume.bpf.c) that build the
+// programs of their own (kc_btf_* in bpf/kc/sched_btf.bpf.h) that build the
 // record from the tracepoint's arguments, instead of through perf: no
 // perf trace record is built for them, and perf's bpf_prog_active
 // guard, which drops an event whenever another BPF program of the

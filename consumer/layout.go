@@ -50,7 +50,7 @@ type op struct {
 }
 
 // unknowable are the common fields BPF cannot see: the kernel overwrites
-// them before the program runs (see bpf/kconsume.bpf.c). The recorder
+// them before the program runs (see bpf/kc/tracepoint.bpf.h). The recorder
 // rebuilds common_type and common_pid, and leaves these two out of the
 // ring record.
 var unknowable = map[string]bool{"common_flags": true, "common_preempt_count": true}

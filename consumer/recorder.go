@@ -92,7 +92,7 @@ type loadOpts struct {
 
 // smallSize returns the record size of f when the recorder can copy it
 // straight into the ring with a program copy of its own size
-// (kc_record_small in bpf/kconsume.bpf.c): a multiple of 2 from 8 to
+// (kc_record_small in bpf/kc/tracepoint.bpf.h): a multiple of 2 from 8 to
 // smallMax bytes, without dynamic fields. Otherwise it returns 0.
 func smallSize(f *tracefs.Format) uint32 {
 	n := f.FixedSize()
@@ -254,7 +254,7 @@ func (r *recorder) cpuState(cpu int) *gen.RingbufKcCpuState {
 
 // wakeupMask returns kc_wakeup_mask for cfg: one less than how many
 // records of at most sampledMax bytes a writer may put into a ring between
-// two looks at its fill (bpf/kconsume.h:kc_wakeup_flags). All the CPUs'
+// two looks at its fill (bpf/kc/ringbuf.h:kc_wakeup_flags). All the CPUs'
 // writers together may pass over no more than half the ring's room above
 // the watermark, so a late look still wakes the consumer well before the
 // ring is full; tiny rings get a look at every record.

@@ -17,7 +17,7 @@ import (
 	"github.com/kconsume/kconsume/gen"
 )
 
-// The raw syscall path (kc_sys_enter, kc_sys_exit in bpf/kconsume.bpf.c)
+// The raw syscall path (kc_sys_enter, kc_sys_exit in bpf/kc/sys_raw.bpf.h)
 // records syscalls:sys_enter_* and sys_exit_* events from the kernel's
 // sys_enter and sys_exit tracepoints, which the syscall events hang off,
 // instead of through perf's syscall hooks: it builds the same record and

@@ -21,7 +21,7 @@ import (
 // check_faultable_syscall and sys_fault_user). A BPF program on a
 // syscall tracepoint sees only the number and the arguments
 // (perf_call_bpf_enter), so the recorder reads that data itself
-// (kc_sys_user in bpf/kconsume.bpf.c), by the kernel's rules.
+// (kc_sys_user in bpf/kc/sys_user.h), by the kernel's rules.
 
 // sysUserMax is SYSCALL_FAULT_USER_MAX (kernel/trace/trace.h): the most
 // bytes of one field the kernel keeps, and the largest
