@@ -99,7 +99,7 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 	if r.transport == Ringbuf {
 		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)
 	}
-	if r.area {
+	if r.plan[pathOwnRings].on {
 		// areaUsable checked that the object has kc_area.
 		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea, false)
 		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]

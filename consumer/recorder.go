@@ -37,7 +37,7 @@ type recorder struct {
 	running    *ebpf.Variable
 	stateMem   []byte
 	useCookie  bool           // event keys come from attach cookies
-	plan       plan           // why each optional path is not taken (plan.go)
+	plan       plan           // each optional path: whether taken, and why not (plan.go)
 	preempt    Preemptible    // whether tracing programs run preemptibly here (preempt.go)
 	rawPerf    bool           // the raw syscall path rides on the perf tracepoints (preempt.go)
 	tpProgs    []string       // the recorder copy attached for each event key
@@ -50,14 +50,9 @@ type recorder struct {
 	// programs' misses; objMissed keeps those of the objects detached.
 	objMu     sync.Mutex
 	objMissed uint64
-	area      bool   // the programs write into kc_area rings (area.go)
-	areaMem   []byte // kc_area, mapped
-	pkt       bool   // its elements are packets the writers fill (packet.go)
-	pktElem   int    // their size
-	// userFault is set when kc_sys_user_fault pages in the user memory
-	// of syscall events' user-space fields (sysuser.go).
-	userFault bool
-	userOn    bool // kc_sys_user is on: some event has user-space fields
+	areaMem   []byte // kc_area, mapped (pathOwnRings, area.go)
+	pktElem   int    // the size of its elements in packet mode (pathPackets, packet.go)
+	userOn    bool   // kc_sys_user is on: some event has user-space fields
 	// userRec is set when kc_sys_user_fault, once attached, records the
 	// events it pages memory in for, which then need no tracepoint;
 	// userTP when kc_tracepoint fills user-space fields, for the others.
@@ -385,7 +380,7 @@ func (r *recorder) missed() (all, lost uint64) {
 // ringSize returns the size of the BPF ring buffers: the rings, or with
 // kc_area the doorbells.
 func (r *recorder) ringSize() int {
-	if r.area {
+	if r.plan[pathOwnRings].on {
 		return bellSize
 	}
 	return r.cfg.RingSize
