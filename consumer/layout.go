@@ -57,7 +57,8 @@ var unknowable = map[string]bool{"common_flags": true, "common_preempt_count": t
 
 // ringCut is how many bytes the ring record lacks from offset 2 of the
 // trace record on: common_flags and common_preempt_count
-// (include/linux/trace_events.h, struct trace_entry).
+// (include/linux/trace_events.h, struct trace_entry). It mirrors KC_CUT
+// (bpf/kc/event.h; TestMirrorsC).
 const ringCut = 2
 
 // ringOff returns where the byte at off of a trace record is in its ring

@@ -192,10 +192,14 @@ func roundPage(n int) int {
 	return (n + p - 1) / p * p
 }
 
+// pidWords mirrors KC_PID_WORDS (bpf/filter.h; TestMirrorsC): the words
+// of kc_pid_bits.
+const pidWords = 1024
+
 // pidBits returns kc_pid_bits of bpf/filter.h for the ids pids: bit
 // id % (64 × len) set for each.
-func pidBits(pids []int) [1024]uint64 {
-	var bits [1024]uint64
+func pidBits(pids []int) [pidWords]uint64 {
+	var bits [pidWords]uint64
 	for _, p := range pids {
 		i := uint32(p) % (64 * uint32(len(bits)))
 		bits[i/64] |= 1 << (i % 64)
@@ -438,6 +442,15 @@ func (r *recorder) attachTracepoint(f *tracefs.Format, i int, recorded, asIs boo
 	return nil
 }
 
+// The injector's returns mirror KC_INJECT_* (bpf/kc/inject.bpf.h;
+// TestMirrorsC). KC_INJECT_BADLEN, a length the injector refuses,
+// inject checks before.
+const (
+	injectOK   = 0
+	injectOff  = 1
+	injectLost = 3
+)
+
 // inject runs the injector on cpu with one record of key. It fails with
 // ErrStopped when the gate is closed and ErrInjectLost when the ring was
 // full.
@@ -469,11 +482,11 @@ func (r *recorder) inject(cpu int, key uint32, payload []byte) error {
 		return fmt.Errorf("inject on CPU %d: %w", cpu, err)
 	}
 	switch ret {
-	case 0:
+	case injectOK:
 		return nil
-	case 1:
+	case injectOff:
 		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrStopped)
-	case 3:
+	case injectLost:
 		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrInjectLost)
 	}
 	return fmt.Errorf("inject on CPU %d: injector returned %d", cpu, ret)
