@@ -15,7 +15,7 @@ import (
 	"github.com/kconsume/kconsume/gen"
 )
 
-// The recorder's own rings (kc_area in bpf/kconsume.h): per CPU, a ring
+// The recorder's own rings (kc_area in bpf/kc/area.h): per CPU, a ring
 // of Config.RingSize bytes in an mmapable BPF array, in elements of at
 // most areaMaxElem bytes, which the programs reserve in with one
 // compare-and-swap of a position in kc_state and the drainer reads in

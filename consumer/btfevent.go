@@ -13,7 +13,7 @@ import (
 
 // The BTF event path records sched:sched_switch, sched_waking,
 // sched_wakeup, sched_wakeup_new and task:task_rename with tp_btf
-// programs of their own (kc_btf_* in bpf/kconsume.bpf.c) that build the
+// programs of their own (kc_btf_* in bpf/kc/sched_btf.bpf.h) that build the
 // record from the tracepoint's arguments, instead of through perf: no
 // perf trace record is built for them, and perf's bpf_prog_active
 // guard, which drops an event whenever another BPF program of the
@@ -193,7 +193,7 @@ func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses 
 		if e.prog == gen.RingbufProgKcBtfSwitch {
 			arg, err := switchStateArg()
 			if err != nil {
-				r.plan[pathBTF] = err
+				r.plan[pathBTF].why = err
 				delete(spec.Programs, e.prog)
 				continue
 			}
@@ -227,7 +227,7 @@ func (r *recorder) attachBTF(key int) string {
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: p})
 	if err != nil {
-		r.plan[pathBTF] = fmt.Errorf("attaching %s: %w", name, err)
+		r.plan[pathBTF].why = fmt.Errorf("attaching %s: %w", name, err)
 		return ""
 	}
 	r.links = append(r.links, l)
@@ -255,5 +255,5 @@ func (s *Session) BTFEvents() (events []string, why error) {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.plan[pathBTF]
+	return events, s.rec.plan[pathBTF].why
 }

@@ -88,9 +88,9 @@ func keepForRecover(rec *recorder, dir string) (*crashKeep, error) {
 	}
 	note := crashNote{Counts: countsRecords, CPUs: rec.ncpu, Global: rec.cfg.Global}
 	switch {
-	case rec.pkt:
+	case rec.plan[pathPackets].on:
 		note.Counts, note.RingSize, note.PktElem = countsPackets, uint64(rec.cfg.RingSize), uint64(rec.pktElem)
-	case rec.area:
+	case rec.plan[pathOwnRings].on:
 		note.Counts, note.RingSize = countsArea, uint64(rec.cfg.RingSize)
 	}
 	k := &crashKeep{
@@ -135,7 +135,7 @@ func (k *crashKeep) pin(rec *recorder) error {
 		return fmt.Errorf("mapping the recorder's ledger: %w", err)
 	}
 	pins := map[string]*ebpf.Map{"ledger": k.ledger, "state": rec.coll.Maps[gen.RingbufMapKcState]}
-	if rec.area {
+	if rec.plan[pathOwnRings].on {
 		pins["area"] = rec.coll.Maps[gen.RingbufMapKcArea]
 	}
 	for name, m := range pins {

@@ -92,11 +92,11 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 			return nil, err
 		}
 		switch {
-		case rec.pkt:
+		case rec.plan[pathPackets].on:
 			st.bell = r
 			p := rec.newPktRing(i, clockID)
 			st.src, st.data = p, p.data
-		case rec.area:
+		case rec.plan[pathOwnRings].on:
 			st.bell, r = r, rec.newAreaRing(i)
 			fallthrough
 		default:

@@ -50,14 +50,15 @@ type op struct {
 }
 
 // unknowable are the common fields BPF cannot see: the kernel overwrites
-// them before the program runs (see bpf/kconsume.bpf.c). The recorder
+// them before the program runs (see bpf/kc/tracepoint.bpf.h). The recorder
 // rebuilds common_type and common_pid, and leaves these two out of the
 // ring record.
 var unknowable = map[string]bool{"common_flags": true, "common_preempt_count": true}
 
 // ringCut is how many bytes the ring record lacks from offset 2 of the
 // trace record on: common_flags and common_preempt_count
-// (include/linux/trace_events.h, struct trace_entry).
+// (include/linux/trace_events.h, struct trace_entry). It mirrors KC_CUT
+// (bpf/kc/event.h; TestMirrorsC).
 const ringCut = 2
 
 // ringOff returns where the byte at off of a trace record is in its ring

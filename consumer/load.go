@@ -52,7 +52,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 			return nil, err
 		}
 	}
-	if r.area {
+	if r.plan[pathOwnRings].on {
 		if err := r.mapArea(); err != nil {
 			return nil, err
 		}
@@ -110,33 +110,32 @@ func (r *recorder) baseSpec(l *loading) error {
 func (r *recorder) decide(l *loading) error {
 	cfg, opts := r.cfg, l.opts
 	if opts != nil && opts.spec != nil {
-		r.plan[pathOwnRings] = errors.New("another producer writes the BPF ring buffers")
+		r.plan.off(pathOwnRings, errors.New("another producer writes the BPF ring buffers"))
 	} else {
-		r.plan[pathOwnRings] = areaUsable(cfg, r.ncpu, r.transport, cfg.Objects)
-		r.area = r.plan[pathOwnRings] == nil
+		r.plan[pathOwnRings] = decided(areaUsable(cfg, r.ncpu, r.transport, cfg.Objects))
 	}
 	if l.raw {
-		if r.plan[pathRawSys] = r.rawSysPossible(); r.plan[pathRawSys] != nil && cfg.Syscalls == SyscallsRaw {
-			return fmt.Errorf("raw syscall path: %w", r.plan[pathRawSys])
+		if r.plan[pathRawSys].why = r.rawSysPossible(); r.plan[pathRawSys].why != nil && cfg.Syscalls == SyscallsRaw {
+			return fmt.Errorf("raw syscall path: %w", r.plan[pathRawSys].why)
 		}
 	}
 	r.preempt = preemptible()
 	if forcePreemptible {
 		r.preempt = Preemptible{On: true, Why: "forced by a test"}
 	}
-	r.plan[pathPackets] = errors.New("no events given")
+	pkt := errors.New("no events given")
 	if opts != nil && opts.spec == nil {
 		// A kernel that refuses the raw syscall programs' load refuses
 		// packet mode's first: the fallbacks drop it before them.
-		r.plan[pathPackets] = opts.pktTP
-		if l.raw && r.plan[pathRawSys] == nil {
-			r.plan[pathPackets] = opts.pktRaw
+		pkt = opts.pktTP
+		if l.raw && r.plan[pathRawSys].why == nil {
+			pkt = opts.pktRaw
 		}
 	}
-	if !r.area {
-		r.plan[pathPackets] = fmt.Errorf("no kc_area rings: %w", r.plan[pathOwnRings])
+	if !r.plan[pathOwnRings].on {
+		pkt = fmt.Errorf("no kc_area rings: %w", r.plan[pathOwnRings].why)
 	}
-	r.pkt = r.plan[pathPackets] == nil
+	r.plan[pathPackets] = decided(pkt)
 	return nil
 }
 
@@ -144,9 +143,10 @@ func (r *recorder) decide(l *loading) error {
 // mode's elements) or none, and the transport's maps and wakeups.
 func (r *recorder) setupRings(l *loading) error {
 	cfg, spec, set := r.cfg, l.spec, l.set
-	if r.area {
-		setupArea(spec, set, cfg, r.ncpu, gen.RingbufMapKcArea, r.pkt)
-		if r.pkt {
+	pkt := r.plan[pathPackets].on
+	if r.plan[pathOwnRings].on {
+		setupArea(spec, set, cfg, r.ncpu, gen.RingbufMapKcArea, pkt)
+		if pkt {
 			r.pktElem, _ = pktShape(cfg)
 		}
 	} else {
@@ -160,7 +160,7 @@ func (r *recorder) setupRings(l *loading) error {
 	rings.MaxEntries = uint32(r.ncpu)
 	rings.InnerMap.MaxEntries = uint32(r.ringSize())
 	set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
-	if r.pkt {
+	if pkt {
 		// A packet is what the drainer takes: waking it for less
 		// would wake it for nothing.
 		set[gen.RingbufVarKcWakeupBytes] = uint64(max(cfg.Watermark, r.pktElem))
@@ -175,9 +175,10 @@ func (r *recorder) setupRings(l *loading) error {
 func (r *recorder) setupSyscalls(l *loading) error {
 	spec, set := l.spec, l.set
 	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
-		if !l.raw || r.plan[pathRawSys] != nil {
+		if !l.raw || r.plan[pathRawSys].why != nil {
 			dropRawSys(spec)
 		} else {
+			r.plan[pathRawSys].on = true
 			r.rawPerf = r.preempt.On
 			rawFromPerf(spec, r.rawPerf)
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
@@ -193,6 +194,7 @@ func (r *recorder) setupSyscalls(l *loading) error {
 	if err := r.fentryCopies(spec, evs); err != nil {
 		return err
 	}
+	r.plan[pathFentry].on = len(r.fentry) > 0
 	if len(r.fentry) > 0 {
 		set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 	}
@@ -213,6 +215,7 @@ func (r *recorder) setupRest(l *loading) error {
 		uses = opts.btf
 	}
 	r.setupBTF(spec, set, uses)
+	r.plan[pathBTF].on = len(r.btfKeys) > 0
 	r.setupUserFault(spec, opts != nil && opts.user, opts != nil && opts.userNr)
 	return setVars(spec, set)
 }
@@ -252,7 +255,7 @@ func (r *recorder) load(l *loading) error {
 				return ferr
 			}
 		}
-		r.plan[f.path] = fmt.Errorf("loading: %w", err)
+		r.plan.off(f.path, fmt.Errorf("loading: %w", err))
 		if derr := f.drop(r, l); derr != nil {
 			return derr
 		}
@@ -284,9 +287,9 @@ var fallbacks = []fallback{
 	{
 		// Packet mode is the newest writer of all.
 		path: pathPackets,
-		in:   func(r *recorder, _ *loading) bool { return r.pkt },
+		in:   func(r *recorder, _ *loading) bool { return r.plan[pathPackets].on },
 		drop: func(r *recorder, l *loading) error {
-			r.pkt, r.pktElem = false, 0
+			r.pktElem = 0
 			elem, count := areaShape(r.cfg.RingSize)
 			l.spec.Maps[gen.RingbufMapKcArea].ValueSize = uint32(elem)
 			l.spec.Maps[gen.RingbufMapKcArea].MaxEntries = uint32(r.ncpu * count)
@@ -298,10 +301,9 @@ var fallbacks = []fallback{
 		// The own rings are an optimisation, and newer code than the
 		// rest.
 		path: pathOwnRings,
-		in:   func(r *recorder, _ *loading) bool { return r.area },
+		in:   func(r *recorder, _ *loading) bool { return r.plan[pathOwnRings].on },
 		drop: func(r *recorder, l *loading) error {
-			r.area, r.pkt = false, false
-			r.plan[pathPackets] = fmt.Errorf("no kc_area rings: %w", r.plan[pathOwnRings])
+			r.plan.off(pathPackets, fmt.Errorf("no kc_area rings: %w", r.plan[pathOwnRings].why))
 			l.spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(r.cfg.RingSize)
 			if err := setVars(l.spec, map[string]any{gen.RingbufVarKcAreaOn: uint32(0)}); err != nil {
 				return err

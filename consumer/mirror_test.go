@@ -83,6 +83,11 @@ func TestMirrorsC(t *testing.T) {
 		"KC_TP_SYSUSER":       tpSysUser,
 		"KC_AREA_HDR":         rbHdrLen,
 		"KC_AREA_DISC":        rbDisc,
+		"KC_CUT":              ringCut,
+		"KC_PID_WORDS":        pidWords,
+		"KC_INJECT_OK":        injectOK,
+		"KC_INJECT_OFF":       injectOff,
+		"KC_INJECT_LOST":      injectLost,
 	}
 	for name, want := range mirrors {
 		got, ok := defs[name]

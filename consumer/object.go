@@ -67,62 +67,12 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 	if spec.Variables[gen.ExampleVarKcNcpu] == nil || spec.Maps[gen.ExampleMapKcState] == nil || spec.Maps[gateMap] == nil {
 		return fmt.Errorf("%w: not built on kc_synth.h (no kc_ncpu, kc_state or %s)", ErrConfig, gateMap)
 	}
-	rep := map[string]*ebpf.Map{
-		gen.ExampleMapKcState: r.coll.Maps[gen.RingbufMapKcState],
-		gateMap:               r.coll.Maps[gateMap],
+	rep, set, err := r.objectShape(spec)
+	if err != nil {
+		return err
 	}
-	spec.Maps[gen.ExampleMapKcState].MaxEntries = uint32(2 * r.ncpu)
-	if r.transport == Ringbuf {
-		m := spec.Maps[gen.ExampleMapKcRings]
-		if m == nil {
-			return fmt.Errorf("%w: built for the perf transport (-DKC_PERF), the session uses ring buffers", ErrConfig)
-		}
-		m.MaxEntries = uint32(r.ncpu)
-		m.InnerMap.MaxEntries = uint32(r.ringSize())
-		rep[gen.ExampleMapKcRings] = r.coll.Maps[gen.RingbufMapKcRings]
-	} else {
-		m := spec.Maps[gen.ExamplePerfMapKcPerf]
-		if m == nil {
-			return fmt.Errorf("%w: built for ring buffers, the session uses the perf transport (build with -DKC_PERF)", ErrConfig)
-		}
-		m.MaxEntries = uint32(r.ncpu)
-		rep[gen.ExamplePerfMapKcPerf] = r.coll.Maps[gen.PerfMapKcPerf]
-	}
-	set := map[string]any{
-		gen.ExampleVarKcNcpu:   uint32(r.ncpu),
-		gen.ExampleVarKcClock:  uint32(r.cfg.Clock),
-		gen.ExampleVarKcGlobal: boolU32(r.cfg.Global),
-	}
-	if spec.Variables[gen.ExampleVarKcSelfTgid] != nil {
-		set[gen.ExampleVarKcSelfTgid] = uint32(os.Getpid())
-	}
-	if r.transport == Ringbuf {
-		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)
-	}
-	if r.area {
-		// areaUsable checked that the object has kc_area.
-		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea, false)
-		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]
-	} else {
-		stripArea(spec)
-	}
-	var names []string
-	for name := range spec.Variables {
-		if ev, ok := strings.CutPrefix(name, keyVarPrefix); ok {
-			names = append(names, ev)
-		}
-	}
-	slices.Sort(names)
-	for _, ev := range names {
-		def, err := objectDef(spec, ev)
-		if err != nil {
-			return err
-		}
-		key, err := declare(def)
-		if err != nil {
-			return err
-		}
-		set[keyVarPrefix+ev] = key
+	if err := objectKeys(spec, set, declare); err != nil {
+		return err
 	}
 	for name, v := range set {
 		vs := spec.Variables[name]
@@ -152,6 +102,78 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 		o.links = append(o.links, l)
 	}
 	r.objects = append(r.objects, o)
+	return nil
+}
+
+// objectShape sizes spec's maps for the session and returns the maps of
+// the recorder that replace the object's (its state, gate, rings and
+// kc_area) and the values of the object's variables. It fails on an
+// object built for the other transport.
+func (r *recorder) objectShape(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, map[string]any, error) {
+	rep := map[string]*ebpf.Map{
+		gen.ExampleMapKcState: r.coll.Maps[gen.RingbufMapKcState],
+		gateMap:               r.coll.Maps[gateMap],
+	}
+	spec.Maps[gen.ExampleMapKcState].MaxEntries = uint32(2 * r.ncpu)
+	if r.transport == Ringbuf {
+		m := spec.Maps[gen.ExampleMapKcRings]
+		if m == nil {
+			return nil, nil, fmt.Errorf("%w: built for the perf transport (-DKC_PERF), the session uses ring buffers", ErrConfig)
+		}
+		m.MaxEntries = uint32(r.ncpu)
+		m.InnerMap.MaxEntries = uint32(r.ringSize())
+		rep[gen.ExampleMapKcRings] = r.coll.Maps[gen.RingbufMapKcRings]
+	} else {
+		m := spec.Maps[gen.ExamplePerfMapKcPerf]
+		if m == nil {
+			return nil, nil, fmt.Errorf("%w: built for ring buffers, the session uses the perf transport (build with -DKC_PERF)", ErrConfig)
+		}
+		m.MaxEntries = uint32(r.ncpu)
+		rep[gen.ExamplePerfMapKcPerf] = r.coll.Maps[gen.PerfMapKcPerf]
+	}
+	set := map[string]any{
+		gen.ExampleVarKcNcpu:   uint32(r.ncpu),
+		gen.ExampleVarKcClock:  uint32(r.cfg.Clock),
+		gen.ExampleVarKcGlobal: boolU32(r.cfg.Global),
+	}
+	if spec.Variables[gen.ExampleVarKcSelfTgid] != nil {
+		set[gen.ExampleVarKcSelfTgid] = uint32(os.Getpid())
+	}
+	if r.transport == Ringbuf {
+		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)
+	}
+	if r.plan[pathOwnRings].on {
+		// areaUsable checked that the object has kc_area.
+		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea, false)
+		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]
+	} else {
+		stripArea(spec)
+	}
+	return rep, set, nil
+}
+
+// objectKeys declares the synthetic events of spec's kc_key_NAME
+// variables, in the order of their names, and puts in set the key each
+// gets.
+func objectKeys(spec *ebpf.CollectionSpec, set map[string]any, declare func(*synth.Event) (uint32, error)) error {
+	var names []string
+	for name := range spec.Variables {
+		if ev, ok := strings.CutPrefix(name, keyVarPrefix); ok {
+			names = append(names, ev)
+		}
+	}
+	slices.Sort(names)
+	for _, ev := range names {
+		def, err := objectDef(spec, ev)
+		if err != nil {
+			return err
+		}
+		key, err := declare(def)
+		if err != nil {
+			return err
+		}
+		set[keyVarPrefix+ev] = key
+	}
 	return nil
 }
 

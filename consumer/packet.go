@@ -18,7 +18,7 @@ import (
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
-// Packet mode (kc_pkt_on in bpf/kconsume.h): the elements of the
+// Packet mode (kc_pkt_on in bpf/kc/pkt.h): the elements of the
 // recorder's own rings are the trace's packets, which the writers fill
 // with the events as the trace holds them, so the drainer hands whole
 // elements to the channel (relayfmt.Channel.PutPacket) and reads no

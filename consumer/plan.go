@@ -15,11 +15,28 @@ const (
 	numPaths
 )
 
-// plan says, for each optional path, why the recorder does not take it:
-// nil where it takes it or where it does not apply (no event needs it).
-// Decided at load (loadRecorder, the fallbacks), it changes after only
-// where the kernel refuses an attach.
-type plan [numPaths]error
+// optPath is one optional path of the recorder: whether it takes it, and
+// why not. on is set once the load kept the path (pathUserFault: once its
+// program attached) and cleared when a fallback or a failed attach drops
+// it. why is nil where the recorder takes the path for every event that
+// could, or where the path does not apply (no event needs it); a path
+// that is on may still say why some events do not take it (a syscall
+// function the kernel's BTF lacks, a BTF program the kernel refuses).
+type optPath struct {
+	on  bool
+	why error
+}
+
+// plan is the recorder's optional paths, by pathID. Decided at load
+// (loadRecorder, the fallbacks), it changes after only where the kernel
+// refuses an attach.
+type plan [numPaths]optPath
+
+// decided is a path decided before the load: on unless why says not.
+func decided(why error) optPath { return optPath{on: why == nil, why: why} }
+
+// off turns path id off, saying why.
+func (p *plan) off(id pathID, why error) { p[id] = optPath{why: why} }
 
 // fallback is a step of the load's retries: when the kernel refuses the
 // recorder, the first path still in the spec is dropped, newest first,

@@ -37,7 +37,7 @@ type recorder struct {
 	running    *ebpf.Variable
 	stateMem   []byte
 	useCookie  bool           // event keys come from attach cookies
-	plan       plan           // why each optional path is not taken (plan.go)
+	plan       plan           // each optional path: whether taken, and why not (plan.go)
 	preempt    Preemptible    // whether tracing programs run preemptibly here (preempt.go)
 	rawPerf    bool           // the raw syscall path rides on the perf tracepoints (preempt.go)
 	tpProgs    []string       // the recorder copy attached for each event key
@@ -50,14 +50,9 @@ type recorder struct {
 	// programs' misses; objMissed keeps those of the objects detached.
 	objMu     sync.Mutex
 	objMissed uint64
-	area      bool   // the programs write into kc_area rings (area.go)
-	areaMem   []byte // kc_area, mapped
-	pkt       bool   // its elements are packets the writers fill (packet.go)
-	pktElem   int    // their size
-	// userFault is set when kc_sys_user_fault pages in the user memory
-	// of syscall events' user-space fields (sysuser.go).
-	userFault bool
-	userOn    bool // kc_sys_user is on: some event has user-space fields
+	areaMem   []byte // kc_area, mapped (pathOwnRings, area.go)
+	pktElem   int    // the size of its elements in packet mode (pathPackets, packet.go)
+	userOn    bool   // kc_sys_user is on: some event has user-space fields
 	// userRec is set when kc_sys_user_fault, once attached, records the
 	// events it pages memory in for, which then need no tracepoint;
 	// userTP when kc_tracepoint fills user-space fields, for the others.
@@ -92,7 +87,7 @@ type loadOpts struct {
 
 // smallSize returns the record size of f when the recorder can copy it
 // straight into the ring with a program copy of its own size
-// (kc_record_small in bpf/kconsume.bpf.c): a multiple of 2 from 8 to
+// (kc_record_small in bpf/kc/tracepoint.bpf.h): a multiple of 2 from 8 to
 // smallMax bytes, without dynamic fields. Otherwise it returns 0.
 func smallSize(f *tracefs.Format) uint32 {
 	n := f.FixedSize()
@@ -197,10 +192,14 @@ func roundPage(n int) int {
 	return (n + p - 1) / p * p
 }
 
+// pidWords mirrors KC_PID_WORDS (bpf/filter.h; TestMirrorsC): the words
+// of kc_pid_bits.
+const pidWords = 1024
+
 // pidBits returns kc_pid_bits of bpf/filter.h for the ids pids: bit
 // id % (64 × len) set for each.
-func pidBits(pids []int) [1024]uint64 {
-	var bits [1024]uint64
+func pidBits(pids []int) [pidWords]uint64 {
+	var bits [pidWords]uint64
 	for _, p := range pids {
 		i := uint32(p) % (64 * uint32(len(bits)))
 		bits[i/64] |= 1 << (i % 64)
@@ -254,7 +253,7 @@ func (r *recorder) cpuState(cpu int) *gen.RingbufKcCpuState {
 
 // wakeupMask returns kc_wakeup_mask for cfg: one less than how many
 // records of at most sampledMax bytes a writer may put into a ring between
-// two looks at its fill (bpf/kconsume.h:kc_wakeup_flags). All the CPUs'
+// two looks at its fill (bpf/kc/ringbuf.h:kc_wakeup_flags). All the CPUs'
 // writers together may pass over no more than half the ring's room above
 // the watermark, so a late look still wakes the consumer well before the
 // ring is full; tiny rings get a look at every record.
@@ -385,7 +384,7 @@ func (r *recorder) missed() (all, lost uint64) {
 // ringSize returns the size of the BPF ring buffers: the rings, or with
 // kc_area the doorbells.
 func (r *recorder) ringSize() int {
-	if r.area {
+	if r.plan[pathOwnRings].on {
 		return bellSize
 	}
 	return r.cfg.RingSize
@@ -443,6 +442,15 @@ func (r *recorder) attachTracepoint(f *tracefs.Format, i int, recorded, asIs boo
 	return nil
 }
 
+// The injector's returns mirror KC_INJECT_* (bpf/kc/inject.bpf.h;
+// TestMirrorsC). KC_INJECT_BADLEN, a length the injector refuses,
+// inject checks before.
+const (
+	injectOK   = 0
+	injectOff  = 1
+	injectLost = 3
+)
+
 // inject runs the injector on cpu with one record of key. It fails with
 // ErrStopped when the gate is closed and ErrInjectLost when the ring was
 // full.
@@ -474,11 +482,11 @@ func (r *recorder) inject(cpu int, key uint32, payload []byte) error {
 		return fmt.Errorf("inject on CPU %d: %w", cpu, err)
 	}
 	switch ret {
-	case 0:
+	case injectOK:
 		return nil
-	case 1:
+	case injectOff:
 		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrStopped)
-	case 3:
+	case injectLost:
 		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrInjectLost)
 	}
 	return fmt.Errorf("inject on CPU %d: injector returned %d", cpu, ret)

@@ -17,7 +17,7 @@ const (
 	rbDisc   = 1 << 30
 	rbHdrLen = 8
 	// areaLapMask selects the lap in a kc_area record's header (its
-	// upper word; bpf/kconsume.h: kc_area_commit).
+	// upper word; bpf/kc/area.h: kc_area_commit).
 	areaLapMask = 0xffffffff << 32
 )
 
@@ -132,7 +132,7 @@ func (r *ringbuf) producer() uint64 { return atomic.LoadUint64(r.prodPos) }
 // release store: once per batch, not per record. A kc_area ring's space
 // is zeroed first, so that a writer finds the slot of every header it
 // reserves zero until it stores the header: bytes of an earlier lap there
-// could pass for a written record (bpf/kconsume.h: kc_area). The store
+// could pass for a written record (bpf/kc/area.h: kc_area). The store
 // that follows publishes the zeroes with the position (x86 keeps stores
 // in order), and the writers store only inside space they reserved after
 // reading that position.

@@ -268,7 +268,7 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 		env[k] = v
 	}
 	subSize, nSub := cfg.SubbufSize, cfg.NSubbufs
-	if s.rec.pkt {
+	if s.rec.plan[pathPackets].on {
 		// The rings hold the packets; the channel's own sub-buffers
 		// carry only losses, and packets for a remote sink.
 		subSize, nSub = s.rec.pktElem, relayfmt.MinSubbufs
@@ -406,7 +406,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 				}
 				u.put(&ti, userBuf)
 			}
-			if s.rec.pkt {
+			if s.rec.plan[pathPackets].on {
 				ops, err := pktOps(l)
 				if err != nil {
 					// pktEligible took both syscall paths.
@@ -455,7 +455,7 @@ func (s *Session) RawSyscalls() (events []string, why error) {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.plan[pathRawSys]
+	return events, s.rec.plan[pathRawSys].why
 }
 
 // FentrySyscalls returns the syscall events recorded through the
@@ -467,18 +467,18 @@ func (s *Session) FentrySyscalls() (events []string, why error) {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.plan[pathFentry]
+	return events, s.rec.plan[pathFentry].why
 }
 
 // OwnRings returns nil when the recorder's programs write into its own
 // rings (kc_area, area.go), or why they write into BPF ring buffers or
 // perf buffers.
-func (s *Session) OwnRings() error { return s.rec.plan[pathOwnRings] }
+func (s *Session) OwnRings() error { return s.rec.plan[pathOwnRings].why }
 
 // Packets returns nil when the recorder's programs write the trace's
 // packets themselves (packet mode, packet.go), so the drainer reads no
 // record, or why they do not.
-func (s *Session) Packets() error { return s.rec.plan[pathPackets] }
+func (s *Session) Packets() error { return s.rec.plan[pathPackets].why }
 
 // Events returns the formats of the recorded tracepoints.
 func (s *Session) Events() []*tracefs.Format { return s.events }

@@ -380,7 +380,7 @@ func TestGetpidExact(t *testing.T) {
 				t.Fatalf("raw path from perf tracepoints: %v, want %v", s.rec.rawPerf, v.perf || preemptible().On)
 			}
 			if s.rec.tpProgs[0] != want {
-				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.rec.tpProgs[0], want, s.rec.plan[pathRawSys])
+				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.rec.tpProgs[0], want, s.rec.plan[pathRawSys].why)
 			}
 			if raw, why := s.RawSyscalls(); (len(raw) == 1) != (want == gen.RingbufProgKcSysEnter) || sys == SyscallsTracepoint && why == nil {
 				t.Fatalf("RawSyscalls: %q, %v with %s", raw, why, want)

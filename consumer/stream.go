@@ -7,11 +7,11 @@ import (
 	"github.com/kconsume/kconsume/gen"
 )
 
-// recHdrLen is sizeof(struct kc_rec) (bpf/kconsume.h).
+// recHdrLen is sizeof(struct kc_rec) (bpf/kc/core.h).
 const recHdrLen = int(unsafe.Sizeof(gen.RingbufKcRec{}))
 
 // kcRec is a record as the recorder writes it: struct kc_rec
-// (bpf/kconsume.h), then the payload. Its accessors need a record of at
+// (bpf/kc/core.h), then the payload. Its accessors need a record of at
 // least recHdrLen bytes; they inline to plain loads.
 type kcRec []byte
 

@@ -17,7 +17,7 @@ import (
 	"github.com/kconsume/kconsume/gen"
 )
 
-// The raw syscall path (kc_sys_enter, kc_sys_exit in bpf/kconsume.bpf.c)
+// The raw syscall path (kc_sys_enter, kc_sys_exit in bpf/kc/sys_raw.bpf.h)
 // records syscalls:sys_enter_* and sys_exit_* events from the kernel's
 // sys_enter and sys_exit tracepoints, which the syscall events hang off,
 // instead of through perf's syscall hooks: it builds the same record and
@@ -129,7 +129,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 		if r.cfg.Syscalls == SyscallsFentry {
 			return nil, fmt.Errorf("fentry syscall path: %w", err)
 		}
-		r.plan[pathFentry] = err
+		r.plan.off(pathFentry, err)
 	}
 	if r.coll.Programs[gen.RingbufProgKcSysEnter] == nil {
 		return progs, nil
@@ -153,7 +153,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 		rawKeys = append(rawKeys, i)
 		k := gen.RingbufKcSysKey{Key: uint32(i + 1), Id: uint16(f.ID), Size: uint16(f.FixedSize())}
 		if err := keys.Put(slot, k); err != nil {
-			r.plan[pathRawSys] = fmt.Errorf("dispatching %s: %w", f.FullName(), err)
+			r.plan.off(pathRawSys, fmt.Errorf("dispatching %s: %w", f.FullName(), err))
 			break
 		}
 		slots = append(slots, slot)
@@ -161,7 +161,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	}
 	var links []link.Link
 	for dir, name := range []string{gen.RingbufProgKcSysEnter, gen.RingbufProgKcSysExit} {
-		if !used[dir] || r.plan[pathRawSys] != nil {
+		if !used[dir] || r.plan[pathRawSys].why != nil {
 			continue
 		}
 		var l link.Link
@@ -172,12 +172,12 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			l, err = link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
 		}
 		if err != nil {
-			r.plan[pathRawSys] = fmt.Errorf("attaching %s: %w", name, err)
+			r.plan.off(pathRawSys, fmt.Errorf("attaching %s: %w", name, err))
 			break
 		}
 		links = append(links, l)
 	}
-	if r.plan[pathRawSys] != nil {
+	if r.plan[pathRawSys].why != nil {
 		for _, l := range links {
 			_ = l.Close()
 		}
@@ -185,7 +185,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			_ = keys.Put(slot, gen.RingbufKcSysKey{})
 		}
 		if r.cfg.Syscalls == SyscallsRaw {
-			return nil, fmt.Errorf("raw syscall path: %w", r.plan[pathRawSys])
+			return nil, fmt.Errorf("raw syscall path: %w", r.plan[pathRawSys].why)
 		}
 		for _, i := range rawKeys {
 			progs[i] = ""
@@ -250,7 +250,7 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 		return nil
 	}
 	fail := func(err error) error {
-		r.plan[pathFentry] = err
+		r.plan.off(pathFentry, err)
 		r.dropFentry(spec)
 		if r.cfg.Syscalls == SyscallsFentry {
 			return fmt.Errorf("%w: fentry syscall path: %w", ErrNotSupported, err)
@@ -271,7 +271,7 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 			if r.cfg.Syscalls == SyscallsFentry {
 				return fail(err)
 			}
-			r.plan[pathFentry] = err
+			r.plan[pathFentry].why = err
 			continue
 		}
 		if !probed {

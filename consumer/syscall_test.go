@@ -125,7 +125,7 @@ func TestSyscallRaw(t *testing.T) {
 		for i, p := range s.rec.tpProgs {
 			want := strings.HasPrefix(p, "kc_sys_")
 			if want != raw || raw && (p == gen.RingbufProgKcSysExit) != strings.Contains(events[i], "exit") {
-				t.Fatalf("%s: %s recorded by %s (raw syscall path: %v)", v.name, events[i], p, s.rec.plan[pathRawSys])
+				t.Fatalf("%s: %s recorded by %s (raw syscall path: %v)", v.name, events[i], p, s.rec.plan[pathRawSys].why)
 			}
 			// The raw programs leave out the padding after nr: their
 			// records go into the trace as they are.
@@ -378,7 +378,7 @@ func syscallSession(t *testing.T, path Syscalls, events []string, c *tracedChild
 	}
 	s, dir := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
 	if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
-		t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.plan[pathRawSys])
+		t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.plan[pathRawSys].why)
 	}
 	return s, dir
 }

@@ -21,7 +21,7 @@ import (
 // check_faultable_syscall and sys_fault_user). A BPF program on a
 // syscall tracepoint sees only the number and the arguments
 // (perf_call_bpf_enter), so the recorder reads that data itself
-// (kc_sys_user in bpf/kconsume.bpf.c), by the kernel's rules.
+// (kc_sys_user in bpf/kc/sys_user.h), by the kernel's rules.
 
 // sysUserMax is SYSCALL_FAULT_USER_MAX (kernel/trace/trace.h): the most
 // bytes of one field the kernel keeps, and the largest
@@ -223,7 +223,7 @@ func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
 		}
 	}
 	if !need || err != nil {
-		r.plan[pathUserFault] = err
+		r.plan[pathUserFault].why = err
 		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
 	} else if ps != nil {
 		ps.Flags |= unix.BPF_F_SLEEPABLE
@@ -267,7 +267,7 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 			continue
 		}
 		if err := keys.Put(uint32(nr), uint32(i+1)); err != nil {
-			r.plan[pathUserFault] = fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err)
+			r.plan.off(pathUserFault, fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err))
 			return r.userFailed(formats)
 		}
 		if r.userRec {
@@ -276,11 +276,11 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 	if err != nil {
-		r.plan[pathUserFault] = fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err)
+		r.plan.off(pathUserFault, fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err))
 		return r.userFailed(formats)
 	}
 	r.links = append(r.links, l)
-	r.userFault = true
+	r.plan[pathUserFault].on = true
 	return progs, nil
 }
 
@@ -289,7 +289,7 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 // to record some that kc_tracepoint cannot then fill.
 func (r *recorder) userFailed(formats []*tracefs.Format) ([]string, error) {
 	if r.userRec && !r.userTP {
-		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.plan[pathUserFault])
+		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.plan[pathUserFault].why)
 	}
 	return make([]string, len(formats)), nil
 }
@@ -314,8 +314,8 @@ func (r *recorder) userUnread() []uint64 {
 // kernel does for its own events, or why it does not; nil too when no
 // recorded event has such fields.
 func (s *Session) UserFault() error {
-	if s.rec.userFault {
+	if s.rec.plan[pathUserFault].on {
 		return nil
 	}
-	return s.rec.plan[pathUserFault]
+	return s.rec.plan[pathUserFault].why
 }

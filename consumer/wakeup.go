@@ -8,7 +8,7 @@ import (
 	"github.com/kconsume/kconsume/synth"
 )
 
-// Flags of kc_tp_info (bpf/kconsume.bpf.c).
+// Flags of kc_tp_info (bpf/kc/event.h).
 const (
 	tpRecord  = 1 // KC_TP_RECORD
 	tpWaking  = 2 // KC_TP_WAKING
