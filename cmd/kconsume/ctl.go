@@ -85,38 +85,7 @@ func (h *handler) Do(cmd string, cpu int, arg string) (string, error) {
 		if s.Config().Mode != relayfmt.Overwrite {
 			return "", errors.New("rewind needs a session recording with --mode overwrite")
 		}
-		// Beside the trace, not inside it: babeltrace2 would merge a
-		// trace found in a subdirectory with the main one. A trace laid
-		// out as an LTTng session (SESSION/kernel) is rewound into a
-		// session of its own, SESSION.rewind-N/kernel.
-		base, sub := filepath.Clean(s.Config().Dir), ""
-		if filepath.Base(base) == "kernel" {
-			base, sub = filepath.Dir(base), "kernel"
-		}
-		for n := 1; ; n++ {
-			top := fmt.Sprintf("%s.rewind-%d", base, n)
-			if _, err := os.Lstat(top); err == nil {
-				continue
-			}
-			dir := filepath.Join(top, sub)
-			if sub != "" {
-				if err := os.Mkdir(top, 0o755); err != nil {
-					return "", fmt.Errorf("rewind: %w", err)
-				}
-			}
-			if err := s.Rewind(dir, cpu); err != nil {
-				if sub != "" {
-					_ = os.Remove(top)
-				}
-				return "", err
-			}
-			// The rewound trace is written past the session's sink:
-			// its names are given the session's profile here.
-			if err := profile.Relabel(s.Config().Sink, dir); err != nil {
-				return "", fmt.Errorf("rewound into %s: %w", top, err)
-			}
-			return "rewound into " + top + ": every sub-buffer still held, from the oldest\n", nil
-		}
+		return rewind(s, cpu)
 	case "status":
 		return h.status(s, cpu)
 	case "emit":
@@ -125,6 +94,43 @@ func (h *handler) Do(cmd string, cpu int, arg string) (string, error) {
 		return ctlStatedump(s, cpu)
 	}
 	return "", fmt.Errorf("unknown command %q: want one of %s", cmd, strings.Join(ctlCommands, ", "))
+}
+
+// rewind writes every sub-buffer still held, from the oldest, into a new
+// trace beside the session's.
+func rewind(s *consumer.Session, cpu int) (string, error) {
+	// Beside the trace, not inside it: babeltrace2 would merge a
+	// trace found in a subdirectory with the main one. A trace laid
+	// out as an LTTng session (SESSION/kernel) is rewound into a
+	// session of its own, SESSION.rewind-N/kernel.
+	base, sub := filepath.Clean(s.Config().Dir), ""
+	if filepath.Base(base) == "kernel" {
+		base, sub = filepath.Dir(base), "kernel"
+	}
+	for n := 1; ; n++ {
+		top := fmt.Sprintf("%s.rewind-%d", base, n)
+		if _, err := os.Lstat(top); err == nil {
+			continue
+		}
+		dir := filepath.Join(top, sub)
+		if sub != "" {
+			if err := os.Mkdir(top, 0o755); err != nil {
+				return "", fmt.Errorf("rewind: %w", err)
+			}
+		}
+		if err := s.Rewind(dir, cpu); err != nil {
+			if sub != "" {
+				_ = os.Remove(top)
+			}
+			return "", err
+		}
+		// The rewound trace is written past the session's sink:
+		// its names are given the session's profile here.
+		if err := profile.Relabel(s.Config().Sink, dir); err != nil {
+			return "", fmt.Errorf("rewound into %s: %w", top, err)
+		}
+		return "rewound into " + top + ": every sub-buffer still held, from the oldest\n", nil
+	}
 }
 
 func (h *handler) status(s *consumer.Session, cpu int) (string, error) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/kconsume/kconsume/consumer"
@@ -29,6 +30,46 @@ func (r *recordRun) status() {
 	fmt.Fprintf(r.stderr, "\r\033[K%s  %s events/s  %s written  %d discarded", now.Sub(r.start).Truncate(time.Second), human(rate), humanBytes(bytes), discarded)
 }
 
+// lossTotals are the losses of every CPU, by layer.
+type lossTotals struct {
+	kernel, missed, missedPlaced, dropped, over, unread, disk uint64
+}
+
+// cpuTable prints a row for each CPU that saw an event or lost one, and
+// sums the losses of every CPU.
+func cpuTable(w io.Writer, stats []consumer.CPUStats) lossTotals {
+	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "missed", "dropped", "overwritten", "invalid", "reordered")
+	var l lossTotals
+	for _, c := range stats {
+		l.unread += c.UserUnread
+		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 && c.Missed == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Missed, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge+c.Undecodable, c.Reordered)
+		l.kernel += c.KernelLost
+		l.missed += c.Missed
+		l.missedPlaced += c.MissedPlaced()
+		l.dropped += c.Channel.Dropped
+		l.over += c.Channel.Overwritten
+		l.disk += c.Channel.Unwritten
+	}
+	return l
+}
+
+// missedNote says what the kernel's skipped runs of the recorder cost:
+// exactly the events placed in the trace when every skip was placed, at
+// most the skips otherwise.
+func missedNote(w io.Writer, missed, placed uint64) {
+	switch {
+	case missed > 0 && placed == missed:
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: each an event lost, in the discarded count and in the trace\n", missed)
+	case missed > 0 && placed > 0:
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost; the %d known lost are in the discarded count and in the trace\n", missed, placed)
+	case missed > 0:
+		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost, not in the discarded count, as a skipped run may have been of an event not recorded (filters, the raw syscall path's other syscalls)\n", missed)
+	}
+}
+
 // summary prints per-CPU counts, losses by layer and advice.
 func (r *recordRun) summary(stats []consumer.CPUStats, d consumer.DrainerStats) {
 	w := r.stdout
@@ -42,59 +83,38 @@ func (r *recordRun) summary(stats []consumer.CPUStats, d consumer.DrainerStats) 
 		more = fmt.Sprintf(", up to %d more missed (see the note)", unplaced)
 	}
 	fmt.Fprintf(w, "%d events recorded (%s) in %s, %d discarded%s\n", records, humanBytes(bytes), time.Since(r.start).Truncate(time.Millisecond), discarded, more)
-	fmt.Fprintf(w, "%-5s %12s %12s %12s %12s %12s %12s %10s\n", "cpu", "events", "ring-lost", "missed", "dropped", "overwritten", "invalid", "reordered")
-	var kernel, missed, missedPlaced, dropped, over, unread, disk uint64
-	for _, c := range stats {
-		unread += c.UserUnread
-		if c.Emitted == 0 && c.Channel.Records == 0 && c.Discarded() == 0 && c.Missed == 0 {
-			continue
-		}
-		fmt.Fprintf(w, "%-5d %12d %12d %12d %12d %12d %12d %10d\n", c.CPU, c.Channel.Records, c.KernelLost, c.Missed, c.Channel.Dropped, c.Channel.Overwritten, c.Channel.Invalid+c.Channel.TooLarge+c.Undecodable, c.Reordered)
-		kernel += c.KernelLost
-		missed += c.Missed
-		missedPlaced += c.MissedPlaced()
-		dropped += c.Channel.Dropped
-		over += c.Channel.Overwritten
-		disk += c.Channel.Unwritten
-	}
-	switch {
-	case missed > 0 && missedPlaced == missed:
-		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: each an event lost, in the discarded count and in the trace\n", missed)
-	case missed > 0 && missedPlaced > 0:
-		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost; the %d known lost are in the discarded count and in the trace\n", missed, missedPlaced)
-	case missed > 0:
-		fmt.Fprintf(w, "note: the kernel skipped the recorder %d times because another BPF program was running on the CPU: at most that many events lost, not in the discarded count, as a skipped run may have been of an event not recorded (filters, the raw syscall path's other syscalls)\n", missed)
-	}
-	if kernel > 0 {
-		fmt.Fprintf(w, "lost in the kernel ring: %d events, the ring being full; raise --ring-size or lower --latency\n", kernel)
+	l := cpuTable(w, stats)
+	missedNote(w, l.missed, l.missedPlaced)
+	if l.kernel > 0 {
+		fmt.Fprintf(w, "lost in the kernel ring: %d events, the ring being full; raise --ring-size or lower --latency\n", l.kernel)
 		if d.Late > 0 {
 			// No drain speed saves records produced while the consumer
 			// does not run: only room in the ring does.
 			fmt.Fprintf(w, "note: %d times the consumer ran more than --latency after it asked to, once %s late: its CPU was busy or, on a VM, not run by the host; a ring that holds that long is what keeps such records\n", d.Late, d.LongestOverrun.Round(10*time.Microsecond))
 		}
 	}
-	if dropped > 0 {
-		fmt.Fprintf(w, "lost in the sub-buffers: %d events, every sub-buffer being full; raise --subbuf-size or --n-subbufs, or write to a faster disk\n", dropped)
+	if l.dropped > 0 {
+		fmt.Fprintf(w, "lost in the sub-buffers: %d events, every sub-buffer being full; raise --subbuf-size or --n-subbufs, or write to a faster disk\n", l.dropped)
 	}
-	if unread > 0 {
+	if l.unread > 0 {
 		why := ""
 		if r.s != nil && r.s.UserFault() != nil {
 			why = fmt.Sprintf(", or memory not paged in, which the kernel's own events would hold (kconsume cannot page it in here: %v)", r.s.UserFault())
 		}
-		fmt.Fprintf(w, "note: %d user-space values of syscall events (paths, write buffers) could not be read and are recorded empty: bad pointers, empty in the kernel's own events too%s\n", unread, why)
+		fmt.Fprintf(w, "note: %d user-space values of syscall events (paths, write buffers) could not be read and are recorded empty: bad pointers, empty in the kernel's own events too%s\n", l.unread, why)
 	}
-	if over > 0 {
-		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", over)
+	if l.over > 0 {
+		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", l.over)
 	}
 	local := ""
 	if r.relay != nil {
 		local = r.relay.local
 	}
 	switch {
-	case disk > 0 && r.relay.enabled() && local == "":
-		fmt.Fprintf(w, "lost at relayd: %d events in packets relayd never took, and no local copy (-o) has them\n", disk)
-	case disk > 0:
-		fmt.Fprintf(w, "lost on the disk: %d events in packets the disk did not take; the trace reports them discarded where its streams end\n", disk)
+	case l.disk > 0 && r.relay.enabled() && local == "":
+		fmt.Fprintf(w, "lost at relayd: %d events in packets relayd never took, and no local copy (-o) has them\n", l.disk)
+	case l.disk > 0:
+		fmt.Fprintf(w, "lost on the disk: %d events in packets the disk did not take; the trace reports them discarded where its streams end\n", l.disk)
 	}
 	r.relay.summary(w)
 	if records > 0 || discarded > 0 {
