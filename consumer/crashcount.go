@@ -64,8 +64,11 @@ func RecoverKilled(dir string) (*KilledReport, error) {
 		return nil, fmt.Errorf("recover: %w", err)
 	}
 	var note crashNote
-	if err := json.Unmarshal(b, &note); err != nil || note.Pins == "" || note.CPUs <= 0 {
-		return nil, fmt.Errorf("recover: %s is not a recording's note: %v", notePath, err)
+	if err := json.Unmarshal(b, &note); err != nil {
+		return nil, fmt.Errorf("recover: %s is not a recording's note: %w", notePath, err)
+	}
+	if note.Pins == "" || note.CPUs <= 0 {
+		return nil, fmt.Errorf("recover: %s is not a recording's note: no pins or no CPUs", notePath)
 	}
 	rep := &KilledReport{}
 	made, left, why, err := madeCounts(note)
