@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/perf"
 	ciliumrb "github.com/cilium/ebpf/ringbuf"
@@ -88,7 +90,7 @@ func newRigCfg(tb testing.TB, tr Transport, payload int, cfg Config, loop bool) 
 	if err != nil {
 		tb.Fatal(err)
 	}
-	s.w.setLayout(cls.ID, &layout{name: "bench", fixed: payload, direct: true})
+	s.w.setLayout(cls.ID, &layout.Layout{Name: "bench", Fixed: payload, Direct: true})
 	if err := s.Start(); err != nil {
 		tb.Fatal(err)
 	}
@@ -169,9 +171,9 @@ func BenchmarkDrain(b *testing.B) {
 		})
 		if payload == 64 {
 			// sched_switch's record, 64 bytes in the kernel, is 62 in the
-			// ring (ringCut): a footprint of 64-byte records.
+			// ring (layout.RingCut): a footprint of 64-byte records.
 			b.Run("kconsume-sched_switch/64B", func(b *testing.B) {
-				benchKconsumeDrain(b, Ringbuf, payload-ringCut, benchRing, k, drainSchedSwitch)
+				benchKconsumeDrain(b, Ringbuf, payload-layout.RingCut, benchRing, k, drainSchedSwitch)
 			})
 			b.Run("kconsume-transcoded/64B", func(b *testing.B) {
 				benchKconsumeDrain(b, Ringbuf, payload, benchRing, k, drainTranscoded)
@@ -318,7 +320,7 @@ const (
 	drainTranscoded         // copied in two runs, as a tracepoint with a hole between its fields is
 	drainGlobal             // direct, in one ring shared by all CPUs
 	drainAdjusted           // drainTranscoded with two 4-byte deltas, as sched_switch under --profile lttng
-	drainSchedSwitch        // sched_switch's layout, as newLayout builds it from the running kernel's format
+	drainSchedSwitch        // sched_switch's layout, as layout.New builds it from the running kernel's format
 )
 
 // benchKconsumeDrain fills a ring of transport tr with k records of
@@ -343,22 +345,22 @@ func benchKconsumeDrain(b *testing.B, tr Transport, payload, ring, k, variant in
 		if err != nil {
 			b.Fatal(err)
 		}
-		l, err := newLayout(f, nil)
+		l, err := layout.New(f, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if !l.direct || l.fixed != payload {
+		if !l.Direct || l.Fixed != payload {
 			b.Fatalf("sched_switch's layout is not %d bytes direct (of a %d-byte trace record): %+v", payload, f.FixedSize(), l)
 		}
 		r.s.w.setLayout(0, l)
 	}
 	if variant == drainTranscoded {
-		r.s.w.setLayout(0, &layout{name: "bench", fixed: payload, ops: []op{{kind: opCopy, n: 2}, {kind: opCopy, off: 2, n: payload - 2}}})
+		r.s.w.setLayout(0, &layout.Layout{Name: "bench", Fixed: payload, Ops: []layout.Op{{Kind: layout.OpCopy, N: 2}, {Kind: layout.OpCopy, Off: 2, N: payload - 2}}})
 	}
 	if variant == drainAdjusted {
 		// sched_switch's prev_prio and next_prio: at 28 and at the end
 		// (lttng-modules' priorities, Config.Adjust).
-		r.s.w.setLayout(0, &layout{name: "bench", fixed: payload, ops: []op{{kind: opCopy, n: 2}, {kind: opCopy, off: 2, n: 30}, {kind: opAdd, off: 4, n: -100}, {kind: opCopy, off: 32, n: payload - 32}, {kind: opAdd, off: 4, n: -100}}})
+		r.s.w.setLayout(0, &layout.Layout{Name: "bench", Fixed: payload, Ops: []layout.Op{{Kind: layout.OpCopy, N: 2}, {Kind: layout.OpCopy, Off: 2, N: 30}, {Kind: layout.OpAdd, Off: 4, N: -100}, {Kind: layout.OpCopy, Off: 32, N: payload - 32}, {Kind: layout.OpAdd, Off: 4, N: -100}}})
 	}
 	st := r.s.dr.streams[0]
 	var cpu time.Duration

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -100,11 +102,11 @@ func TestLateRecordsPlaced(t *testing.T) {
 			}
 			r := newRigCfg(t, Ringbuf, 64, Config{Sink: sink, SubbufSize: tc.subbuf, NSubbufs: 256, RingSize: 1 << 20, Transport: Ringbuf, ReorderMax: tc.reorderMax}, false)
 			s := r.s
-			if l := s.w.layouts[0]; l == nil || l.name != "bench" {
+			if l := s.w.layouts[0]; l == nil || l.Name != "bench" {
 				t.Fatal("class 0 is not the bench class")
 			}
 			if tc.transcoded {
-				s.w.setLayout(0, &layout{name: "bench", fixed: 64, ops: []op{{kind: opCopy, n: 8}, {kind: opCopy, off: 8, n: 56}}})
+				s.w.setLayout(0, &layout.Layout{Name: "bench", Fixed: 64, Ops: []layout.Op{{Kind: layout.OpCopy, N: 8}, {Kind: layout.OpCopy, Off: 8, N: 56}}})
 			}
 			// Ring order: time order with each late record moved d places on.
 			order := make([]int, tc.n)

@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/consumer/layout"
 	"github.com/kconsume/kconsume/relayfmt"
 	"github.com/kconsume/kconsume/synth"
 )
@@ -187,15 +188,8 @@ type Config struct {
 }
 
 // Adjust is how the consumer writes one field of a tracepoint otherwise
-// than the kernel wrote it.
-type Adjust struct {
-	// Delta is added to the field, a 4-byte integer.
-	Delta int32
-	// Flags, when set, writes the field, an inline char array, as the
-	// u32 Flags returns for its text (up to its first NUL): ftrace's
-	// rwbs string as lttng-modules' integer, for one.
-	Flags func(text []byte) uint32
-}
+// than the kernel wrote it (layout.Adjust).
+type Adjust = layout.Adjust
 
 // Defaults.
 const (

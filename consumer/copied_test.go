@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -23,21 +25,21 @@ import (
 func TestCopiedWritesWhatTranscodeWrites(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		ops  []op
+		ops  []layout.Op
 	}{
-		{"runs", []op{{kind: opCopy, off: 40, n: 24}, {kind: opCopy, off: 3, n: 37}, {kind: opCopy, off: 0, n: 3}}},
+		{"runs", []layout.Op{{Kind: layout.OpCopy, Off: 40, N: 24}, {Kind: layout.OpCopy, Off: 3, N: 37}, {Kind: layout.OpCopy, Off: 0, N: 3}}},
 		// common_type, then the rest, as a layout with one hole.
-		{"type-and-rest", []op{{kind: opCopy, off: 0, n: 2}, {kind: opCopy, off: 2, n: 62}}},
+		{"type-and-rest", []layout.Op{{Kind: layout.OpCopy, Off: 0, N: 2}, {Kind: layout.OpCopy, Off: 2, N: 62}}},
 		// Copies and deltas (Adjust.Delta): adjusted.put's path.
-		{"adjusted", []op{{kind: opCopy, off: 0, n: 2}, {kind: opCopy, off: 2, n: 30}, {kind: opAdd, off: 4, n: -100}, {kind: opCopy, off: 32, n: 32}, {kind: opAdd, off: 4, n: 7}}},
+		{"adjusted", []layout.Op{{Kind: layout.OpCopy, Off: 0, N: 2}, {Kind: layout.OpCopy, Off: 2, N: 30}, {Kind: layout.OpAdd, Off: 4, N: -100}, {Kind: layout.OpCopy, Off: 32, N: 32}, {Kind: layout.OpAdd, Off: 4, N: 7}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			testCopiedLayout(t, &layout{name: "bench", fixed: 64, ops: tc.ops})
+			testCopiedLayout(t, &layout.Layout{Name: "bench", Fixed: 64, Ops: tc.ops})
 		})
 	}
 }
 
-func testCopiedLayout(t *testing.T, l *layout) {
+func testCopiedLayout(t *testing.T, l *layout.Layout) {
 	const n = 6000
 	// Out of order, so that each path writes from the walk, the window
 	// and catchUp.
@@ -132,7 +134,7 @@ func testCopiedLayout(t *testing.T, l *layout) {
 		for j := 8; j < 64; j++ {
 			raw[j] = byte(v*7 + j)
 		}
-		want, ok := l.transcode(nil, raw)
+		want, ok := l.Transcode(nil, raw)
 		if !ok || !bytes.Equal(fast.payloads[k], want) {
 			t.Fatalf("event %d: payload %x, want %x", k, fast.payloads[k], want)
 		}

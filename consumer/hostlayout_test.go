@@ -4,6 +4,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
@@ -31,12 +33,12 @@ func TestHostLayouts(t *testing.T) {
 			}
 			t.Fatal(err)
 		}
-		l, err := newLayout(f, nil)
+		l, err := layout.New(f, nil)
 		if err != nil {
 			t.Errorf("%s: %v", e, err)
 			continue
 		}
-		if _, err := relayfmt.NewEventClass(0, l.name, l.fields); err != nil {
+		if _, err := relayfmt.NewEventClass(0, l.Name, l.Fields); err != nil {
 			t.Errorf("%s: %v", e, err)
 		}
 		n++
@@ -44,18 +46,18 @@ func TestHostLayouts(t *testing.T) {
 		sum := 0
 		for _, fl := range f.All() {
 			packed = packed && fl.Loc == tracefs.Inline
-			if !unknowable[fl.Name] {
+			if !layout.Unknowable[fl.Name] {
 				sum += fl.Size
 			}
 		}
-		if packed && sum == ringOff(f.FixedSize()) {
-			if !l.direct {
-				t.Errorf("%s: inline fields without holes, but the layout is not direct: %+v", e, l.ops)
+		if packed && sum == layout.RingOff(f.FixedSize()) {
+			if !l.Direct {
+				t.Errorf("%s: inline fields without holes, but the layout is not direct: %+v", e, l.Ops)
 			}
 			direct++
 		}
-		if f.FullName() == "sched:sched_switch" && !l.direct {
-			t.Errorf("sched:sched_switch is not direct: %+v", l.ops)
+		if f.FullName() == "sched:sched_switch" && !l.Direct {
+			t.Errorf("sched:sched_switch is not direct: %+v", l.Ops)
 		}
 	}
 	t.Logf("%d events, %d of them direct", n, direct)

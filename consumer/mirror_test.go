@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -65,8 +67,8 @@ func TestMirrorsC(t *testing.T) {
 		"KC_OP_COPY":          pktOpCopy,
 		"KC_OP_STRING":        pktOpString,
 		"KC_OP_SEQ":           pktOpSeq,
-		"KC_MAX_DYN":          maxDyn,
-		"KC_DYN_REL":          dynRel,
+		"KC_MAX_DYN":          layout.MaxDyn,
+		"KC_DYN_REL":          layout.DynRel,
 		"KC_KEY_PLACEHOLDER":  keyPlaceholder,
 		"KC_SIZE_PLACEHOLDER": sizePlaceholder,
 		"KC_NR_PLACEHOLDER":   nrPlaceholder,
@@ -83,7 +85,7 @@ func TestMirrorsC(t *testing.T) {
 		"KC_TP_SYSUSER":       tpSysUser,
 		"KC_AREA_HDR":         rbHdrLen,
 		"KC_AREA_DISC":        rbDisc,
-		"KC_CUT":              ringCut,
+		"KC_CUT":              layout.RingCut,
 		"KC_PID_WORDS":        pidWords,
 		"KC_INJECT_OK":        injectOK,
 		"KC_INJECT_OFF":       injectOff,

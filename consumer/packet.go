@@ -10,6 +10,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
@@ -94,15 +96,15 @@ func pktEligible(cfg Config, formats []*tracefs.Format, synths int, wake, raw bo
 		return fmt.Errorf("ring size %d holds fewer than %d packets of %d bytes", cfg.RingSize, pktMinElems, pktMinElem)
 	}
 	for _, f := range formats {
-		at := ringOff
+		at := layout.RingOff
 		// The raw syscall programs' dispatch (rawSyscalls) takes
 		// these; the others go through their tracepoints.
 		if _, ok := sysShape(f); ok && raw {
 			if _, known := sysNr(f); known {
-				at = sysRingOff
+				at = layout.SysRingOff
 			}
 		}
-		l, err := newLayoutAt(f, nil, at)
+		l, err := layout.NewAt(f, nil, at)
 		if err != nil {
 			return err
 		}
@@ -127,25 +129,25 @@ const (
 // in packet mode (kc_tp_info.ops), none for a layout whose payload is the
 // record as it is, or why they cannot: a step they do not take (an
 // adjusted field) or more steps than they take.
-func pktOps(l *layout) ([]gen.RingbufKcOp, error) {
-	if l.direct {
+func pktOps(l *layout.Layout) ([]gen.RingbufKcOp, error) {
+	if l.Direct {
 		return nil, nil
 	}
-	if len(l.ops) > maxPktOps {
-		return nil, fmt.Errorf("event %s takes %d steps to transcode, the BPF programs at most %d", l.name, len(l.ops), maxPktOps)
+	if len(l.Ops) > maxPktOps {
+		return nil, fmt.Errorf("event %s takes %d steps to transcode, the BPF programs at most %d", l.Name, len(l.Ops), maxPktOps)
 	}
-	ops := make([]gen.RingbufKcOp, len(l.ops))
-	for i, o := range l.ops {
-		op := gen.RingbufKcOp{Off: uint16(o.off), N: uint16(o.n), Rel: uint8(boolU32(o.rel)), Elem: uint16(o.elem)}
-		switch o.kind {
-		case opCopy:
+	ops := make([]gen.RingbufKcOp, len(l.Ops))
+	for i, o := range l.Ops {
+		op := gen.RingbufKcOp{Off: uint16(o.Off), N: uint16(o.N), Rel: uint8(boolU32(o.Rel)), Elem: uint16(o.Elem)}
+		switch o.Kind {
+		case layout.OpCopy:
 			op.Kind = pktOpCopy
-		case opString:
+		case layout.OpString:
 			op.Kind = pktOpString
-		case opSeq:
+		case layout.OpSeq:
 			op.Kind = pktOpSeq
 		default:
-			return nil, fmt.Errorf("event %s has a field the BPF programs do not transcode", l.name)
+			return nil, fmt.Errorf("event %s has a field the BPF programs do not transcode", l.Name)
 		}
 		ops[i] = op
 	}

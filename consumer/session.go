@@ -8,7 +8,7 @@
 // behind the interface in stream.go) is a ring read in place; the drainer
 // (drainer.go, hotplug.go) decides when to read and walks the rings
 // (walk.go) through the reorder window (reorder.go, checkpoint.go); the
-// writer (writer.go, layout.go) transcodes records into the channel's
+// writer (writer.go, with the layout package) transcodes records into the channel's
 // events; losses (losses.go) places every lost record where it was lost;
 // stats.go gathers the counts. A Session (session.go, control.go,
 // synth.go) composes them and owns their lifetime.
@@ -24,6 +24,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/kconsume/kconsume/consumer/layout"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -133,7 +135,7 @@ func New(cfg Config) (*Session, error) {
 		if exit, ok := sysShape(f); ok {
 			opts.sys = true
 			if nr, known := sysNr(f); known {
-				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: sysName(f)})
+				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: f.Syscall()})
 			}
 		}
 		// wakeup_latency's hooks ride on the tracepoint programs.
@@ -145,7 +147,7 @@ func New(cfg Config) (*Session, error) {
 		// In packet mode a record to transcode goes through the
 		// scratch record, where its program builds the payload.
 		for i, f := range formats {
-			if l, err := newLayout(f, nil); err != nil || !l.direct {
+			if l, err := layout.New(f, nil); err != nil || !l.Direct {
 				opts.small[i] = 0
 			}
 		}
@@ -372,13 +374,13 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 		return err
 	}
 	// One declaration for all: each one rewrites the whole metadata.
-	names, layouts := make([]string, len(formats)), make([]*layout, len(formats))
+	names, layouts := make([]string, len(formats)), make([]*layout.Layout, len(formats))
 	for i, f := range formats {
-		at := ringOff
+		at := layout.RingOff
 		if raw[i] != "" {
-			at = sysRingOff
+			at = layout.SysRingOff
 		}
-		if layouts[i], err = newLayoutAt(f, s.cfg.Adjust[f.FullName()], at); err != nil {
+		if layouts[i], err = layout.NewAt(f, s.cfg.Adjust[f.FullName()], at); err != nil {
 			return err
 		}
 
@@ -398,8 +400,8 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 		var ti gen.RingbufKcTpInfo
 		if recorded {
 			l := layouts[i]
-			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.dyn)), Flags: tpRecord}
-			copy(ti.Dyn[:], l.dyn)
+			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.Dyn)), Flags: tpRecord}
+			copy(ti.Dyn[:], l.Dyn)
 			if u := users[i]; u != nil {
 				if s.rec.transport != Ringbuf {
 					return fmt.Errorf("%w: event %s: its user-space fields need BPF ring buffers, not %s", ErrNotSupported, f.FullName(), s.rec.transport)

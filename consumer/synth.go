@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"github.com/kconsume/kconsume/synth"
 )
 
@@ -88,7 +90,7 @@ func (s *Session) addSynth(defs []*synth.Event) error {
 			return fmt.Errorf("%w: synthetic:%s is not finalized", ErrConfig, e.Name)
 		}
 		name := SynthSystem + ":" + e.Name
-		id, err := s.w.declare(name, e.RelayFields(), &layout{name: name, fields: e.RelayFields(), asIs: true})
+		id, err := s.w.declare(name, e.RelayFields(), &layout.Layout{Name: name, Fields: e.RelayFields(), AsIs: true})
 		if err != nil {
 			return err
 		}

@@ -205,15 +205,6 @@ type sysEvent struct {
 	name string
 }
 
-// sysName returns the syscall a syscall event f is about: "getpid" for
-// syscalls:sys_enter_getpid.
-func sysName(f *tracefs.Format) string {
-	if n, ok := strings.CutPrefix(f.Name, "sys_enter_"); ok {
-		return n
-	}
-	return strings.TrimPrefix(f.Name, "sys_exit_")
-}
-
 // fentryPrefix starts the names of the function path's program copies.
 const fentryPrefix = "kc_sysf_"
 

@@ -130,7 +130,7 @@ func TestSyscallRaw(t *testing.T) {
 			// The raw programs leave out the padding after nr: their
 			// records go into the trace as they are.
 			if raw && s.w.direct[i] < 0 {
-				t.Errorf("%s: recorded raw, but its layout is not direct: %+v", events[i], s.w.layouts[i].ops)
+				t.Errorf("%s: recorded raw, but its layout is not direct: %+v", events[i], s.w.layouts[i].Ops)
 			}
 		}
 		for _, cs := range recordChild(t, s, c) {
@@ -422,7 +422,7 @@ func TestSyscallFentry(t *testing.T) {
 	for i, f := range s.Events() {
 		ids[f.FullName()] = f.ID
 		if s.w.direct[i] < 0 {
-			t.Errorf("%s: its layout is not direct: %+v", events[i], s.w.layouts[i].ops)
+			t.Errorf("%s: its layout is not direct: %+v", events[i], s.w.layouts[i].Ops)
 		}
 	}
 	if err := s.Start(); err != nil {

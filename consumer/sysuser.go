@@ -37,16 +37,6 @@ const sysUserCnt = 3
 // syscall_user_buf_size file to say it.
 const sysUserDefault = 63
 
-// sysArrayLen holds the syscalls whose user-space data the kernel copies
-// as bytes, as many as an argument says, rather than as a string up to
-// its NUL: the argument that says how many (check_faultable_syscall's
-// user_arg_size). write's buf is such data; sethostname's name too,
-// though its print fmt shows it as a string.
-var sysArrayLen = map[string]int{
-	"write": 2, "pwrite64": 2, "mq_timedsend": 2,
-	"sethostname": 1, "setdomainname": 1, "kexec_file_load": 3,
-}
-
 // sysUser is what the recorder needs to fill a syscall event's
 // user-space fields.
 type sysUser struct {
@@ -59,7 +49,7 @@ type sysUser struct {
 // for an event without them. It fails for fields the recorder cannot
 // fill as the kernel does: one that names no argument, more than
 // sysUserCnt, fields not right after the arguments, or data the print
-// fmt shows as an array of a syscall whose length argument sysArrayLen
+// fmt shows as an array of a syscall whose length argument tracefs.UserLenArg
 // does not know.
 func sysUserOf(f *tracefs.Format) (*sysUser, error) {
 	if f.System != "syscalls" || !strings.HasPrefix(f.Name, "sys_enter_") {
@@ -99,31 +89,18 @@ func sysUserOf(f *tracefs.Format) (*sysUser, error) {
 		}
 		u.args = append(u.args, arg)
 		if strings.Contains(f.Print, "__print_dynamic_array("+fl.Name+",") {
-			if _, ok := sysArrayLen[sysName(f)]; !ok {
+			if _, ok := tracefs.UserLenArg(f.Syscall()); !ok {
 				return nil, fmt.Errorf("event %s: user-space field %s holds bytes whose length argument kconsume does not know", name, fl.Name)
 			}
 		}
 	}
-	if i, ok := sysArrayLen[sysName(f)]; ok {
+	if i, ok := tracefs.UserLenArg(f.Syscall()); ok {
 		if len(vals) != 1 || i >= len(args) {
 			return nil, fmt.Errorf("event %s: %d user-space fields and %d arguments, not one field bounded by argument %d", name, len(vals), len(args), i)
 		}
 		u.lenArg = i
 	}
 	return u, nil
-}
-
-// sysUserBytes reports whether fl is a user-space field of the syscall
-// event f that holds bytes (write's __buf_val), which the trace keeps as
-// a sequence of bytes: they may hold NULs, where a string would end.
-// Fields copied as bytes but shown as text (sethostname's) stay strings,
-// as the kernel prints them.
-func sysUserBytes(f *tracefs.Format, fl tracefs.Field) bool {
-	if f.System != "syscalls" || fl.Loc != tracefs.DataLoc {
-		return false
-	}
-	_, ok := sysArrayLen[sysName(f)]
-	return ok && strings.Contains(f.Print, "__print_dynamic_array("+fl.Name+",")
 }
 
 // sysUserBuf returns how many bytes of each user-space field the

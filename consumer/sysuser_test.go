@@ -11,6 +11,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -76,11 +78,11 @@ func TestSysUserOf(t *testing.T) {
 			t.Errorf("%s: %+v, want loc %d, args %v, length argument %d", c.name, u, c.loc, c.args, c.lenArg)
 			continue
 		}
-		l, err := newLayout(f, nil)
+		l, err := layout.New(f, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		val := l.fields[len(l.fields)-1]
+		val := l.Fields[len(l.Fields)-1]
 		if got := val.Kind == relayfmt.Sequence; got != c.bytes {
 			t.Errorf("%s: field %s of kind %v, want bytes %v", c.name, val.Name, val.Kind, c.bytes)
 		}

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -15,10 +17,10 @@ import (
 // drainer starts.
 type writer struct {
 	ch      *relayfmt.Channel
-	global  bool      // one buffer for every CPU: events carry their CPU
-	layouts []*layout // by class id
-	direct  []int32   // by class id: a direct layout's payload size, else -1
-	copied  []copied  // by class id: a layout of copies alone, else zero
+	global  bool             // one buffer for every CPU: events carry their CPU
+	layouts []*layout.Layout // by class id
+	direct  []int32          // by class id: a direct layout's payload size, else -1
+	copied  []copied         // by class id: a layout of copies alone, else zero
 }
 
 // copied is a layout whose payload is the record's inline runs alone
@@ -26,7 +28,7 @@ type writer struct {
 // between its fields): out bytes of payload, from a raw record of at
 // least need bytes.
 type copied struct {
-	ops       []op
+	ops       []layout.Op
 	out, need int
 	// adj, with ops nil, is a layout of copies and deltas (Adjust.Delta):
 	// putCopied takes it apart, so the paths of copies alone do not look.
@@ -36,13 +38,13 @@ type copied struct {
 // adjusted is a layout of copies and deltas: the runs are copied, then
 // each add's delta is added to the u32 at its offset in the payload.
 type adjusted struct {
-	runs, adds []op
+	runs, adds []layout.Op
 	out, need  int
 }
 
 // declare adds the event class name with fields to the channel and
 // records its layout; it returns the class id, or the channel's error.
-func (w *writer) declare(name string, fields []relayfmt.Field, l *layout) (uint32, error) {
+func (w *writer) declare(name string, fields []relayfmt.Field, l *layout.Layout) (uint32, error) {
 	cls, err := w.ch.AddEventClass(name, fields)
 	if err != nil {
 		return 0, fmt.Errorf("event %s: %w", name, err)
@@ -54,10 +56,10 @@ func (w *writer) declare(name string, fields []relayfmt.Field, l *layout) (uint3
 // declareAll adds one event class per layout, ls[i] named names[i], to
 // the channel in one metadata write and records their layouts; it returns
 // the class ids in order, or the channel's error (then none is added).
-func (w *writer) declareAll(names []string, ls []*layout) ([]uint32, error) {
+func (w *writer) declareAll(names []string, ls []*layout.Layout) ([]uint32, error) {
 	fields := make([][]relayfmt.Field, len(ls))
 	for i, l := range ls {
-		fields[i] = l.fields
+		fields[i] = l.Fields
 	}
 	classes, err := w.ch.AddEventClasses(names, fields)
 	if err != nil {
@@ -72,7 +74,7 @@ func (w *writer) declareAll(names []string, ls []*layout) ([]uint32, error) {
 }
 
 // setLayout records the layout of class id.
-func (w *writer) setLayout(id uint32, l *layout) {
+func (w *writer) setLayout(id uint32, l *layout.Layout) {
 	for uint32(len(w.layouts)) <= id {
 		w.layouts = append(w.layouts, nil)
 		w.direct = append(w.direct, -1)
@@ -81,29 +83,29 @@ func (w *writer) setLayout(id uint32, l *layout) {
 	w.layouts[id] = l
 	w.direct[id] = -1
 	w.copied[id] = copied{}
-	if l == nil || l.asIs {
+	if l == nil || l.AsIs {
 		return
 	}
-	if l.direct {
-		w.direct[id] = int32(l.fixed)
+	if l.Direct {
+		w.direct[id] = int32(l.Fixed)
 		return
 	}
-	c := copied{ops: l.ops, need: l.fixed}
+	c := copied{ops: l.Ops, need: l.Fixed}
 	var a adjusted
-	for _, o := range l.ops {
-		switch o.kind {
-		case opCopy:
-			c.out += o.n
-			c.need = max(c.need, o.off+o.n)
+	for _, o := range l.Ops {
+		switch o.Kind {
+		case layout.OpCopy:
+			c.out += o.N
+			c.need = max(c.need, o.Off+o.N)
 			// Runs the deltas cut apart are one again.
-			if k := len(a.runs) - 1; k >= 0 && a.runs[k].off+a.runs[k].n == o.off {
-				a.runs[k].n += o.n
+			if k := len(a.runs) - 1; k >= 0 && a.runs[k].Off+a.runs[k].N == o.Off {
+				a.runs[k].N += o.N
 				continue
 			}
 			a.runs = append(a.runs, o)
-		case opAdd:
+		case layout.OpAdd:
 			// o.off counts back from the payload written so far.
-			a.adds = append(a.adds, op{kind: opAdd, off: c.out - o.off, n: o.n})
+			a.adds = append(a.adds, layout.Op{Kind: layout.OpAdd, Off: c.out - o.Off, N: o.N})
 		default:
 			return
 		}
@@ -187,7 +189,7 @@ func (c *classCache) putCopied(w *writer, run *relayfmt.Run, ts uint64, key uint
 	}
 	raw := rec[recHdrLen : recHdrLen+n]
 	for _, o := range c.ops {
-		dst = dst[copy(dst, raw[o.off:o.off+o.n]):]
+		dst = dst[copy(dst, raw[o.Off:o.Off+o.N]):]
 	}
 	return true
 }
@@ -207,11 +209,11 @@ func (a *adjusted) put(run *relayfmt.Run, ts uint64, key uint32, rec kcRec) bool
 	raw := rec[recHdrLen : recHdrLen+n]
 	p := dst
 	for _, o := range a.runs {
-		p = p[copy(p, raw[o.off:o.off+o.n]):]
+		p = p[copy(p, raw[o.Off:o.Off+o.N]):]
 	}
 	for _, o := range a.adds {
-		v := dst[o.off : o.off+4]
-		binary.LittleEndian.PutUint32(v, binary.LittleEndian.Uint32(v)+uint32(o.n))
+		v := dst[o.Off : o.Off+4]
+		binary.LittleEndian.PutUint32(v, binary.LittleEndian.Uint32(v)+uint32(o.N))
 	}
 	return true
 }
@@ -251,16 +253,16 @@ func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) bool {
 	raw := rec[recHdrLen : recHdrLen+n]
 	l := w.layouts[key]
 	var payload []byte
-	if l.asIs {
+	if l.AsIs {
 		payload = raw
-	} else if l.direct {
-		if n < l.fixed {
+	} else if l.Direct {
+		if n < l.Fixed {
 			return w.undecodableIn(st, run)
 		}
-		payload = raw[:l.fixed]
+		payload = raw[:l.Fixed]
 	} else {
 		var ok bool
-		if st.scratch, ok = l.transcode(st.scratch[:0], raw); !ok {
+		if st.scratch, ok = l.Transcode(st.scratch[:0], raw); !ok {
 			return w.undecodableIn(st, run)
 		}
 		payload = st.scratch

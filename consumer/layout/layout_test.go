@@ -1,4 +1,4 @@
-package consumer
+package layout
 
 import (
 	"encoding/binary"
@@ -32,11 +32,11 @@ func TestLayoutTranscode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := newLayout(f, nil)
+	l, err := New(f, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.direct || len(l.dyn) != 2 || l.dyn[1] != 16|dynRel {
+	if l.Direct || len(l.Dyn) != 2 || l.Dyn[1] != 16|DynRel {
 		t.Fatalf("layout %+v", l)
 	}
 	raw := make([]byte, 32, 64)
@@ -64,10 +64,10 @@ func TestLayoutTranscode(t *testing.T) {
 	// A location past the record's end is refused.
 	bad := append([]byte(nil), raw...)
 	binary.LittleEndian.PutUint32(bad[8:], 60|10<<16)
-	if _, ok := l.transcode(nil, ringRecord(bad)); ok {
+	if _, ok := l.Transcode(nil, ringRecord(bad)); ok {
 		t.Error("transcode took a location outside the record")
 	}
-	if _, ok := l.transcode(nil, ringRecord(raw[:20])); ok {
+	if _, ok := l.Transcode(nil, ringRecord(raw[:20])); ok {
 		t.Error("transcode took a short record")
 	}
 }
@@ -79,18 +79,18 @@ func FuzzTranscode(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	l, err := newLayout(fm, nil)
+	l, err := New(fm, nil)
 	if err != nil {
 		f.Fatal(err)
 	}
-	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
+	cls, err := relayfmt.NewEventClass(0, l.Name, l.Fields)
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Add(make([]byte, 32))
 	f.Add(append(make([]byte, 32), "abc\x00"...))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		p, ok := l.transcode(nil, raw)
+		p, ok := l.Transcode(nil, raw)
 		if !ok {
 			return
 		}
@@ -108,7 +108,7 @@ func TestLayoutAdjust(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := newLayout(f, map[string]Adjust{"x": {Delta: -100}, "common_pid": {Delta: 1}})
+	l, err := New(f, map[string]Adjust{"x": {Delta: -100}, "common_pid": {Delta: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestLayoutAdjust(t *testing.T) {
 		t.Errorf("x %d (want 20), common_pid %d (want 1235), name %q", got["x"].Uint(0), got["common_pid"].Int(0), got["name"].Text())
 	}
 	for _, bad := range []map[string]Adjust{{"y": {Delta: 1}}, {"name": {Delta: 1}}, {"nope": {Delta: 1}}, {"x": {Flags: flagsLen}}} {
-		if _, err := newLayout(f, bad); err == nil {
+		if _, err := New(f, bad); err == nil {
 			t.Errorf("adjust %v accepted", bad)
 		}
 	}
@@ -152,7 +152,7 @@ func TestLayoutFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := newLayout(f, map[string]Adjust{"rwbs": {Flags: flagsLen}})
+	l, err := New(f, map[string]Adjust{"rwbs": {Flags: flagsLen}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,22 +172,22 @@ func TestLayoutFlags(t *testing.T) {
 
 // ringRecord returns the ring record the recorder writes for raw, a trace
 // record as the kernel lays it out: raw without its bytes 2 and 3
-// (ringCut).
+// (RingCut).
 func ringRecord(raw []byte) []byte {
-	return append(append([]byte(nil), raw[:2]...), raw[2+ringCut:]...)
+	return append(append([]byte(nil), raw[:2]...), raw[2+RingCut:]...)
 }
 
 // transcodeByName transcodes the ring record of raw, a trace record,
 // through l and decodes the payload by the class l declares: it returns
 // the values by field name and in order, and fails the test when
 // transcode refuses the record or its payload does not decode.
-func transcodeByName(t *testing.T, l *layout, raw []byte) (map[string]relayfmt.Value, []relayfmt.Value) {
+func transcodeByName(t *testing.T, l *Layout, raw []byte) (map[string]relayfmt.Value, []relayfmt.Value) {
 	t.Helper()
-	payload, ok := l.transcode(nil, ringRecord(raw))
+	payload, ok := l.Transcode(nil, ringRecord(raw))
 	if !ok {
 		t.Fatal("transcode refused a good record")
 	}
-	cls, err := relayfmt.NewEventClass(0, l.name, l.fields)
+	cls, err := relayfmt.NewEventClass(0, l.Name, l.Fields)
 	if err != nil {
 		t.Fatal(err)
 	}
