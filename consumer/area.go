@@ -6,7 +6,6 @@ import (
 	"math/bits"
 	"os"
 	"runtime"
-	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -145,26 +144,4 @@ func (r *recorder) mapArea() error {
 	}
 	r.areaMem = mem
 	return nil
-}
-
-// newAreaRing returns the reader of stream i's kc_area ring: its bytes,
-// and its positions in i's slot of kc_state.
-func (r *recorder) newAreaRing(i int) *ringbuf {
-	size := uint64(r.cfg.RingSize)
-	cs := r.cpuState(i)
-	rb := &ringbuf{
-		fd:       -1,
-		size:     size,
-		mask:     size - 1,
-		consPos:  &cs.Cons,
-		prodPos:  &cs.Prod,
-		data:     r.areaMem[uint64(i)*size : uint64(i+1)*size : uint64(i+1)*size],
-		vmask:    areaLapMask,
-		lapShift: uint(bits.TrailingZeros64(size)),
-		area:     true,
-		rec:      r,
-		idx:      i,
-	}
-	rb.cons = atomic.LoadUint64(rb.consPos)
-	return rb
 }

@@ -243,17 +243,3 @@ func isBTFProg(name string) bool {
 	}
 	return false
 }
-
-// BTFEvents returns the events recorded by the recorder's own tp_btf
-// programs (sched_switch, sched_waking, sched_wakeup, sched_wakeup_new,
-// task_rename) and, when one was to be but the kernel refused, why. The path is not
-// tried for an event in a layout its program does not build, with
-// synthetic:wakeup_latency, or on the perf transport.
-func (s *Session) BTFEvents() (events []string, why error) {
-	for i, p := range s.rec.tpProgs[:len(s.events)] {
-		if isBTFProg(p) {
-			events = append(events, s.events[i].FullName())
-		}
-	}
-	return events, s.rec.plan[pathBTF].why
-}

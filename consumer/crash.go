@@ -69,7 +69,9 @@ const (
 )
 
 // crashKeep is what a recording keeps for kconsume recover: the pins,
-// the mapped ledger and the note.
+// the mapped ledger and the note. The drainer owns one from the start,
+// and its sources write into it; the zero value keeps nothing until
+// start.
 type crashKeep struct {
 	pins   string
 	note   string
@@ -77,14 +79,14 @@ type crashKeep struct {
 	mem    []byte
 }
 
-// keepForRecover pins rec's counts under the BPF filesystem and writes
-// the note into dir. It returns nil and why not when the BPF filesystem
-// or the note cannot be had; a recording then goes on, and a kill of it
-// loses what it held uncounted.
-func keepForRecover(rec *recorder, dir string) (*crashKeep, error) {
+// start pins rec's counts under the BPF filesystem and writes the note
+// into dir. It returns why not when the BPF filesystem or the note
+// cannot be had; a recording then goes on, k keeps nothing, and a kill
+// of it loses what it held uncounted.
+func (k *crashKeep) start(rec *recorder, dir string) error {
 	bpffs, _, err := mounts.BPFFS()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	note := crashNote{Counts: countsRecords, CPUs: rec.ncpu, Global: rec.cfg.Global}
 	switch {
@@ -93,14 +95,12 @@ func keepForRecover(rec *recorder, dir string) (*crashKeep, error) {
 	case rec.plan[pathOwnRings].on:
 		note.Counts, note.RingSize = countsArea, uint64(rec.cfg.RingSize)
 	}
-	k := &crashKeep{
-		pins: filepath.Join(bpffs, pinRoot, strconv.Itoa(os.Getpid())+"-"+strconv.FormatInt(time.Now().UnixNano(), 36)),
-		note: filepath.Join(dir, CrashNote),
-	}
+	k.pins = filepath.Join(bpffs, pinRoot, strconv.Itoa(os.Getpid())+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	k.note = filepath.Join(dir, CrashNote)
 	note.Pins = k.pins
 	if err := k.pin(rec); err != nil {
 		k.release()
-		return nil, err
+		return err
 	}
 	b, err := json.Marshal(note)
 	if err == nil {
@@ -108,10 +108,14 @@ func keepForRecover(rec *recorder, dir string) (*crashKeep, error) {
 	}
 	if err != nil {
 		k.release()
-		return nil, fmt.Errorf("writing %s: %w", CrashNote, err)
+		return fmt.Errorf("writing %s: %w", CrashNote, err)
 	}
-	return k, nil
+	return nil
 }
+
+// on reports whether k keeps the ledger: start succeeded and release
+// has not run.
+func (k *crashKeep) on() bool { return k != nil && k.mem != nil }
 
 // pin creates and maps the ledger and pins it, kc_state and, in packet
 // mode, kc_area into k.pins.

@@ -22,6 +22,7 @@ import (
 type drainer struct {
 	w       *writer
 	rec     *recorder
+	keep    *crashKeep // what a kill leaves for recover (crash.go)
 	loss    *losses
 	poll    *epoll.Poller
 	streams []*stream
@@ -53,6 +54,7 @@ type command struct {
 func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error) {
 	d := &drainer{
 		rec:       rec,
+		keep:      new(crashKeep),
 		latency:   cfg.Latency,
 		watermark: uint64(cfg.Watermark),
 		window:    uint64(cfg.ReorderWindow),
@@ -94,10 +96,10 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 		switch {
 		case rec.plan[pathPackets].on:
 			st.bell = r
-			p := rec.newPktRing(i, clockID)
+			p := newPktRing(rec, d.keep, i, clockID)
 			st.src, st.data = p, p.data
 		case rec.plan[pathOwnRings].on:
-			st.bell, r = r, rec.newAreaRing(i)
+			st.bell, r = r, newAreaRing(rec, d.keep, i)
 			fallthrough
 		default:
 			st.src, st.data = r, r.data
@@ -449,7 +451,7 @@ func (d *drainer) flushAll() {
 func (d *drainer) placeMissed() {
 	all, lost := d.rec.missed()
 	d.loss.placeMissed(d.streams[0], all, lost)
-	d.rec.keep.placed(0, d.loss.missedPlaced)
+	d.keep.placed(0, d.loss.missedPlaced)
 }
 
 // close releases the sources and the poller; the goroutine must have
@@ -467,4 +469,5 @@ func (d *drainer) close() {
 	if d.poll != nil {
 		d.poll.Close()
 	}
+	d.keep.release()
 }

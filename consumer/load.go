@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math/bits"
 	"os"
+	"slices"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -13,6 +14,8 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 )
 
@@ -68,6 +71,47 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 		return r, nil
 	}
 	return r, r.setFilters()
+}
+
+// eventOptions returns what the load needs to know of the recorded
+// events formats, with users their user-space fields (sysUsers), synths
+// the count of synthetic events and wake set when wakeup_latency is
+// recorded: their record sizes, the syscall events and BTF programs that
+// may record them, and whether packet mode may write them.
+func eventOptions(cfg Config, formats []*tracefs.Format, users []*sysUser, synths int, wake bool) *loadOpts {
+	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
+	opts.user = slices.ContainsFunc(users, func(u *sysUser) bool { return u != nil })
+	opts.userNr = true
+	for i, u := range users {
+		if _, known := sysNr(formats[i]); u != nil && !known {
+			opts.userNr = false
+		}
+	}
+	opts.pktTP = pktEligible(cfg, formats, synths, wake, false)
+	opts.pktRaw = pktEligible(cfg, formats, synths, wake, true)
+	for i, f := range formats {
+		opts.small[i] = smallSize(f)
+		if exit, ok := sysShape(f); ok {
+			opts.sys = true
+			if nr, known := sysNr(f); known {
+				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: f.Syscall()})
+			}
+		}
+		// wakeup_latency's hooks ride on the tracepoint programs.
+		if e, l := btfShape(f); e != nil && !wake && !noBTFEvents {
+			opts.btf[e.prog] = btfUse{key: i, id: int(f.ID), layout: l}
+		}
+	}
+	if opts.pktTP == nil || opts.pktRaw == nil {
+		// In packet mode a record to transcode goes through the
+		// scratch record, where its program builds the payload.
+		for i, f := range formats {
+			if l, err := layout.New(f, nil); err != nil || !l.Direct {
+				opts.small[i] = 0
+			}
+		}
+	}
+	return opts
 }
 
 // baseSpec takes the object of the transport (or the one opts gives),

@@ -9,8 +9,6 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/kconsume/kconsume/gen"
 )
 
 // kernelRelease returns the running kernel's major and minor version. It
@@ -110,29 +108,3 @@ var errPreemptible = errors.New("its programs run preemptibly on this kernel, wh
 // KCONSUME_RAW_FROM_PERF=1 in the environment sets it, to measure what
 // they cost against the same binary without them (docs/performance.md).
 var forcePreemptible = os.Getenv("KCONSUME_RAW_FROM_PERF") == "1"
-
-// Preemptible returns whether this kernel runs tracing programs
-// preemptibly, and why (preempt.go), and the session's events recorded
-// by programs that run so there: events a task preempted inside such a
-// program can make the kernel skip for the other tasks on its CPU. Those
-// are the function path's syscall events, the syscall events of their
-// own tracepoints (whose perf programs 7.x runs before it turns
-// preemption off, kernel/trace/trace_syscalls.c) and those with
-// user-space fields (kc_sys_user_fault). The raw path, the other
-// tracepoints and the sched events' BTF programs keep preemption off or
-// run where the kernel does. The skipped runs are counted (CPUStats.Missed).
-func (s *Session) Preemptible() (p Preemptible, events []string) {
-	p = s.rec.preempt
-	if !p.On {
-		return p, nil
-	}
-	for i, prog := range s.rec.tpProgs[:len(s.events)] {
-		f := s.events[i]
-		fentry := strings.HasPrefix(prog, fentryPrefix)
-		sysTP := f.System == "syscalls" && prog != gen.RingbufProgKcSysEnter && prog != gen.RingbufProgKcSysExit
-		if fentry || sysTP {
-			events = append(events, f.FullName())
-		}
-	}
-	return p, events
-}

@@ -41,6 +41,7 @@ type recorder struct {
 	preempt    Preemptible    // whether tracing programs run preemptibly here (preempt.go)
 	rawPerf    bool           // the raw syscall path rides on the perf tracepoints (preempt.go)
 	tpProgs    []string       // the recorder copy attached for each event key
+	sysProgs   []string       // the syscall program that records each event, or ""
 	fentry     map[int]string // event key → its fentry or fexit program copy
 	btfKeys    map[int]string // event key → the BTF program loaded for it
 	switchKey  uint32         // wakeup_latency: sched_switch's key and info
@@ -60,9 +61,6 @@ type recorder struct {
 	userTP    bool
 	injectMu  sync.Mutex
 	injectRec *gen.RingbufKcInjectRec
-	// keep is what the recording keeps for a recover after a kill
-	// (crash.go), nil when it keeps nothing.
-	keep *crashKeep
 }
 
 // loadOpts replaces the recorder by another object built on kconsume.h
@@ -542,8 +540,6 @@ func objectsMissed(objs []*object) (n uint64) {
 // idempotent.
 func (r *recorder) close() {
 	_ = r.detach()
-	r.keep.release()
-	r.keep = nil
 	for _, m := range r.rings {
 		_ = m.Close()
 	}

@@ -3,6 +3,7 @@ package consumer
 import (
 	"encoding/binary"
 	"fmt"
+	"math/bits"
 	"os"
 	"sync/atomic"
 	"unsafe"
@@ -45,9 +46,9 @@ type ringbuf struct {
 	lapShift uint   // position >> lapShift is the lap (64: none)
 	area     bool
 	got      uint64 // records read, discarded ones not counted; rewind takes back
-	// A kc_area ring's recorder and stream, and the records released
-	// to the writers so far: its ledger (crash.go) keeps them.
-	rec      *recorder
+	// A kc_area ring's ledger (crash.go) and stream, and the records
+	// released to the writers so far, which the ledger keeps.
+	keep     *crashKeep
 	idx      int
 	released uint64
 }
@@ -139,11 +140,11 @@ func (r *ringbuf) producer() uint64 { return atomic.LoadUint64(r.prodPos) }
 func (r *ringbuf) release(pos uint64) {
 	if r.area {
 		old := atomic.LoadUint64(r.consPos)
-		if r.rec.keep != nil && pos > old {
+		if r.keep.on() && pos > old {
 			// The ledger before the zeroes: a kill after it finds
 			// these records counted, one before it in the ring.
 			r.released += areaRecords(r.data, r.mask, old, pos)
-			r.rec.keep.took(r.idx, r.released, pos)
+			r.keep.took(r.idx, r.released, pos)
 		}
 		r.zero(old, pos)
 	}
@@ -212,4 +213,26 @@ func (r *ringbuf) close() {
 		_ = unix.Munmap(r.prodMem)
 		r.consMem, r.prodMem, r.data = nil, nil, nil
 	}
+}
+
+// newAreaRing returns the reader of stream i's kc_area ring: its bytes,
+// and its positions in i's slot of kc_state; it keeps its ledger in keep.
+func newAreaRing(r *recorder, keep *crashKeep, i int) *ringbuf {
+	size := uint64(r.cfg.RingSize)
+	cs := r.cpuState(i)
+	rb := &ringbuf{
+		fd:       -1,
+		size:     size,
+		mask:     size - 1,
+		consPos:  &cs.Cons,
+		prodPos:  &cs.Prod,
+		data:     r.areaMem[uint64(i)*size : uint64(i+1)*size : uint64(i+1)*size],
+		vmask:    areaLapMask,
+		lapShift: uint(bits.TrailingZeros64(size)),
+		area:     true,
+		keep:     keep,
+		idx:      i,
+	}
+	rb.cons = atomic.LoadUint64(rb.consPos)
+	return rb
 }

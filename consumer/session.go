@@ -15,7 +15,6 @@
 package consumer
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -33,7 +32,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
-	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/relayfmt"
 	"github.com/kconsume/kconsume/synth"
 )
@@ -120,38 +118,7 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
-	opts.user = slices.ContainsFunc(users, func(u *sysUser) bool { return u != nil })
-	opts.userNr = true
-	for i, u := range users {
-		if _, known := sysNr(formats[i]); u != nil && !known {
-			opts.userNr = false
-		}
-	}
-	opts.pktTP = pktEligible(cfg, formats, len(synthDefs), wake, false)
-	opts.pktRaw = pktEligible(cfg, formats, len(synthDefs), wake, true)
-	for i, f := range formats {
-		opts.small[i] = smallSize(f)
-		if exit, ok := sysShape(f); ok {
-			opts.sys = true
-			if nr, known := sysNr(f); known {
-				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: f.Syscall()})
-			}
-		}
-		// wakeup_latency's hooks ride on the tracepoint programs.
-		if e, l := btfShape(f); e != nil && !wake && !noBTFEvents {
-			opts.btf[e.prog] = btfUse{key: i, id: int(f.ID), layout: l}
-		}
-	}
-	if opts.pktTP == nil || opts.pktRaw == nil {
-		// In packet mode a record to transcode goes through the
-		// scratch record, where its program builds the payload.
-		for i, f := range formats {
-			if l, err := layout.New(f, nil); err != nil || !l.Direct {
-				opts.small[i] = 0
-			}
-		}
-	}
+	opts := eventOptions(cfg, formats, users, len(synthDefs), wake)
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
 		return nil, err
@@ -294,7 +261,7 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 	s.dr.setWriter(s.w)
 	s.keepErr = errors.New("no local directory")
 	if cfg.Dir != "" && (opts == nil || opts.spec == nil) {
-		s.rec.keep, s.keepErr = keepForRecover(s.rec, cfg.Dir)
+		s.keepErr = s.dr.keep.start(s.rec, cfg.Dir)
 	}
 	return s, nil
 }
@@ -356,34 +323,24 @@ func clockDesc(c Clock, id int32) relayfmt.Clock {
 	return relayfmt.Clock{Name: names[c], Description: "kernel " + names[c] + " clock", Offset: off}
 }
 
-// addTracepoints defines a class per recorded event, tells the recorder
-// each event's layout and attaches it; event i gets key i, its class id.
-// The hooks (tracepoints wakeup_latency needs but the trace does not
-// record) take the keys after them. With wake set, the sched_waking and
-// sched_switch keys carry the wakeup_latency hooks. users holds each
-// recorded event's user-space fields, of which the recorder keeps
-// userBuf bytes each (sysUsers).
+// addTracepoints defines a class per recorded event and has the recorder
+// attach it; event i gets key i, its class id. The hooks (tracepoints
+// wakeup_latency needs but the trace does not record) take the keys
+// after them. With wake set, the sched_waking and sched_switch keys
+// carry the wakeup_latency hooks. users holds each recorded event's
+// user-space fields, of which the recorder keeps userBuf bytes each
+// (sysUsers).
 func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, users []*sysUser, userBuf int) error {
-	info := s.rec.coll.Maps[gen.RingbufMapKcTpInfoMap]
-	raw, err := s.rec.rawSyscalls(formats)
-	if err != nil {
-		return err
-	}
-	user, err := s.rec.attachUserFault(formats, users)
+	at, err := s.rec.attachSyscalls(formats, users)
 	if err != nil {
 		return err
 	}
 	// One declaration for all: each one rewrites the whole metadata.
 	names, layouts := make([]string, len(formats)), make([]*layout.Layout, len(formats))
 	for i, f := range formats {
-		at := layout.RingOff
-		if raw[i] != "" {
-			at = layout.SysRingOff
-		}
-		if layouts[i], err = layout.NewAt(f, s.cfg.Adjust[f.FullName()], at); err != nil {
+		if layouts[i], err = layout.NewAt(f, s.cfg.Adjust[f.FullName()], at[i]); err != nil {
 			return err
 		}
-
 		names[i] = f.FullName()
 	}
 	ids, err := s.w.declareAll(names, layouts)
@@ -395,92 +352,12 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 			return fmt.Errorf("event %s: class id %d, want %d", names[i], id, i)
 		}
 	}
-	for i, f := range append(slices.Clip(formats), hooks...) {
-		recorded := i < len(formats)
-		var ti gen.RingbufKcTpInfo
-		if recorded {
-			l := layouts[i]
-			ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.Dyn)), Flags: tpRecord}
-			copy(ti.Dyn[:], l.Dyn)
-			if u := users[i]; u != nil {
-				if s.rec.transport != Ringbuf {
-					return fmt.Errorf("%w: event %s: its user-space fields need BPF ring buffers, not %s", ErrNotSupported, f.FullName(), s.rec.transport)
-				}
-				u.put(&ti, userBuf)
-			}
-			if s.rec.plan[pathPackets].on {
-				ops, err := pktOps(l)
-				if err != nil {
-					// pktEligible took both syscall paths.
-					return fmt.Errorf("packet mode: %w", err)
-				}
-				ti.Nops = uint16(len(ops))
-				copy(ti.Ops[:], ops)
-			}
-		}
-		if wake {
-			if err := s.rec.wakeupInfo(f, uint32(i), &ti); err != nil {
-				return err
-			}
-		}
-		if err := info.Put(uint32(i), ti); err != nil {
-			return fmt.Errorf("event %s: %w", f.FullName(), err)
-		}
-		// The syscall programs or a BTF program record the event where
-		// they were loaded and attach; its tracepoint otherwise.
-		var p string
-		if recorded {
-			p = cmp.Or(raw[i], user[i])
-		}
-		if recorded && p == "" && s.rec.btfKeys[i] != "" {
-			p = s.rec.attachBTF(i)
-		}
-		if p != "" {
-			s.rec.tpProgs = append(s.rec.tpProgs, p)
-		} else if err := s.rec.attachTracepoint(f, i, recorded, ti.Nops == 0); err != nil {
-			return err
-		}
-		if recorded {
-			s.events = append(s.events, f)
-		}
+	if err := s.rec.attachEvents(eventSet{formats: formats, hooks: hooks, layouts: layouts, users: users, userBuf: userBuf, wake: wake}); err != nil {
+		return err
 	}
+	s.events = formats
 	return nil
 }
-
-// RawSyscalls returns the syscall events recorded through the raw
-// syscall path (Config.Syscalls), those with user-space fields that
-// kc_sys_user_fault records included, and, when the raw path could have
-// recorded some of the session's events but did not run, why.
-func (s *Session) RawSyscalls() (events []string, why error) {
-	for i, p := range s.rec.tpProgs[:len(s.events)] {
-		if p == gen.RingbufProgKcSysEnter || p == gen.RingbufProgKcSysExit || p == gen.RingbufProgKcSysUserFault {
-			events = append(events, s.events[i].FullName())
-		}
-	}
-	return events, s.rec.plan[pathRawSys].why
-}
-
-// FentrySyscalls returns the syscall events recorded through the
-// function path (Config.Syscalls SyscallsFentry) and, when the path
-// could have recorded some of the session's events but did not, why.
-func (s *Session) FentrySyscalls() (events []string, why error) {
-	for i, p := range s.rec.tpProgs[:len(s.events)] {
-		if strings.HasPrefix(p, fentryPrefix) {
-			events = append(events, s.events[i].FullName())
-		}
-	}
-	return events, s.rec.plan[pathFentry].why
-}
-
-// OwnRings returns nil when the recorder's programs write into its own
-// rings (kc_area, area.go), or why they write into BPF ring buffers or
-// perf buffers.
-func (s *Session) OwnRings() error { return s.rec.plan[pathOwnRings].why }
-
-// Packets returns nil when the recorder's programs write the trace's
-// packets themselves (packet mode, packet.go), so the drainer reads no
-// record, or why they do not.
-func (s *Session) Packets() error { return s.rec.plan[pathPackets].why }
 
 // Events returns the formats of the recorded tracepoints.
 func (s *Session) Events() []*tracefs.Format { return s.events }

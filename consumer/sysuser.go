@@ -285,14 +285,3 @@ func (r *recorder) userUnread() []uint64 {
 	}
 	return per
 }
-
-// UserFault returns nil when the recorder pages in the user memory that
-// syscall events' user-space fields hold before it reads it, as the
-// kernel does for its own events, or why it does not; nil too when no
-// recorded event has such fields.
-func (s *Session) UserFault() error {
-	if s.rec.plan[pathUserFault].on {
-		return nil
-	}
-	return s.rec.plan[pathUserFault].why
-}

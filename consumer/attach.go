@@ -1,0 +1,114 @@
+package consumer
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/gen"
+)
+
+// eventSet is what the recorder attaches: the recorded events, which get
+// keys 0 to len(formats)-1, and the hooks, which take the keys after
+// them; each recorded event's layout and user-space fields, of which
+// the recorder keeps userBuf bytes each; with wake set, the sched_waking
+// and sched_switch keys carry the wakeup_latency hooks.
+type eventSet struct {
+	formats, hooks []*tracefs.Format
+	layouts        []*layout.Layout
+	users          []*sysUser
+	userBuf        int
+	wake           bool
+}
+
+// attachSyscalls attaches the programs that record syscall events of
+// formats other than through their tracepoints (the raw syscall path,
+// kc_sys_user_fault) and returns, for each event, where its ring record
+// keeps the trace record's bytes: layout.SysRingOff for the raw
+// syscall programs' records, layout.RingOff for the others.
+func (r *recorder) attachSyscalls(formats []*tracefs.Format, users []*sysUser) ([]func(int) int, error) {
+	raw, err := r.rawSyscalls(formats)
+	if err != nil {
+		return nil, err
+	}
+	user, err := r.attachUserFault(formats, users)
+	if err != nil {
+		return nil, err
+	}
+	at := make([]func(int) int, len(formats))
+	r.sysProgs = make([]string, len(formats))
+	for i := range formats {
+		at[i] = layout.RingOff
+		if raw[i] != "" {
+			at[i] = layout.SysRingOff
+		}
+		r.sysProgs[i] = cmp.Or(raw[i], user[i])
+	}
+	return at, nil
+}
+
+// attachEvents tells the recorder each event's layout (kc_tp_info) and
+// attaches it: through the syscall programs attachSyscalls attached, a
+// BPF program built from its tracepoint's arguments, or its tracepoint.
+func (r *recorder) attachEvents(es eventSet) error {
+	info := r.coll.Maps[gen.RingbufMapKcTpInfoMap]
+	for i, f := range append(slices.Clip(es.formats), es.hooks...) {
+		recorded := i < len(es.formats)
+		ti, err := r.tpInfo(es, i, f)
+		if err != nil {
+			return err
+		}
+		if err := info.Put(uint32(i), ti); err != nil {
+			return fmt.Errorf("event %s: %w", f.FullName(), err)
+		}
+		var p string
+		if recorded {
+			p = r.sysProgs[i]
+		}
+		if recorded && p == "" && r.btfKeys[i] != "" {
+			p = r.attachBTF(i)
+		}
+		if p != "" {
+			r.tpProgs = append(r.tpProgs, p)
+		} else if err := r.attachTracepoint(f, i, recorded, ti.Nops == 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// tpInfo returns what the recorder's programs need to know of event key
+// i, f: its id and sizes, its dynamic fields, its user-space fields, in
+// packet mode the steps that build its payload, and the wakeup_latency
+// hooks it carries.
+func (r *recorder) tpInfo(es eventSet, i int, f *tracefs.Format) (gen.RingbufKcTpInfo, error) {
+	var ti gen.RingbufKcTpInfo
+	if i < len(es.formats) {
+		l := es.layouts[i]
+		ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.Dyn)), Flags: tpRecord}
+		copy(ti.Dyn[:], l.Dyn)
+		if u := es.users[i]; u != nil {
+			if r.transport != Ringbuf {
+				return ti, fmt.Errorf("%w: event %s: its user-space fields need BPF ring buffers, not %s", ErrNotSupported, f.FullName(), r.transport)
+			}
+			u.put(&ti, es.userBuf)
+		}
+		if r.plan[pathPackets].on {
+			ops, err := pktOps(l)
+			if err != nil {
+				// pktEligible took both syscall paths.
+				return ti, fmt.Errorf("packet mode: %w", err)
+			}
+			ti.Nops = uint16(len(ops))
+			copy(ti.Ops[:], ops)
+		}
+	}
+	if es.wake {
+		if err := r.wakeupInfo(f, uint32(i), &ti); err != nil {
+			return ti, err
+		}
+	}
+	return ti, nil
+}
