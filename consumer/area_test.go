@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/internal/testenv"
 )
 
@@ -18,7 +20,7 @@ func areaExpected(t testing.TB) bool {
 	if runtime.GOARCH != "amd64" || !kernelAtLeast(t, 5, 12) {
 		return false
 	}
-	if err := haveCmpxchg(); err != nil {
+	if err := recorder.HaveCmpxchg(); err != nil {
 		t.Fatalf("5.12+ kernel without BPF_CMPXCHG: %v", err)
 	}
 	return true
@@ -50,12 +52,12 @@ func TestOwnRings(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.elems == 0 {
-				noArea = true
-				defer func() { noArea = false }()
+				recorder.Testing.NoArea = true
+				defer func() { recorder.Testing.NoArea = false }()
 			}
 			if !tc.pkt {
-				noPkt = true
-				defer func() { noPkt = false }()
+				recorder.Testing.NoPackets = true
+				defer func() { recorder.Testing.NoPackets = false }()
 			}
 			c := startChild(t, "getpid", n)
 			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, RingSize: tc.ring})
@@ -73,9 +75,9 @@ func TestOwnRings(t *testing.T) {
 				t.Fatalf("packet mode %v, want %v: %v", pkt, tc.pkt && used, s.Packets())
 			}
 			if used {
-				_, k := areaShape(tc.ring)
+				_, k := recorder.AreaShape(tc.ring)
 				if tc.pkt {
-					k = tc.ring / s.rec.pktElem
+					k = tc.ring / s.rec.PktElem()
 				}
 				if k != tc.elems {
 					t.Fatalf("%d elements per ring, want %d", k, tc.elems)

@@ -56,7 +56,7 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 			for _, st := range r.s.dr.streams {
 				st.src.close()
 			}
-			rd, err := perf.NewReaderWithOptions(r.s.rec.coll.Maps[gen.PerfMapKcPerf], ring, perf.ReaderOptions{Watermark: ring / 4})
+			rd, err := perf.NewReaderWithOptions(r.s.rec.Collection().Maps[gen.PerfMapKcPerf], ring, perf.ReaderOptions{Watermark: ring / 4})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -68,7 +68,7 @@ func benchConcurrent(b *testing.B, tr Transport, payload int, reader string) {
 				return rd.ReadInto(&rec)
 			}
 		} else {
-			rd, err := ciliumrb.NewReader(r.s.rec.rings[1])
+			rd, err := ciliumrb.NewReader(r.s.rec.Ring(1))
 			if err != nil {
 				b.Fatal(err)
 			}

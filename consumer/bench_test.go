@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/consumer/layout"
 
 	"github.com/cilium/ebpf"
@@ -75,7 +77,7 @@ func newRigCfg(tb testing.TB, tr Transport, payload int, cfg Config, loop bool) 
 	if err := cfg.Check(); err != nil {
 		tb.Fatal(err)
 	}
-	s, err := newSession(cfg, 1, &loadOpts{spec: spec, vars: map[string]any{
+	s, err := newSession(cfg, 1, &recorder.Options{Spec: spec, Vars: map[string]any{
 		gen.BenchVarKcBenchLen: uint32(payload),
 		gen.BenchVarKcBenchKey: uint32(0),
 	}})
@@ -97,13 +99,13 @@ func newRigCfg(tb testing.TB, tr Transport, payload int, cfg Config, loop bool) 
 	if loop {
 		s.dr.start()
 	}
-	return &rig{s: s, prog: s.rec.coll.Programs[prog], n: s.rec.coll.Variables[gen.BenchVarKcBenchN], seq: s.rec.coll.Variables[gen.BenchVarKcBenchSeq]}
+	return &rig{s: s, prog: s.rec.Collection().Programs[prog], n: s.rec.Collection().Variables[gen.BenchVarKcBenchN], seq: s.rec.Collection().Variables[gen.BenchVarKcBenchSeq]}
 }
 
 // produce writes n records from the calling thread's CPU: one bpf_loop
 // run for the ring buffer, one run per record for perf.
 func (r *rig) produce(tb testing.TB, n int) {
-	if r.s.rec.transport == Perf {
+	if r.s.rec.Transport() == Perf {
 		for i := 0; i < n; i++ {
 			if _, err := r.prog.Run(&ebpf.RunOptions{}); err != nil {
 				tb.Fatal(err)
@@ -125,8 +127,8 @@ func (r *rig) produce(tb testing.TB, n int) {
 
 func (r *rig) lost() (lost, emitted uint64) {
 	for cpu := 0; cpu < r.s.ncpu; cpu++ {
-		lost += r.s.rec.kernelLost(cpu)
-		emitted += r.s.rec.emitted(cpu)
+		lost += r.s.rec.KernelLost(cpu)
+		emitted += r.s.rec.Emitted(cpu)
 	}
 	return lost, emitted
 }
@@ -189,7 +191,7 @@ func BenchmarkDrain(b *testing.B) {
 			b.Run(fmt.Sprintf("cilium-%s/%dB", mode, payload), func(b *testing.B) {
 				pinCPU(b, 0)
 				r := newRig(b, Ringbuf, payload, benchRing, relayfmt.Overwrite, nil, false)
-				rd, err := ciliumrb.NewReader(r.s.rec.rings[0])
+				rd, err := ciliumrb.NewReader(r.s.rec.Ring(0))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -286,7 +288,7 @@ func BenchmarkDrainPerf(b *testing.B) {
 		r := newRig(b, Perf, payload, ring, relayfmt.Overwrite, nil, false)
 		// perf.Reader opens its own perf events into the array.
 		r.s.dr.streams[0].src.close()
-		rd, err := perf.NewReaderWithOptions(r.s.rec.coll.Maps[gen.PerfMapKcPerf], ring, perf.ReaderOptions{Watermark: ring / 4})
+		rd, err := perf.NewReaderWithOptions(r.s.rec.Collection().Maps[gen.PerfMapKcPerf], ring, perf.ReaderOptions{Watermark: ring / 4})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
@@ -74,8 +76,8 @@ var (
 // another host agent's thread runs that only ftrace has.
 func TestBTFEventsMatchFtrace(t *testing.T) {
 	testenv.RequireRoot(t)
-	noBTFEvents = os.Getenv("KC_NO_BTF") != ""
-	defer func() { noBTFEvents = false }()
+	recorder.Testing.NoBTF = os.Getenv("KC_NO_BTF") != ""
+	defer func() { recorder.Testing.NoBTF = false }()
 	requireBTFPath(t)
 	names := []string{"sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new"}
 	fs, err := tracefs.Find()
@@ -212,7 +214,7 @@ func TestBTFEventsMatchFtrace(t *testing.T) {
 			}
 		}
 	}
-	arg, err := switchStateArg()
+	arg, err := recorder.SwitchStateArg()
 	if err != nil {
 		t.Fatal(err)
 	}

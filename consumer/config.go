@@ -1,10 +1,11 @@
 package consumer
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/kconsume/kconsume/consumer/recorder"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -15,99 +16,49 @@ import (
 )
 
 // Transport is how records travel from BPF to the consumer.
-type Transport uint8
+type Transport = recorder.Transport
 
+// The transports (recorder.Transport).
 const (
-	// Auto picks Ringbuf where the kernel has BPF ring buffers (5.8+),
-	// else Perf.
-	Auto Transport = iota
-	// Ringbuf uses one BPF ring buffer per CPU (or one in global mode).
-	Ringbuf
-	// Perf uses a perf event array: one perf ring per CPU.
-	Perf
+	Auto    = recorder.Auto
+	Ringbuf = recorder.Ringbuf
+	Perf    = recorder.Perf
 )
-
-// String returns "auto", "ringbuf" or "perf".
-func (t Transport) String() string {
-	switch t {
-	case Ringbuf:
-		return "ringbuf"
-	case Perf:
-		return "perf"
-	}
-	return "auto"
-}
 
 // Clock is the kernel clock that stamps records.
-type Clock uint8
+type Clock = recorder.Clock
 
+// The clocks (recorder.Clock).
 const (
-	// Mono is CLOCK_MONOTONIC (bpf_ktime_get_ns).
-	Mono Clock = iota
-	// Boot is CLOCK_BOOTTIME, which counts suspend (Linux 5.8+).
-	Boot
-	// TAI is CLOCK_TAI (Linux 6.1+).
-	TAI
+	Mono = recorder.Mono
+	Boot = recorder.Boot
+	TAI  = recorder.TAI
 )
-
-// String returns "mono", "boot" or "tai", the CLI's names.
-func (c Clock) String() string {
-	switch c {
-	case Boot:
-		return "boot"
-	case TAI:
-		return "tai"
-	}
-	return "mono"
-}
 
 // Syscalls is how syscalls:sys_enter_* and sys_exit_* events are
 // recorded.
-type Syscalls uint8
+type Syscalls = recorder.Syscalls
 
+// The ways of recording syscall events (recorder.Syscalls).
 const (
-	// SyscallsAuto takes the function path for up to FentryMax syscall
-	// events where the kernel allows it (see SyscallsFentry), else the
-	// raw path where the kernel allows it (see SyscallsRaw), each event's
-	// tracepoint otherwise.
-	SyscallsAuto Syscalls = iota
-	// SyscallsRaw records them from the kernel's raw sys_enter and
-	// sys_exit tracepoints (x86_64, BPF ring buffers, kernel BTF): cheaper
-	// per recorded event, but a program then runs on every syscall of the
-	// machine, recorded or not. New fails when the raw path cannot run.
-	// Events it cannot build (a layout other than the kernel's usual one,
-	// a syscall newer than kconsume's table) keep their tracepoints.
-	SyscallsRaw
-	// SyscallsTracepoint records each event through its own tracepoint,
-	// so syscalls that are not recorded cost nothing.
-	SyscallsTracepoint
-	// SyscallsFentry records each event from a program on its syscall's
-	// x86_64 entry point (fentry on __x64_sys_NAME, fexit for exit
-	// events; x86_64, BPF ring buffers, kernel BTF, a kernel that lets
-	// BPF attach to functions): syscalls that are not recorded run no
-	// BPF and skip the syscall tracepoints' slow path, and a recorded one
-	// skips the raw path's dispatch. One program is loaded and attached
-	// per event, so it suits a few events, not syscalls:*. New fails when
-	// the path cannot run; events it cannot build keep the raw path or
-	// their tracepoints.
-	SyscallsFentry
+	SyscallsAuto       = recorder.SyscallsAuto
+	SyscallsRaw        = recorder.SyscallsRaw
+	SyscallsTracepoint = recorder.SyscallsTracepoint
+	SyscallsFentry     = recorder.SyscallsFentry
 )
 
 // FentryMax is the most syscall events SyscallsAuto records on the
-// function path: each takes a program and a trampoline of its own.
-const FentryMax = 32
+// function path.
+const FentryMax = recorder.FentryMax
 
-// String returns "auto", "raw", "tracepoint" or "fentry", the CLI's names.
-func (y Syscalls) String() string {
-	switch y {
-	case SyscallsFentry:
-		return "fentry"
-	case SyscallsRaw:
-		return "raw"
-	case SyscallsTracepoint:
-		return "tracepoint"
+// recorder returns what the recorder takes of c.
+func (c Config) recorder() recorder.Config {
+	return recorder.Config{
+		PIDs: c.PIDs, Comms: c.Comms, Cgroup: c.Cgroup,
+		RingSize: c.RingSize, Watermark: c.Watermark, Global: c.Global, Latency: c.Latency,
+		Syscalls: c.Syscalls, Clock: c.Clock, Objects: c.Objects,
+		SubbufSize: c.SubbufSize, Mode: c.Mode, Adjust: c.Adjust,
 	}
-	return "auto"
 }
 
 // Config describes a recording session. Zero values take the defaults
@@ -205,7 +156,7 @@ const (
 )
 
 // ErrConfig wraps every configuration error.
-var ErrConfig = errors.New("bad configuration")
+var ErrConfig = recorder.ErrConfig
 
 // Check fills in the defaults and validates the configuration before
 // anything is loaded: the sub-buffer geometry (relayfmt.CheckGeometry),

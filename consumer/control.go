@@ -35,7 +35,7 @@ func (s *Session) setGate(on bool) error {
 	if on {
 		s.prepare()
 	}
-	if err := s.rec.setRunning(on); err != nil {
+	if err := s.rec.SetRunning(on); err != nil {
 		return err
 	}
 	s.started.Store(on)
@@ -96,7 +96,7 @@ func (s *Session) setCPU(cpu int, disabled bool) error {
 	if err := s.checkCPU(cpu, false); err != nil {
 		return err
 	}
-	s.rec.setCPUDisabled(cpu, disabled)
+	s.rec.SetCPUDisabled(cpu, disabled)
 	return nil
 }
 

@@ -10,10 +10,11 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/internal/mounts"
 )
 
@@ -83,17 +84,17 @@ type crashKeep struct {
 // into dir. It returns why not when the BPF filesystem or the note
 // cannot be had; a recording then goes on, k keeps nothing, and a kill
 // of it loses what it held uncounted.
-func (k *crashKeep) start(rec *recorder, dir string) error {
+func (k *crashKeep) start(rec *recorder.Recorder, dir string) error {
 	bpffs, _, err := mounts.BPFFS()
 	if err != nil {
 		return err
 	}
-	note := crashNote{Counts: countsRecords, CPUs: rec.ncpu, Global: rec.cfg.Global}
+	note := crashNote{Counts: countsRecords, CPUs: rec.CPUs(), Global: rec.Global()}
 	switch {
-	case rec.plan[pathPackets].on:
-		note.Counts, note.RingSize, note.PktElem = countsPackets, uint64(rec.cfg.RingSize), uint64(rec.pktElem)
-	case rec.plan[pathOwnRings].on:
-		note.Counts, note.RingSize = countsArea, uint64(rec.cfg.RingSize)
+	case rec.On(recorder.PathPackets):
+		note.Counts, note.RingSize, note.PktElem = countsPackets, uint64(rec.RingBytes()), uint64(rec.PktElem())
+	case rec.On(recorder.PathOwnRings):
+		note.Counts, note.RingSize = countsArea, uint64(rec.RingBytes())
 	}
 	k.pins = filepath.Join(bpffs, pinRoot, strconv.Itoa(os.Getpid())+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
 	k.note = filepath.Join(dir, CrashNote)
@@ -119,7 +120,7 @@ func (k *crashKeep) on() bool { return k != nil && k.mem != nil }
 
 // pin creates and maps the ledger and pins it, kc_state and, in packet
 // mode, kc_area into k.pins.
-func (k *crashKeep) pin(rec *recorder) error {
+func (k *crashKeep) pin(rec *recorder.Recorder) error {
 	if err := os.MkdirAll(k.pins, 0o700); err != nil {
 		return fmt.Errorf("pinning the recorder's counts: %w", err)
 	}
@@ -129,19 +130,17 @@ func (k *crashKeep) pin(rec *recorder) error {
 		Type:       ebpf.Array,
 		KeySize:    4,
 		ValueSize:  ledgerWords * 8,
-		MaxEntries: uint32(rec.ncpu),
+		MaxEntries: uint32(rec.CPUs()),
 		Flags:      unix.BPF_F_MMAPABLE,
 	})
 	if err != nil {
 		return fmt.Errorf("the recorder's ledger: %w", err)
 	}
-	if k.mem, err = unix.Mmap(k.ledger.FD(), 0, roundPage(rec.ncpu*ledgerWords*8), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
+	if k.mem, err = unix.Mmap(k.ledger.FD(), 0, roundPage(rec.CPUs()*ledgerWords*8), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); err != nil {
 		return fmt.Errorf("mapping the recorder's ledger: %w", err)
 	}
-	pins := map[string]*ebpf.Map{"ledger": k.ledger, "state": rec.coll.Maps[gen.RingbufMapKcState]}
-	if rec.plan[pathOwnRings].on {
-		pins["area"] = rec.coll.Maps[gen.RingbufMapKcArea]
-	}
+	pins := rec.Maps()
+	pins["ledger"] = k.ledger
 	for name, m := range pins {
 		if err := m.Pin(filepath.Join(k.pins, name)); err != nil {
 			return fmt.Errorf("pinning the recorder's %s: %w", name, err)
@@ -195,4 +194,11 @@ func (k *crashKeep) release() {
 		_ = k.ledger.Close()
 		k.ledger = nil
 	}
+}
+
+// roundPage returns n rounded up to a whole number of pages, the length
+// of a mapping.
+func roundPage(n int) int {
+	p := os.Getpagesize()
+	return (n + p - 1) / p * p
 }

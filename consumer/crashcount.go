@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
@@ -236,7 +238,7 @@ func packetsLeft(note crashNote, cpu int, cons, prod, last uint64) ([]ringPacket
 	for pos := cons &^ (esize - 1); pos < prod; pos += esize {
 		at := uint64(cpu)*ring + pos&(ring-1)
 		e := mem[at : at+esize]
-		cw := le.Uint64(e[pktCommit:])
+		cw := le.Uint64(e[recorder.PktCommit:])
 		p := ringPacket{events: cw >> 32}
 		used := min(prod-pos, esize)
 		if uint64(uint32(cw)) == used {

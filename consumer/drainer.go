@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-	"unsafe"
+
+	"github.com/kconsume/kconsume/consumer/recorder"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/internal/epoll"
 	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/internal/clock"
 )
 
 // drainer decides when to read the rings and reads them: one goroutine
@@ -21,7 +23,7 @@ import (
 // channel's writer state lives there.
 type drainer struct {
 	w       *writer
-	rec     *recorder
+	rec     *recorder.Recorder
 	keep    *crashKeep // what a kill leaves for recover (crash.go)
 	loss    *losses
 	poll    *epoll.Poller
@@ -51,7 +53,7 @@ type command struct {
 // whose sources are the recorder's rings, created and mapped here, and
 // watched by its poller. It fails with the kernel's error, having
 // released what it made.
-func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error) {
+func newDrainer(cfg Config, rec *recorder.Recorder, clockID int32) (_ *drainer, err error) {
 	d := &drainer{
 		rec:       rec,
 		keep:      new(crashKeep),
@@ -71,34 +73,34 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 	if d.poll, err = epoll.New(); err != nil {
 		return nil, err
 	}
-	nstreams := rec.ncpu
+	nstreams := rec.CPUs()
 	if cfg.Global {
 		nstreams = 1
 	}
 	for i := 0; i < nstreams; i++ {
 		d.streams = append(d.streams, &stream{idx: i, src: noSource{}, win: newWindow(cfg.ReorderMax), cps: newCheckpoints(cfg.ReorderMax), scratch: make([]byte, 0, tracefs.MaxRecordSize*2)})
 	}
-	if rec.transport == Perf {
+	if rec.Transport() == Perf {
 		if cfg.Global {
 			return nil, fmt.Errorf("%w: global mode needs the ringbuf transport", ErrConfig)
 		}
 		return d, d.openPerf(cfg.RingSize, cfg.Watermark, cfg.Latency)
 	}
 	for i, st := range d.streams {
-		m, err := rec.newRing(i)
+		m, err := rec.NewRing(i)
 		if err != nil {
 			return nil, err
 		}
-		r, err := newRingbuf(m.FD(), rec.ringSize())
+		r, err := newRingbuf(m.FD(), rec.RingSize())
 		if err != nil {
 			return nil, err
 		}
 		switch {
-		case rec.plan[pathPackets].on:
+		case rec.On(recorder.PathPackets):
 			st.bell = r
 			p := newPktRing(rec, d.keep, i, clockID)
 			st.src, st.data = p, p.data
-		case rec.plan[pathOwnRings].on:
+		case rec.On(recorder.PathOwnRings):
 			st.bell, r = r, newAreaRing(rec, d.keep, i)
 			fallthrough
 		default:
@@ -115,7 +117,7 @@ func newDrainer(cfg Config, rec *recorder, clockID int32) (_ *drainer, err error
 // accounting of losses places.
 func (d *drainer) setWriter(w *writer) {
 	d.w = w
-	d.loss = newLosses(w, d.rec.ncpu, d.rec.filtered(), d.rec.kernelLost)
+	d.loss = newLosses(w, d.rec.CPUs(), d.rec.Filtered(), d.rec.KernelLost)
 }
 
 // start runs the drainer goroutine.
@@ -181,9 +183,9 @@ func (d *drainer) loop() {
 	// 1408K. Tests that place the drainer lock it themselves.
 	events := make([]unix.EpollEvent, len(d.streams)+2)
 	ids := make([]int32, 0, len(events))
-	woke := make([]uint64, 2*d.rec.ncpu) // the writers' last wakeups seen
-	var deadline time.Time               // data waits: drain by then
-	var done []reply                     // commands run, to answer once re-armed
+	woke := make([]uint64, 2*d.rec.CPUs()) // the writers' last wakeups seen
+	var deadline time.Time                 // data waits: drain by then
+	var done []reply                       // commands run, to answer once re-armed
 	more := false
 	timeout := d.sleep(more, deadline)
 	for {
@@ -195,7 +197,7 @@ func (d *drainer) loop() {
 			d.counts.ran(now.Sub(t0)-timeout, d.lateness())
 		}
 		if timeout != 0 {
-			d.rec.disarm()
+			d.rec.Disarm()
 		}
 		if err != nil {
 			d.loopErr = err
@@ -304,7 +306,7 @@ type reply struct {
 func (d *drainer) sleep(more bool, deadline time.Time) time.Duration {
 	timeout := d.timeout(more, deadline)
 	if timeout != 0 {
-		d.rec.arm(d.latency > 0 && deadline.IsZero())
+		d.rec.Arm(d.latency > 0 && deadline.IsZero())
 		if d.overWatermark() {
 			return 0
 		}
@@ -362,12 +364,12 @@ const defaultLateness = time.Millisecond
 // producerLateness counts how long after the writers' newest wakeups the
 // drainer ran, from the times they left in woke (seen so far, per slot).
 func (d *drainer) producerLateness(woke []uint64) {
-	now, ok := clockNow(unix.CLOCK_MONOTONIC)
+	now, ok := clock.Now(unix.CLOCK_MONOTONIC)
 	if !ok {
 		return
 	}
 	for slot := range woke {
-		w := d.rec.wokeAt(slot)
+		w := d.rec.WokeAt(slot)
 		if w == woke[slot] {
 			continue
 		}
@@ -378,18 +380,6 @@ func (d *drainer) producerLateness(woke []uint64) {
 	}
 }
 
-// clockNow reads clock id, in nanoseconds; ok is false when the kernel
-// refuses the clock. It is a raw system call, as clock_gettime never
-// blocks: x/sys/unix's ClockGettime is an ordinary one, which wakes the
-// runtime's sysmon when it sleeps, and sysmon then polls every 20 µs for
-// a while, each poll a switch of the recorder's own in the trace. A
-// drain that writes no packet then wakes no thread of the runtime's.
-func clockNow(id int32) (now uint64, ok bool) {
-	var ts unix.Timespec
-	_, _, errno := unix.RawSyscall(unix.SYS_CLOCK_GETTIME, uintptr(id), uintptr(unsafe.Pointer(&ts)), 0)
-	return uint64(ts.Nano()), errno == 0
-}
-
 // missedPeriod is how often the recorder programs' recursion misses are
 // read: one syscall per program, and before 5.15 there is a program per
 // event. Flush and Close read them too.
@@ -398,7 +388,7 @@ const missedPeriod = time.Second
 // cutoff returns the time before which waiting records are written: now
 // minus the reorder window, on the records' clock.
 func (d *drainer) cutoff() uint64 {
-	now, ok := clockNow(d.clockID)
+	now, ok := clock.Now(d.clockID)
 	if !ok || now < d.window {
 		return 0
 	}
@@ -449,7 +439,7 @@ func (d *drainer) flushAll() {
 // placeMissed places the recorder runs the kernel skipped since the last
 // call that were events lost.
 func (d *drainer) placeMissed() {
-	all, lost := d.rec.missed()
+	all, lost := d.rec.Missed()
 	d.loss.placeMissed(d.streams[0], all, lost)
 	d.keep.placed(0, d.loss.missedPlaced)
 }

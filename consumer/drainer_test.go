@@ -13,6 +13,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/relayfmt"
@@ -27,7 +29,7 @@ func TestWatermarkWakes(t *testing.T) {
 	const ring = 256 << 10
 	cfg := Config{Sink: &relayfmt.DiscardSink{}, RingSize: ring, Watermark: ring / 4, Latency: time.Minute, Transport: Ringbuf}
 	r := newRigCfg(t, Ringbuf, 64, cfg, true)
-	if got := wakeupMask(r.s.cfg, r.s.ncpu); got != 63 {
+	if got := recorder.WakeupMask(r.s.cfg.recorder(), r.s.ncpu); got != 63 {
 		t.Fatalf("wakeup mask %d, want 63 for a %d-byte ring", got, ring)
 	}
 	pinCPU(t, 0)
@@ -52,8 +54,8 @@ func TestWatermarkWakes(t *testing.T) {
 		t.Helper()
 		for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
 			all := true
-			for slot := range 2 * r.s.rec.ncpu {
-				if atomic.LoadUint32(&r.s.rec.cpuState(slot).Armed) == 0 {
+			for slot := range 2 * r.s.rec.CPUs() {
+				if atomic.LoadUint32(&r.s.rec.CPUState(slot).Armed) == 0 {
 					all = false
 				}
 			}
@@ -115,37 +117,6 @@ func TestWatermarkWakes(t *testing.T) {
 	}
 	if limit := written/(uint64(cfg.Watermark)*7/8) + 1; w > limit {
 		t.Errorf("%d wakeups for %d bytes written: more than %d, a wakeup storm", w, written, limit)
-	}
-}
-
-// TestWakeupMask checks how far apart the producers' looks at a ring's
-// fill may be: never more records than fit in half the room above the
-// watermark, at most 64, and every record for a tiny ring.
-func TestWakeupMask(t *testing.T) {
-	for _, c := range []struct {
-		ring, mark, ncpu int
-		global           bool
-		want             uint64
-	}{
-		{4 << 20, 1 << 20, 2, false, 63},
-		{4 << 20, 1 << 20, 64, true, 63},
-		{4 << 20, 1 << 20, 256, true, 15},
-		{4096, 1024, 2, false, 3},
-		{4096, 4096, 2, false, 0},
-		{4096, 1024, 8, true, 0},
-	} {
-		cfg := Config{RingSize: c.ring, Watermark: c.mark, Global: c.global}
-		got := wakeupMask(cfg, c.ncpu)
-		if got != c.want {
-			t.Errorf("ring %d, watermark %d, %d CPUs, global %v: mask %d, want %d", c.ring, c.mark, c.ncpu, c.global, got, c.want)
-		}
-		writers := 1
-		if c.global {
-			writers = c.ncpu
-		}
-		if got > 0 && int(got+1)*sampledMax*writers > (c.ring-c.mark)/2 {
-			t.Errorf("ring %d: mask %d passes over more than half the room above the watermark", c.ring, got)
-		}
 	}
 }
 

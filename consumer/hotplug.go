@@ -50,11 +50,11 @@ func (d *drainer) openPerf(ringSize, watermark int, latency time.Duration) error
 			d.perf.tick = hotplugPeriod
 		}
 	}
-	online, err := onlineCPUs(d.rec.ncpu)
+	online, err := onlineCPUs(d.rec.CPUs())
 	if err != nil {
 		return err
 	}
-	for cpu := 0; cpu < d.rec.ncpu; cpu++ {
+	for cpu := 0; cpu < d.rec.CPUs(); cpu++ {
 		if online[cpu] {
 			if err := d.openPerfCPU(cpu); err != nil {
 				return err
@@ -72,7 +72,7 @@ func (d *drainer) openPerfCPU(cpu int) error {
 	if err != nil {
 		return err
 	}
-	if err := d.rec.setPerf(cpu, p.fd); err != nil {
+	if err := d.rec.SetPerf(cpu, p.fd); err != nil {
 		p.close()
 		return err
 	}
@@ -92,11 +92,11 @@ func (d *drainer) openPerfCPU(cpu int) error {
 // The old ring is drained first, so nothing it held is lost.
 func (d *drainer) checkHotplug() error {
 	d.perf.checked = time.Now()
-	online, err := onlineCPUs(d.rec.ncpu)
+	online, err := onlineCPUs(d.rec.CPUs())
 	if err != nil {
 		return err
 	}
-	for cpu := 0; cpu < d.rec.ncpu; cpu++ {
+	for cpu := 0; cpu < d.rec.CPUs(); cpu++ {
 		if online[cpu] && !d.perf.online[cpu] {
 			st := d.streams[cpu]
 			st.src.drain(d.w, d.loss, st, ^uint64(0))

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/cilium/ebpf"
 
 	"github.com/kconsume/kconsume/gen"
@@ -18,9 +20,9 @@ var errRefused = errors.New("refused by the test")
 // name is 1, as a kernel that cannot run a path refuses the whole object.
 func refuseWhile(t *testing.T, name string) {
 	t.Helper()
-	orig := newCollection
-	t.Cleanup(func() { newCollection = orig })
-	newCollection = func(spec *ebpf.CollectionSpec) (*ebpf.Collection, error) {
+	orig := recorder.Testing.NewCollection
+	t.Cleanup(func() { recorder.Testing.NewCollection = orig })
+	recorder.Testing.NewCollection = func(spec *ebpf.CollectionSpec) (*ebpf.Collection, error) {
 		var v uint32
 		if vs := spec.Variables[name]; name == "" || vs != nil && vs.Get(&v) == nil && v == 1 {
 			return nil, errRefused

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/internal/testenv"
@@ -30,11 +32,11 @@ func TestRingInTimeOrder(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			switch mode {
 			case "ringbuf":
-				noArea = true
-				defer func() { noArea = false }()
+				recorder.Testing.NoArea = true
+				defer func() { recorder.Testing.NoArea = false }()
 			case "area":
-				noPkt = true
-				defer func() { noPkt = false }()
+				recorder.Testing.NoPackets = true
+				defer func() { recorder.Testing.NoPackets = false }()
 			}
 			s, dir := newTestSession(t, Config{
 				Events: []string{"syscalls:sys_enter_getpid", "timer:hrtimer_expire_entry"},
@@ -129,12 +131,12 @@ func TestRingInTimeOrder(t *testing.T) {
 				}
 			}
 			switch {
-			case !area && s.rec.rawPerf && c.Discarded() == 0:
+			case !area && s.rec.RawFromPerf() && c.Discarded() == 0:
 				// The raw path from perf tracepoints (preempt.go) holds
 				// the CPU's bpf_prog_active: a timer's program in an
 				// interrupt over it is skipped, counted, not nested.
 				t.Fatal("the raw path from perf tracepoints: no timer run skipped under it and counted")
-			case !area && !s.rec.rawPerf && c.Reordered == 0:
+			case !area && !s.rec.RawFromPerf() && c.Reordered == 0:
 				t.Fatal("no record reordered through a BPF ring buffer: the load did not nest programs")
 			}
 		})

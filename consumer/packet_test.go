@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -122,9 +124,9 @@ func TestPacketsEqualWalk(t *testing.T) {
 	if !pktExpected(t, pkt) {
 		t.Skip("no kc_area rings here (amd64 and Linux 5.12+ only)")
 	}
-	noPkt = true
+	recorder.Testing.NoPackets = true
 	walk, walkDir := newTestSession(t, cfg)
-	noPkt = false
+	recorder.Testing.NoPackets = false
 	if walk.Packets() == nil {
 		t.Fatal("packet mode with KC_NO_PKT")
 	}

@@ -3,6 +3,9 @@ package consumer
 import (
 	"strings"
 
+	"github.com/cilium/ebpf"
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/gen"
 )
 
@@ -12,12 +15,12 @@ import (
 // tried for an event in a layout its program does not build, with
 // synthetic:wakeup_latency, or on the perf transport.
 func (s *Session) BTFEvents() (events []string, why error) {
-	for i, p := range s.rec.tpProgs[:len(s.events)] {
-		if isBTFProg(p) {
+	for i, p := range s.rec.Progs()[:len(s.events)] {
+		if recorder.IsBTFProg(p) {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.plan[pathBTF].why
+	return events, s.rec.Why(recorder.PathBTF)
 }
 
 // UserFault returns nil when the recorder pages in the user memory that
@@ -25,10 +28,10 @@ func (s *Session) BTFEvents() (events []string, why error) {
 // kernel does for its own events, or why it does not; nil too when no
 // recorded event has such fields.
 func (s *Session) UserFault() error {
-	if s.rec.plan[pathUserFault].on {
+	if s.rec.On(recorder.PathUserFault) {
 		return nil
 	}
-	return s.rec.plan[pathUserFault].why
+	return s.rec.Why(recorder.PathUserFault)
 }
 
 // Preemptible returns whether this kernel runs tracing programs
@@ -41,14 +44,14 @@ func (s *Session) UserFault() error {
 // user-space fields (kc_sys_user_fault). The raw path, the other
 // tracepoints and the sched events' BTF programs keep preemption off or
 // run where the kernel does. The skipped runs are counted (CPUStats.Missed).
-func (s *Session) Preemptible() (p Preemptible, events []string) {
-	p = s.rec.preempt
+func (s *Session) Preemptible() (p recorder.Preemptible, events []string) {
+	p = s.rec.Preempt()
 	if !p.On {
 		return p, nil
 	}
-	for i, prog := range s.rec.tpProgs[:len(s.events)] {
+	for i, prog := range s.rec.Progs()[:len(s.events)] {
 		f := s.events[i]
-		fentry := strings.HasPrefix(prog, fentryPrefix)
+		fentry := strings.HasPrefix(prog, recorder.FentryPrefix)
 		sysTP := f.System == "syscalls" && prog != gen.RingbufProgKcSysEnter && prog != gen.RingbufProgKcSysExit
 		if fentry || sysTP {
 			events = append(events, f.FullName())
@@ -62,32 +65,40 @@ func (s *Session) Preemptible() (p Preemptible, events []string) {
 // kc_sys_user_fault records included, and, when the raw path could have
 // recorded some of the session's events but did not run, why.
 func (s *Session) RawSyscalls() (events []string, why error) {
-	for i, p := range s.rec.tpProgs[:len(s.events)] {
+	for i, p := range s.rec.Progs()[:len(s.events)] {
 		if p == gen.RingbufProgKcSysEnter || p == gen.RingbufProgKcSysExit || p == gen.RingbufProgKcSysUserFault {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.plan[pathRawSys].why
+	return events, s.rec.Why(recorder.PathRawSys)
 }
 
 // FentrySyscalls returns the syscall events recorded through the
 // function path (Config.Syscalls SyscallsFentry) and, when the path
 // could have recorded some of the session's events but did not, why.
 func (s *Session) FentrySyscalls() (events []string, why error) {
-	for i, p := range s.rec.tpProgs[:len(s.events)] {
-		if strings.HasPrefix(p, fentryPrefix) {
+	for i, p := range s.rec.Progs()[:len(s.events)] {
+		if strings.HasPrefix(p, recorder.FentryPrefix) {
 			events = append(events, s.events[i].FullName())
 		}
 	}
-	return events, s.rec.plan[pathFentry].why
+	return events, s.rec.Why(recorder.PathFentry)
 }
 
 // OwnRings returns nil when the recorder's programs write into its own
 // rings (kc_area, area.go), or why they write into BPF ring buffers or
 // perf buffers.
-func (s *Session) OwnRings() error { return s.rec.plan[pathOwnRings].why }
+func (s *Session) OwnRings() error { return s.rec.Why(recorder.PathOwnRings) }
 
 // Packets returns nil when the recorder's programs write the trace's
 // packets themselves (packet mode, packet.go), so the drainer reads no
 // record, or why they do not.
-func (s *Session) Packets() error { return s.rec.plan[pathPackets].why }
+func (s *Session) Packets() error { return s.rec.Why(recorder.PathPackets) }
+
+// Preemptible says whether the kernel runs tracing programs
+// preemptibly (recorder.Preemptible).
+type Preemptible = recorder.Preemptible
+
+// LoadObject reads a BPF object built on bpf/kc_synth.h for
+// Config.Objects (recorder.LoadObject).
+func LoadObject(path string) (*ebpf.CollectionSpec, error) { return recorder.LoadObject(path) }

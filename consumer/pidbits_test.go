@@ -3,6 +3,8 @@ package consumer
 import (
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -17,7 +19,7 @@ func TestPidBitsCollision(t *testing.T) {
 			rec := startChild(t, "getpid", n)
 			// other's bit is set by an id no task has.
 			pids := []int{other.tid + 65536, rec.tid}
-			if b := pidBits(pids); b[uint32(other.tid)%65536/64]>>(uint32(other.tid)%64)&1 == 0 {
+			if b := recorder.PidBits(pids); b[uint32(other.tid)%65536/64]>>(uint32(other.tid)%64)&1 == 0 {
 				t.Fatalf("pidBits(%v) leaves %d's bit clear", pids, other.tid)
 			}
 			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: pids, Transport: tr})

@@ -7,6 +7,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -21,7 +23,7 @@ const (
 // pktRing reads a packet-mode ring: whole elements, once their commit
 // word says every byte of them is written.
 type pktRing struct {
-	rec     *recorder
+	rec     *recorder.Recorder
 	keep    *crashKeep
 	cpu     int
 	data    []byte // the ring's elements
@@ -36,15 +38,15 @@ type pktRing struct {
 
 // newPktRing returns the reader of stream i's packet-mode ring, which
 // keeps its ledger in keep.
-func newPktRing(r *recorder, keep *crashKeep, i int, clockID int32) *pktRing {
-	size := uint64(r.cfg.RingSize)
-	cs := r.cpuState(i)
+func newPktRing(r *recorder.Recorder, keep *crashKeep, i int, clockID int32) *pktRing {
+	size := uint64(r.RingBytes())
+	cs := r.CPUState(i)
 	p := &pktRing{
 		rec:     r,
 		keep:    keep,
 		cpu:     i,
-		data:    r.areaMem[uint64(i)*size : uint64(i+1)*size : uint64(i+1)*size],
-		esize:   uint64(r.pktElem),
+		data:    r.Area(i),
+		esize:   uint64(r.PktElem()),
 		mask:    size - 1,
 		consPos: &cs.Cons,
 		prodPos: &cs.Prod,
@@ -58,7 +60,7 @@ func newPktRing(r *recorder, keep *crashKeep, i int, clockID int32) *pktRing {
 func (p *pktRing) elem() ([]byte, uint64) {
 	o := p.cons & p.mask
 	e := p.data[o : o+p.esize : o+p.esize]
-	return e, atomic.LoadUint64((*uint64)(unsafe.Pointer(&e[pktCommit])))
+	return e, atomic.LoadUint64((*uint64)(unsafe.Pointer(&e[recorder.PktCommit])))
 }
 
 // drain hands the ring's complete packets to the channel, after the
@@ -79,7 +81,7 @@ func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 				return
 			}
 			if !flushed && prod-p.cons < p.esize && cutoff == ^uint64(0) {
-				if err := p.rec.flushPkt(p.cpu, p.clockID); err == nil {
+				if err := p.rec.FlushPkt(p.cpu, p.clockID); err == nil {
 					flushed = true
 					continue
 				}
@@ -152,7 +154,7 @@ func (p *pktRing) waiting() uint64 {
 // skipAll drops the packets the ring holds (reset), the open one closed
 // first; one whose writer is still inside it is written when complete.
 func (p *pktRing) skipAll() {
-	_ = p.rec.flushPkt(p.cpu, p.clockID)
+	_ = p.rec.FlushPkt(p.cpu, p.clockID)
 	for {
 		e, cw := p.elem()
 		if uint32(cw) != uint32(p.esize) {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
@@ -32,7 +34,7 @@ func TestPreemptedTasksKeepAll(t *testing.T) {
 	}
 	ncpu := runtime.NumCPU()
 	const event, n = "syscalls:sys_enter_getpid", 20000
-	t.Logf("preemptible: %+v", preemptible())
+	t.Logf("preemptible: %+v", recorder.Preemptibility())
 	for _, perCPU := range []int{2, 4} {
 		for _, path := range []Syscalls{SyscallsAuto, SyscallsRaw, SyscallsTracepoint} {
 			t.Run(fmt.Sprintf("%d-a-cpu/%s", perCPU, path), func(t *testing.T) {
@@ -102,7 +104,7 @@ func TestPreemptedTasksKeepAll(t *testing.T) {
 					t.Errorf("kept %d of the %d events ftrace kept, on a path that should keep them all (%d runs missed)", got, want, missed)
 				case len(lossy) > 0 && uint64(got)+missed < uint64(want):
 					t.Errorf("kept %d of %d events and counted %d runs missed: %d lost uncounted", got, want, missed, uint64(want)-uint64(got)-missed)
-				case len(lossy) > 0 && !preemptible().On:
+				case len(lossy) > 0 && !recorder.Preemptibility().On:
 					t.Errorf("events %v named preemptible on a kernel that is not", lossy)
 				}
 			})

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/internal/testenv"
@@ -51,22 +53,22 @@ func TestTaskRename(t *testing.T) {
 			name += "/tracepoint"
 		}
 		t.Run(name, func(t *testing.T) {
-			noBTFEvents = p.noBTF
-			defer func() { noBTFEvents = false }()
+			recorder.Testing.NoBTF = p.noBTF
+			defer func() { recorder.Testing.NoBTF = false }()
 			c := startChild(t, "rename", n)
 			s, dir := newTestSession(t, Config{Events: []string{"task:task_rename"}, PIDs: []int{c.tid}, Transport: p.tr})
 			want := "kc_tp_0"
 			switch {
 			case p.tr == Ringbuf && !p.noBTF:
 				want = gen.RingbufProgKcBtfRename
-			case s.rec.useCookie && p.tr == Ringbuf:
+			case s.rec.UsesCookie() && p.tr == Ringbuf:
 				want = "kc_tp_s46"
-			case s.rec.useCookie:
+			case s.rec.UsesCookie():
 				want = "kc_tracepoint"
 			}
-			if s.rec.tpProgs[0] != want {
+			if s.rec.Progs()[0] != want {
 				_, why := s.BTFEvents()
-				t.Fatalf("recorded by %s, want %s (BTF path: %v)", s.rec.tpProgs[0], want, why)
+				t.Fatalf("recorded by %s, want %s (BTF path: %v)", s.rec.Progs()[0], want, why)
 			}
 			// Not 0, so a trailing short left out reads wrong.
 			adjf := fmt.Sprintf("/proc/%d/oom_score_adj", c.tid)
@@ -353,6 +355,6 @@ func TestTaskRenamePageEdge(t *testing.T) {
 // renameOnBTF keeps task_rename on its BTF program for t, where programs
 // run preemptibly too: t checks the program's fields, not its losses.
 func renameOnBTF(t *testing.T) {
-	renameBTFAnyway = true
-	t.Cleanup(func() { renameBTFAnyway = false })
+	recorder.Testing.RenameBTF = true
+	t.Cleanup(func() { recorder.Testing.RenameBTF = false })
 }

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -217,16 +219,16 @@ func (r *ringbuf) close() {
 
 // newAreaRing returns the reader of stream i's kc_area ring: its bytes,
 // and its positions in i's slot of kc_state; it keeps its ledger in keep.
-func newAreaRing(r *recorder, keep *crashKeep, i int) *ringbuf {
-	size := uint64(r.cfg.RingSize)
-	cs := r.cpuState(i)
+func newAreaRing(r *recorder.Recorder, keep *crashKeep, i int) *ringbuf {
+	size := uint64(r.RingBytes())
+	cs := r.CPUState(i)
 	rb := &ringbuf{
 		fd:       -1,
 		size:     size,
 		mask:     size - 1,
 		consPos:  &cs.Cons,
 		prodPos:  &cs.Prod,
-		data:     r.areaMem[uint64(i)*size : uint64(i+1)*size : uint64(i+1)*size],
+		data:     r.Area(i),
 		vmask:    areaLapMask,
 		lapShift: uint(bits.TrailingZeros64(size)),
 		area:     true,

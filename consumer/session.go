@@ -3,15 +3,16 @@
 // place into a relayfmt channel, accounting for every lost record.
 //
 // The data path reads from the file and type names: the recorder
-// (recorder.go; syscall.go, wakeup.go and object.go attach it) is the
-// BPF side and its counters; each stream's source (ringbuf.go, perfbuf.go
-// behind the interface in stream.go) is a ring read in place; the drainer
-// (drainer.go, hotplug.go) decides when to read and walks the rings
-// (walk.go) through the reorder window (reorder.go, checkpoint.go); the
-// writer (writer.go, with the layout package) transcodes records into the channel's
-// events; losses (losses.go) places every lost record where it was lost;
-// stats.go gathers the counts. A Session (session.go, control.go,
-// synth.go) composes them and owns their lifetime.
+// package is the BPF side and its counters; each stream's source
+// (ringbuf.go, pktring.go, perfbuf.go behind the interface in stream.go)
+// is a ring read in place; the drainer (drainer.go, hotplug.go) decides
+// when to read and walks the rings (walk.go) through the reorder window
+// (reorder.go, checkpoint.go); the writer (writer.go, with the layout
+// package) transcodes records into the channel's events; losses
+// (losses.go) places every lost record where it was lost; stats.go
+// gathers the counts; crash.go keeps what a kill would lose for
+// kconsume recover. A Session (session.go, control.go, synth.go,
+// paths.go) composes them and owns their lifetime.
 package consumer
 
 import (
@@ -23,6 +24,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/kconsume/kconsume/consumer/recorder"
 
 	"github.com/kconsume/kconsume/consumer/layout"
 
@@ -41,7 +44,7 @@ var (
 	ErrClosed       = errors.New("session closed")
 	ErrUnknownEvent = errors.New("no tracepoint matches")
 	ErrNeedsPerCPU  = errors.New("operation needs per-CPU buffers, not global mode")
-	ErrNotSupported = errors.New("not supported by this kernel")
+	ErrNotSupported = recorder.ErrNotSupported
 	ErrNoSuchCPU    = errors.New("no such CPU")
 )
 
@@ -51,7 +54,7 @@ var (
 type Session struct {
 	cfg    Config
 	ncpu   int
-	rec    *recorder
+	rec    *recorder.Recorder
 	dr     *drainer
 	w      *writer
 	ch     *relayfmt.Channel
@@ -98,7 +101,7 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	users, userBuf, err := sysUsers(fs, formats)
+	users, userBuf, err := recorder.SysUsers(fs, formats)
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +112,7 @@ func New(cfg Config) (*Session, error) {
 	var hooks []*tracefs.Format
 	wake := slices.ContainsFunc(synthDefs, func(e *synth.Event) bool { return e.Name == synth.WakeupLatency })
 	if wake {
-		if hooks, err = wakeupHooks(fs, formats); err != nil {
+		if hooks, err = recorder.WakeupHooks(fs, formats); err != nil {
 			return nil, err
 		}
 	}
@@ -118,7 +121,7 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	opts := eventOptions(cfg, formats, users, len(synthDefs), wake)
+	opts := recorder.EventOptions(cfg.recorder(), formats, users, len(synthDefs), wake)
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
 		return nil, err
@@ -131,7 +134,7 @@ func New(cfg Config) (*Session, error) {
 		err = s.linkWakeup()
 	}
 	if err == nil {
-		err = s.rec.addObjects(cfg.Objects, s.declareSynth)
+		err = s.rec.AddObjects(cfg.Objects, s.declareSynth)
 	}
 	if err != nil {
 		s.Close()
@@ -150,7 +153,7 @@ func (s *Session) linkWakeup() error {
 	if !ok {
 		return fmt.Errorf("synthetic:%s is not declared", synth.WakeupLatency)
 	}
-	return s.rec.linkWakeup(c.key)
+	return s.rec.LinkWakeup(c.key)
 }
 
 // removeOutput removes what a session that failed to start wrote into its
@@ -191,7 +194,7 @@ func resolveEvents(fs tracefs.FS, patterns []string) ([]*tracefs.Format, error) 
 // newSession loads the recorder for nevents event keys, maps the rings
 // and opens the channel; no event is attached yet and the drainer does
 // not run.
-func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error) {
+func newSession(cfg Config, nevents int, opts *recorder.Options) (_ *Session, err error) {
 	ncpu, err := ebpf.PossibleCPU()
 	if err != nil {
 		return nil, fmt.Errorf("possible CPUs: %w", err)
@@ -214,7 +217,7 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 	if err != nil {
 		return nil, err
 	}
-	if s.rec, err = loadRecorder(cfg, ncpu, transport, nevents, opts); err != nil {
+	if s.rec, err = recorder.Load(cfg.recorder(), ncpu, transport, nevents, opts); err != nil {
 		return nil, err
 	}
 	if s.dr, err = newDrainer(cfg, s.rec, clockID); err != nil {
@@ -237,10 +240,10 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 		env[k] = v
 	}
 	subSize, nSub := cfg.SubbufSize, cfg.NSubbufs
-	if s.rec.plan[pathPackets].on {
+	if s.rec.On(recorder.PathPackets) {
 		// The rings hold the packets; the channel's own sub-buffers
 		// carry only losses, and packets for a remote sink.
-		subSize, nSub = s.rec.pktElem, relayfmt.MinSubbufs
+		subSize, nSub = s.rec.PktElem(), relayfmt.MinSubbufs
 	}
 	s.ch, err = relayfmt.NewChannel(relayfmt.Config{
 		SubbufSize: subSize,
@@ -260,7 +263,7 @@ func newSession(cfg Config, nevents int, opts *loadOpts) (_ *Session, err error)
 	s.w = &writer{ch: s.ch, global: cfg.Global}
 	s.dr.setWriter(s.w)
 	s.keepErr = errors.New("no local directory")
-	if cfg.Dir != "" && (opts == nil || opts.spec == nil) {
+	if cfg.Dir != "" && (opts == nil || opts.Spec == nil) {
 		s.keepErr = s.dr.keep.start(s.rec, cfg.Dir)
 	}
 	return s, nil
@@ -330,8 +333,8 @@ func clockDesc(c Clock, id int32) relayfmt.Clock {
 // carry the wakeup_latency hooks. users holds each recorded event's
 // user-space fields, of which the recorder keeps userBuf bytes each
 // (sysUsers).
-func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, users []*sysUser, userBuf int) error {
-	at, err := s.rec.attachSyscalls(formats, users)
+func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, users []*recorder.SysUser, userBuf int) error {
+	at, err := s.rec.AttachSyscalls(formats, users)
 	if err != nil {
 		return err
 	}
@@ -352,7 +355,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 			return fmt.Errorf("event %s: class id %d, want %d", names[i], id, i)
 		}
 	}
-	if err := s.rec.attachEvents(eventSet{formats: formats, hooks: hooks, layouts: layouts, users: users, userBuf: userBuf, wake: wake}); err != nil {
+	if err := s.rec.AttachEvents(recorder.Events{Formats: formats, Hooks: hooks, Layouts: layouts, Users: users, UserBuf: userBuf, Wake: wake}); err != nil {
 		return err
 	}
 	s.events = formats
@@ -366,7 +369,7 @@ func (s *Session) Events() []*tracefs.Format { return s.events }
 func (s *Session) Channel() *relayfmt.Channel { return s.ch }
 
 // Transport returns the transport in use.
-func (s *Session) Transport() Transport { return s.rec.transport }
+func (s *Session) Transport() Transport { return s.rec.Transport() }
 
 // CPUs returns the number of possible CPUs, the per-CPU stream count.
 func (s *Session) CPUs() int { return s.ncpu }
@@ -383,15 +386,15 @@ func (s *Session) Close() error {
 		var errs []error
 		s.gateMu.Lock()
 		s.gateShut = true
-		if s.rec != nil && s.rec.running != nil {
-			if err := s.rec.setRunning(false); err != nil {
+		if s.rec != nil {
+			if err := s.rec.SetRunning(false); err != nil {
 				errs = append(errs, err)
 			}
 		}
 		s.started.Store(false)
 		s.gateMu.Unlock()
 		if s.rec != nil {
-			errs = append(errs, s.rec.detach()...)
+			errs = append(errs, s.rec.Detach()...)
 		}
 		if s.dr != nil && s.dr.running() {
 			errs = append(errs, s.dr.do(func() error {
@@ -405,7 +408,7 @@ func (s *Session) Close() error {
 		}
 		if s.ch != nil {
 			errs = append(errs, s.ch.Close())
-			if s.rec != nil && s.rec.stateMem != nil {
+			if s.rec != nil && s.rec.Loaded() {
 				final := s.stats()
 				s.final.Store(&final)
 			}
@@ -422,6 +425,6 @@ func (s *Session) release() {
 		s.dr.close()
 	}
 	if s.rec != nil {
-		s.rec.close()
+		s.rec.Close()
 	}
 }

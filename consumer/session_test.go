@@ -16,6 +16,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -339,7 +341,7 @@ func TestGetpidExact(t *testing.T) {
 		global   bool
 		noCookie bool
 		noRaw    bool
-		perf     bool // the raw path from perf tracepoints (forcePreemptible)
+		perf     bool // the raw path from perf tracepoints (recorder.Testing.RawFromPerf)
 	}
 	var vs []variant
 	for _, tr := range transports(t) {
@@ -350,8 +352,8 @@ func TestGetpidExact(t *testing.T) {
 	}
 	for _, v := range vs {
 		t.Run(v.name, func(t *testing.T) {
-			noCookie, forcePreemptible = v.noCookie, v.perf
-			defer func() { noCookie, forcePreemptible = false, false }()
+			recorder.Testing.NoCookie, recorder.Testing.RawFromPerf = v.noCookie, v.perf
+			defer func() { recorder.Testing.NoCookie, recorder.Testing.RawFromPerf = false, false }()
 			sys := SyscallsAuto
 			switch {
 			case v.noRaw:
@@ -361,8 +363,8 @@ func TestGetpidExact(t *testing.T) {
 			}
 			c := startChild(t, "getpid", n)
 			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Transport: v.tr, Global: v.global, Syscalls: sys})
-			if s.rec.useCookie == v.noCookie && kernelAtLeast(t, 5, 15) {
-				t.Fatalf("useCookie %v on a 5.15+ kernel with noCookie %v", s.rec.useCookie, v.noCookie)
+			if s.rec.UsesCookie() == v.noCookie && kernelAtLeast(t, 5, 15) {
+				t.Fatalf("useCookie %v on a 5.15+ kernel with recorder.Testing.NoCookie %v", s.rec.UsesCookie(), v.noCookie)
 			}
 			// The raw syscall path where it runs; otherwise
 			// sys_enter_getpid's 12 bytes take kc_record_small where
@@ -371,16 +373,16 @@ func TestGetpidExact(t *testing.T) {
 			switch {
 			case v.tr == Ringbuf && !v.noRaw && rawSysExpected(t):
 				want = gen.RingbufProgKcSysEnter
-			case s.rec.useCookie && v.tr == Ringbuf:
+			case s.rec.UsesCookie() && v.tr == Ringbuf:
 				want = "kc_tp_s12"
-			case s.rec.useCookie:
+			case s.rec.UsesCookie():
 				want = gen.RingbufProgKcTracepoint
 			}
-			if want == gen.RingbufProgKcSysEnter && s.rec.rawPerf != (v.perf || preemptible().On) {
-				t.Fatalf("raw path from perf tracepoints: %v, want %v", s.rec.rawPerf, v.perf || preemptible().On)
+			if want == gen.RingbufProgKcSysEnter && s.rec.RawFromPerf() != (v.perf || recorder.Preemptibility().On) {
+				t.Fatalf("raw path from perf tracepoints: %v, want %v", s.rec.RawFromPerf(), v.perf || recorder.Preemptibility().On)
 			}
-			if s.rec.tpProgs[0] != want {
-				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.rec.tpProgs[0], want, s.rec.plan[pathRawSys].why)
+			if s.rec.Progs()[0] != want {
+				t.Fatalf("recorded by %s, want %s (raw syscall path: %v)", s.rec.Progs()[0], want, s.rec.Why(recorder.PathRawSys))
 			}
 			if raw, why := s.RawSyscalls(); (len(raw) == 1) != (want == gen.RingbufProgKcSysEnter) || sys == SyscallsTracepoint && why == nil {
 				t.Fatalf("RawSyscalls: %q, %v with %s", raw, why, want)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
 	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -33,7 +34,7 @@ func TestAreaStaleSlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, dir := newTestSession(t, Config{
-		RingSize: areaMinRing,
+		RingSize: recorder.AreaMinRing,
 		Objects:  []*ebpf.CollectionSpec{spec},
 	})
 	if s.OwnRings() != nil {

@@ -58,17 +58,17 @@ func (s CPUStats) Discarded() uint64 {
 // stats returns the per-CPU counts of the recorder, the accounting, the
 // streams and the channel; it runs on the drainer goroutine.
 func (d *drainer) stats(ch *relayfmt.Channel) []CPUStats {
-	out := make([]CPUStats, d.rec.ncpu)
+	out := make([]CPUStats, d.rec.CPUs())
 	for cpu := range out {
 		out[cpu] = CPUStats{
 			CPU:        cpu,
-			Emitted:    d.rec.emitted(cpu),
-			KernelLost: d.rec.kernelLost(cpu),
-			Disabled:   d.rec.cpuDisabled(cpu),
+			Emitted:    d.rec.Emitted(cpu),
+			KernelLost: d.rec.KernelLost(cpu),
+			Disabled:   d.rec.CPUDisabled(cpu),
 		}
 	}
 	d.loss.fill(out)
-	for cpu, n := range d.rec.userUnread() {
+	for cpu, n := range d.rec.UserUnread() {
 		if cpu < len(out) {
 			out[cpu].UserUnread = n
 		}

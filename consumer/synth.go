@@ -2,13 +2,13 @@ package consumer
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"path"
 	"slices"
 	"strings"
 
 	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/consumer/recorder"
 
 	"github.com/kconsume/kconsume/synth"
 )
@@ -18,11 +18,11 @@ const SynthSystem = "synthetic"
 
 // ErrStopped is returned when an injected event meets a closed gate: the
 // session, or the chosen CPU's buffer, is stopped.
-var ErrStopped = errors.New("recording is stopped")
+var ErrStopped = recorder.ErrStopped
 
 // ErrInjectLost is returned when an injected event found its ring full;
 // it is counted and reported in the stream like any kernel-side loss.
-var ErrInjectLost = errors.New("ring full: event counted as lost")
+var ErrInjectLost = recorder.ErrInjectLost
 
 // splitSynth separates "synthetic:" patterns from tracepoint ones.
 func splitSynth(patterns []string) (tracepoints, synthetic []string) {
@@ -157,7 +157,7 @@ func (s *Session) EmitSynth(cpu int, name string, payload []byte) error {
 	if len(payload) > c.ev.MaxPayload() {
 		return fmt.Errorf("synthetic:%s: payload of %d bytes, at most %d", name, len(payload), c.ev.MaxPayload())
 	}
-	return s.rec.inject(cpu, c.key, payload)
+	return s.rec.Inject(cpu, c.key, payload)
 }
 
 // declareSynth returns the class of synthetic event def, declaring it

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/recorder"
+
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
@@ -64,7 +66,7 @@ func TestSysShape(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		exit, ok := sysShape(f)
+		exit, ok := recorder.SysShape(f)
 		if ok != want || exit != strings.Contains(name, "exit") {
 			t.Errorf("%s: sysShape = %v, %v; want %v, %v", name, exit, ok, strings.Contains(name, "exit"), want)
 		}
@@ -74,13 +76,13 @@ func TestSysShape(t *testing.T) {
 		// One field too many or moved: not the kernel's layout.
 		g := *f
 		g.Fields = append(slices.Clone(f.Fields), tracefs.Field{Name: "x", Offset: f.FixedSize(), Size: 8})
-		if _, ok := sysShape(&g); ok {
+		if _, ok := recorder.SysShape(&g); ok {
 			t.Errorf("%s with an extra field: accepted", name)
 		}
 		if len(f.Fields) > 1 {
 			g.Fields = slices.Clone(f.Fields)
 			g.Fields[1].Offset += 8
-			if _, ok := sysShape(&g); ok {
+			if _, ok := recorder.SysShape(&g); ok {
 				t.Errorf("%s with a moved argument: accepted", name)
 			}
 		}
@@ -110,22 +112,22 @@ func TestSyscallRaw(t *testing.T) {
 	ids := map[string]uint32{}
 	for k, v := range variants {
 		raw := v.sys == SyscallsRaw
-		forcePreemptible = v.forcePerf
+		recorder.Testing.RawFromPerf = v.forcePerf
 		c := startChild(t, "syscalls", n)
 		s, dir := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: v.sys})
-		forcePreemptible = false
+		recorder.Testing.RawFromPerf = false
 		if raw {
 			for _, f := range s.Events() {
 				ids[f.FullName()] = f.ID
 			}
-			if s.rec.rawPerf != (v.forcePerf || preemptible().On) {
-				t.Fatalf("%s: raw path from perf tracepoints %v, preemptible %+v", v.name, s.rec.rawPerf, preemptible())
+			if s.rec.RawFromPerf() != (v.forcePerf || recorder.Preemptibility().On) {
+				t.Fatalf("%s: raw path from perf tracepoints %v, preemptible %+v", v.name, s.rec.RawFromPerf(), recorder.Preemptibility())
 			}
 		}
-		for i, p := range s.rec.tpProgs {
+		for i, p := range s.rec.Progs() {
 			want := strings.HasPrefix(p, "kc_sys_")
 			if want != raw || raw && (p == gen.RingbufProgKcSysExit) != strings.Contains(events[i], "exit") {
-				t.Fatalf("%s: %s recorded by %s (raw syscall path: %v)", v.name, events[i], p, s.rec.plan[pathRawSys].why)
+				t.Fatalf("%s: %s recorded by %s (raw syscall path: %v)", v.name, events[i], p, s.rec.Why(recorder.PathRawSys))
 			}
 			// The raw programs leave out the padding after nr: their
 			// records go into the trace as they are.
@@ -351,7 +353,7 @@ func TestSyscallUntracedRuns(t *testing.T) {
 func programRuns(t *testing.T, s *Session) map[string]uint64 {
 	t.Helper()
 	runs := map[string]uint64{}
-	for name, p := range s.rec.coll.Programs {
+	for name, p := range s.rec.Collection().Programs {
 		st, err := p.Stats()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -377,8 +379,8 @@ func syscallSession(t *testing.T, path Syscalls, events []string, c *tracedChild
 		return fentrySession(t, events, c)
 	}
 	s, dir := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: SyscallsRaw})
-	if s.rec.tpProgs[0] != gen.RingbufProgKcSysEnter {
-		t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.tpProgs[0], s.rec.plan[pathRawSys].why)
+	if s.rec.Progs()[0] != gen.RingbufProgKcSysEnter {
+		t.Fatalf("recorded by %s (raw syscall path: %v)", s.rec.Progs()[0], s.rec.Why(recorder.PathRawSys))
 	}
 	return s, dir
 }

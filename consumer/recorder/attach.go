@@ -1,4 +1,4 @@
-package consumer
+package recorder
 
 import (
 	"cmp"
@@ -10,25 +10,25 @@ import (
 	"github.com/kconsume/kconsume/gen"
 )
 
-// eventSet is what the recorder attaches: the recorded events, which get
+// Events is what the recorder attaches: the recorded events, which get
 // keys 0 to len(formats)-1, and the hooks, which take the keys after
 // them; each recorded event's layout and user-space fields, of which
 // the recorder keeps userBuf bytes each; with wake set, the sched_waking
 // and sched_switch keys carry the wakeup_latency hooks.
-type eventSet struct {
-	formats, hooks []*tracefs.Format
-	layouts        []*layout.Layout
-	users          []*sysUser
-	userBuf        int
-	wake           bool
+type Events struct {
+	Formats, Hooks []*tracefs.Format
+	Layouts        []*layout.Layout
+	Users          []*SysUser
+	UserBuf        int
+	Wake           bool
 }
 
-// attachSyscalls attaches the programs that record syscall events of
+// AttachSyscalls attaches the programs that record syscall events of
 // formats other than through their tracepoints (the raw syscall path,
 // kc_sys_user_fault) and returns, for each event, where its ring record
 // keeps the trace record's bytes: layout.SysRingOff for the raw
 // syscall programs' records, layout.RingOff for the others.
-func (r *recorder) attachSyscalls(formats []*tracefs.Format, users []*sysUser) ([]func(int) int, error) {
+func (r *Recorder) AttachSyscalls(formats []*tracefs.Format, users []*SysUser) ([]func(int) int, error) {
 	raw, err := r.rawSyscalls(formats)
 	if err != nil {
 		return nil, err
@@ -49,13 +49,13 @@ func (r *recorder) attachSyscalls(formats []*tracefs.Format, users []*sysUser) (
 	return at, nil
 }
 
-// attachEvents tells the recorder each event's layout (kc_tp_info) and
+// AttachEvents tells the recorder each event's layout (kc_tp_info) and
 // attaches it: through the syscall programs attachSyscalls attached, a
 // BPF program built from its tracepoint's arguments, or its tracepoint.
-func (r *recorder) attachEvents(es eventSet) error {
+func (r *Recorder) AttachEvents(es Events) error {
 	info := r.coll.Maps[gen.RingbufMapKcTpInfoMap]
-	for i, f := range append(slices.Clip(es.formats), es.hooks...) {
-		recorded := i < len(es.formats)
+	for i, f := range append(slices.Clip(es.Formats), es.Hooks...) {
+		recorded := i < len(es.Formats)
 		ti, err := r.tpInfo(es, i, f)
 		if err != nil {
 			return err
@@ -83,19 +83,19 @@ func (r *recorder) attachEvents(es eventSet) error {
 // i, f: its id and sizes, its dynamic fields, its user-space fields, in
 // packet mode the steps that build its payload, and the wakeup_latency
 // hooks it carries.
-func (r *recorder) tpInfo(es eventSet, i int, f *tracefs.Format) (gen.RingbufKcTpInfo, error) {
+func (r *Recorder) tpInfo(es Events, i int, f *tracefs.Format) (gen.RingbufKcTpInfo, error) {
 	var ti gen.RingbufKcTpInfo
-	if i < len(es.formats) {
-		l := es.layouts[i]
+	if i < len(es.Formats) {
+		l := es.Layouts[i]
 		ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.Dyn)), Flags: tpRecord}
 		copy(ti.Dyn[:], l.Dyn)
-		if u := es.users[i]; u != nil {
+		if u := es.Users[i]; u != nil {
 			if r.transport != Ringbuf {
 				return ti, fmt.Errorf("%w: event %s: its user-space fields need BPF ring buffers, not %s", ErrNotSupported, f.FullName(), r.transport)
 			}
-			u.put(&ti, es.userBuf)
+			u.put(&ti, es.UserBuf)
 		}
-		if r.plan[pathPackets].on {
+		if r.plan[PathPackets].on {
 			ops, err := pktOps(l)
 			if err != nil {
 				// pktEligible took both syscall paths.
@@ -105,7 +105,7 @@ func (r *recorder) tpInfo(es eventSet, i int, f *tracefs.Format) (gen.RingbufKcT
 			copy(ti.Ops[:], ops)
 		}
 	}
-	if es.wake {
+	if es.Wake {
 		if err := r.wakeupInfo(f, uint32(i), &ti); err != nil {
 			return ti, err
 		}

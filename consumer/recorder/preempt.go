@@ -1,4 +1,4 @@
-package consumer
+package recorder
 
 import (
 	"bufio"
@@ -46,7 +46,7 @@ type Preemptible struct {
 	Why string
 }
 
-var preemptible = sync.OnceValue(func() Preemptible {
+var Preemptibility = sync.OnceValue(func() Preemptible {
 	p, err := probePreemptible("/proc/kallsyms")
 	if err != nil {
 		return Preemptible{Why: err.Error()}
@@ -101,10 +101,3 @@ func probePreemptible(kallsyms string) (Preemptible, error) {
 // errPreemptible is why a path that loses events where programs run
 // preemptibly is not taken by default.
 var errPreemptible = errors.New("its programs run preemptibly on this kernel, where a task preempted inside one makes the kernel skip the other tasks' events on its CPU")
-
-// forcePreemptible makes the recorder take the attach points it takes
-// where tracing programs run preemptibly on any kernel: tests set it to
-// run them where the kernel does not call for them, and
-// KCONSUME_RAW_FROM_PERF=1 in the environment sets it, to measure what
-// they cost against the same binary without them (docs/performance.md).
-var forcePreemptible = os.Getenv("KCONSUME_RAW_FROM_PERF") == "1"

@@ -1,17 +1,17 @@
-package consumer
+package recorder
 
-// pathID names one of the recorder's optional ways of recording: each is an
+// Path names one of the recorder's optional ways of recording: each is an
 // optimisation or a newer kernel's feature, and a kernel or a
 // configuration without it records the same events another way.
-type pathID int
+type Path int
 
 const (
-	pathUserFault pathID = iota // kc_sys_user_fault pages syscall events' user memory in (sysuser.go)
-	pathPackets                 // the writers fill CTF packets in kc_area (packet.go)
-	pathOwnRings                // the writers use kc_area rings, not BPF ring buffers (area.go)
-	pathFentry                  // syscall events on fentry/fexit programs (syscall.go)
-	pathRawSys                  // syscall events on the raw syscall programs (syscall.go)
-	pathBTF                     // events built from tracepoint arguments, tp_btf (btfevent.go)
+	PathUserFault Path = iota // kc_sys_user_fault pages syscall events' user memory in (sysuser.go)
+	PathPackets               // the writers fill CTF packets in kc_area (packet.go)
+	PathOwnRings              // the writers use kc_area rings, not BPF ring buffers (area.go)
+	PathFentry                // syscall events on fentry/fexit programs (syscall.go)
+	PathRawSys                // syscall events on the raw syscall programs (syscall.go)
+	PathBTF                   // events built from tracepoint arguments, tp_btf (btfevent.go)
 	numPaths
 )
 
@@ -27,27 +27,27 @@ type optPath struct {
 	why error
 }
 
-// plan is the recorder's optional paths, by pathID. Decided at load
-// (loadRecorder, the fallbacks), it changes after only where the kernel
+// Plan is the recorder's optional paths, by pathID. Decided at load
+// (Load, the fallbacks), it changes after only where the kernel
 // refuses an attach.
-type plan [numPaths]optPath
+type Plan [numPaths]optPath
 
 // decided is a path decided before the load: on unless why says not.
 func decided(why error) optPath { return optPath{on: why == nil, why: why} }
 
 // off turns path id off, saying why.
-func (p *plan) off(id pathID, why error) { p[id] = optPath{why: why} }
+func (p *Plan) off(id Path, why error) { p[id] = optPath{why: why} }
 
 // fallback is a step of the load's retries: when the kernel refuses the
 // recorder, the first path still in the spec is dropped, newest first,
 // and the load tried again (fallbacks).
 type fallback struct {
-	path pathID
+	path Path
 	// in reports whether the spec still holds the path.
-	in func(r *recorder, l *loading) bool
+	in func(r *Recorder, l *loading) bool
 	// asked, when set, returns the error to fail with instead: the
 	// user asked for the path by name.
-	asked func(r *recorder, err error) error
+	asked func(r *Recorder, err error) error
 	// drop takes the path out of the spec and its variables.
-	drop func(r *recorder, l *loading) error
+	drop func(r *Recorder, l *loading) error
 }

@@ -1,4 +1,4 @@
-package consumer
+package recorder
 
 import (
 	"fmt"
@@ -20,14 +20,6 @@ import (
 // tracepoint or kprobe kind holds the CPU
 // (kernel/trace/bpf_trace.c:trace_call_bpf), does not apply; a tp_btf
 // program guards only against itself.
-
-// noBTFEvents keeps every event on its tracepoint, so tests can compare
-// both paths on one kernel.
-var noBTFEvents = false
-
-// renameBTFAnyway keeps task_rename on its BTF program where programs run
-// preemptibly too, for the tests that check its fields against ftrace.
-var renameBTFAnyway = false
 
 // btfEvent is an event a tp_btf program of the recorder builds: the
 // layouts it can build, as struct trace_event_raw_* lays them out, each
@@ -109,7 +101,7 @@ func btfShape(f *tracefs.Format) (*btfEvent, int) {
 		if e.system != f.System || e.name != f.Name {
 			continue
 		}
-		if e.name == "task_rename" && (preemptible().On || forcePreemptible) && !renameBTFAnyway {
+		if e.name == "task_rename" && (Preemptibility().On || Testing.RawFromPerf) && !Testing.RenameBTF {
 			// __set_task_comm calls it with preemption on (it takes no
 			// task_lock since 6.13): where tp_btf programs run
 			// preemptibly (preempt.go), its perf tracepoint, which keeps
@@ -144,12 +136,12 @@ func sameFields(f *tracefs.Format, l []tracefs.Field) bool {
 	return true
 }
 
-// switchStateArg reports whether the kernel's sched_switch tracepoint
+// SwitchStateArg reports whether the kernel's sched_switch tracepoint
 // passes prev_state as an argument (Linux 5.18+): its BTF prototype
 // btf_trace_sched_switch has five parameters (the first is the probe's
 // data) instead of four. It fails when the kernel has no BTF or the
 // prototype is neither.
-func switchStateArg() (bool, error) {
+func SwitchStateArg() (bool, error) {
 	spec, err := btf.LoadKernelSpec()
 	if err != nil {
 		return false, fmt.Errorf("kernel BTF: %w", err)
@@ -180,7 +172,7 @@ func switchStateArg() (bool, error) {
 // sets their variables in set; it removes the others (the perf object
 // has none). When the kernel cannot run one, it is removed and r.plan[pathBTF]
 // says why.
-func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses map[string]btfUse) {
+func (r *Recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses map[string]btfUse) {
 	for _, e := range btfEvents {
 		if spec.Programs[e.prog] == nil {
 			continue
@@ -191,9 +183,9 @@ func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses 
 			continue
 		}
 		if e.prog == gen.RingbufProgKcBtfSwitch {
-			arg, err := switchStateArg()
+			arg, err := SwitchStateArg()
 			if err != nil {
-				r.plan[pathBTF].why = err
+				r.plan[PathBTF].why = err
 				delete(spec.Programs, e.prog)
 				continue
 			}
@@ -209,7 +201,7 @@ func (r *recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses 
 }
 
 // dropBTF removes every BTF program from spec.
-func (r *recorder) dropBTF(spec *ebpf.CollectionSpec) {
+func (r *Recorder) dropBTF(spec *ebpf.CollectionSpec) {
 	for _, e := range btfEvents {
 		delete(spec.Programs, e.prog)
 	}
@@ -219,7 +211,7 @@ func (r *recorder) dropBTF(spec *ebpf.CollectionSpec) {
 // attachBTF attaches the BTF program loaded for event key and returns
 // its name; or it returns "", saying why in r.plan[pathBTF], when none was
 // loaded for key or the kernel refuses it.
-func (r *recorder) attachBTF(key int) string {
+func (r *Recorder) attachBTF(key int) string {
 	name := r.btfKeys[key]
 	p := r.coll.Programs[name]
 	if p == nil {
@@ -227,15 +219,15 @@ func (r *recorder) attachBTF(key int) string {
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: p})
 	if err != nil {
-		r.plan[pathBTF].why = fmt.Errorf("attaching %s: %w", name, err)
+		r.plan[PathBTF].why = fmt.Errorf("attaching %s: %w", name, err)
 		return ""
 	}
 	r.links = append(r.links, l)
 	return name
 }
 
-// isBTFProg reports whether name is one of the BTF event programs.
-func isBTFProg(name string) bool {
+// IsBTFProg reports whether name is one of the BTF event programs.
+func IsBTFProg(name string) bool {
 	for _, e := range btfEvents {
 		if e.prog == name {
 			return true

@@ -1,4 +1,4 @@
-package consumer
+package recorder
 
 import (
 	"fmt"
@@ -22,9 +22,9 @@ var (
 	switchEvent = tracefs.Event{System: "sched", Name: "sched_switch"}
 )
 
-// wakeupHooks returns the formats of sched_waking and sched_switch that
+// WakeupHooks returns the formats of sched_waking and sched_switch that
 // recorded does not hold: wakeup_latency needs the recorder on them.
-func wakeupHooks(fs tracefs.FS, recorded []*tracefs.Format) ([]*tracefs.Format, error) {
+func WakeupHooks(fs tracefs.FS, recorded []*tracefs.Format) ([]*tracefs.Format, error) {
 	var out []*tracefs.Format
 	for _, ev := range []tracefs.Event{wakingEvent, switchEvent} {
 		found := false
@@ -45,7 +45,7 @@ func wakeupHooks(fs tracefs.FS, recorded []*tracefs.Format) ([]*tracefs.Format, 
 
 // wakeupInfo sets the hook of the tracepoint f, with key, in ti: the
 // offsets of the fields the recorder reads, checked against the format.
-func (r *recorder) wakeupInfo(f *tracefs.Format, key uint32, ti *gen.RingbufKcTpInfo) error {
+func (r *Recorder) wakeupInfo(f *tracefs.Format, key uint32, ti *gen.RingbufKcTpInfo) error {
 	var pid string
 	switch (tracefs.Event{System: f.System, Name: f.Name}) {
 	case wakingEvent:
@@ -87,10 +87,10 @@ func hookField(f *tracefs.Format, name string, size int) (int, error) {
 	return 0, fmt.Errorf("%w: synthetic:%s: %s has no %d-byte field %s", ErrNotSupported, synth.WakeupLatency, f.FullName(), size, name)
 }
 
-// linkWakeup tells the sched_switch hook key, the class of
+// LinkWakeup tells the sched_switch hook key, the class of
 // wakeup_latency, which exists only once the synthetic events are
 // declared.
-func (r *recorder) linkWakeup(key uint32) error {
+func (r *Recorder) LinkWakeup(key uint32) error {
 	r.switchInfo.AuxKey = key
 	if err := r.coll.Maps[gen.RingbufMapKcTpInfoMap].Put(r.switchKey, r.switchInfo); err != nil {
 		return fmt.Errorf("synthetic:%s: %w", synth.WakeupLatency, err)

@@ -1,6 +1,6 @@
 //go:build !amd64
 
-package consumer
+package recorder
 
 // sysNrs is empty: the raw syscall path is for x86_64 only.
 var sysNrs = map[string]int32{}

@@ -1,4 +1,4 @@
-package consumer
+package recorder
 
 import (
 	"errors"
@@ -32,26 +32,26 @@ const sysUserMax = 165
 // event (KC_SYS_USER_CNT).
 const sysUserCnt = 3
 
-// sysUserDefault is the default of CONFIG_TRACE_SYSCALL_BUF_SIZE_DEFAULT,
+// SysUserDefault is the default of CONFIG_TRACE_SYSCALL_BUF_SIZE_DEFAULT,
 // the size used where a kernel has the fields but no
 // syscall_user_buf_size file to say it.
-const sysUserDefault = 63
+const SysUserDefault = 63
 
-// sysUser is what the recorder needs to fill a syscall event's
+// SysUser is what the recorder needs to fill a syscall event's
 // user-space fields.
-type sysUser struct {
+type SysUser struct {
 	loc    int   // trace-record offset of the first field's __data_loc
 	args   []int // the argument each field's data comes from, in field order
 	lenArg int   // the argument that bounds an array's copy, or -1 for strings
 }
 
-// sysUserOf returns the user-space fields of the syscall event f, or nil
+// SysUserOf returns the user-space fields of the syscall event f, or nil
 // for an event without them. It fails for fields the recorder cannot
 // fill as the kernel does: one that names no argument, more than
 // sysUserCnt, fields not right after the arguments, or data the print
 // fmt shows as an array of a syscall whose length argument tracefs.UserLenArg
 // does not know.
-func sysUserOf(f *tracefs.Format) (*sysUser, error) {
+func SysUserOf(f *tracefs.Format) (*SysUser, error) {
 	if f.System != "syscalls" || !strings.HasPrefix(f.Name, "sys_enter_") {
 		return nil, nil
 	}
@@ -69,7 +69,7 @@ func sysUserOf(f *tracefs.Format) (*sysUser, error) {
 	if len(vals) == 0 {
 		return nil, nil
 	}
-	u := &sysUser{loc: 16 + 8*len(args), lenArg: -1}
+	u := &SysUser{loc: 16 + 8*len(args), lenArg: -1}
 	name := f.FullName()
 	if len(vals) > sysUserCnt {
 		return nil, fmt.Errorf("event %s: %d user-space fields, more than the kernel's %d", name, len(vals), sysUserCnt)
@@ -113,20 +113,20 @@ func sysUserBuf(fs tracefs.FS) (int, error) {
 		return 0, err
 	}
 	if !ok {
-		return sysUserDefault, nil
+		return SysUserDefault, nil
 	}
 	return min(n, sysUserMax), nil
 }
 
-// sysUsers returns, per format, its user-space fields (sysUserOf), and
+// SysUsers returns, per format, its user-space fields (sysUserOf), and
 // the bytes of each the recorder keeps (sysUserBuf) where some event has
 // them. It fails as sysUserOf does, with ErrNotSupported, and when
 // syscall_user_buf_size cannot be read.
-func sysUsers(fs tracefs.FS, formats []*tracefs.Format) ([]*sysUser, int, error) {
-	users := make([]*sysUser, len(formats))
+func SysUsers(fs tracefs.FS, formats []*tracefs.Format) ([]*SysUser, int, error) {
+	users := make([]*SysUser, len(formats))
 	any := false
 	for i, f := range formats {
-		u, err := sysUserOf(f)
+		u, err := SysUserOf(f)
 		if err != nil {
 			return nil, 0, fmt.Errorf("%w: %w", ErrNotSupported, err)
 		}
@@ -144,7 +144,7 @@ func sysUsers(fs tracefs.FS, formats []*tracefs.Format) ([]*sysUser, int, error)
 
 // put sets in ti the fields and the flag by which kc_sys_user fills the
 // user-space fields u describes, keeping buf bytes of each.
-func (u *sysUser) put(ti *gen.RingbufKcTpInfo, buf int) {
+func (u *SysUser) put(ti *gen.RingbufKcTpInfo, buf int) {
 	ti.Flags |= tpSysUser
 	ti.UserN = uint8(len(u.args))
 	ti.UserLen = int8(u.lenArg)
@@ -155,11 +155,11 @@ func (u *sysUser) put(ti *gen.RingbufKcTpInfo, buf int) {
 	ti.UserLoc = uint16(u.loc)
 }
 
-// userFaultProbe loads an empty sleepable program on the sys_enter
+// UserFaultProbe loads an empty sleepable program on the sys_enter
 // tracepoint and returns the kernel's error, if any: Linux 7.x takes
 // sleepable programs on the faultable syscall tracepoints, older kernels
 // refuse them.
-func userFaultProbe() error {
+func UserFaultProbe() error {
 	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
 		Name:         "kc_sleep_probe",
 		Type:         ebpf.Tracing,
@@ -186,7 +186,7 @@ func userFaultProbe() error {
 // some such event stays on its tracepoint: all of them without
 // r.userRec, else those whose syscall number the dispatch does not
 // know (byNr unset).
-func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
+func (r *Recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
 	r.userOn = need
 	ps := spec.Programs[gen.RingbufProgKcSysUserFault]
 	var err error
@@ -195,12 +195,12 @@ func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
 	case r.transport != Ringbuf:
 		err = errors.New("needs BPF ring buffers")
 	default:
-		if err = userFaultProbe(); err != nil {
+		if err = UserFaultProbe(); err != nil {
 			err = fmt.Errorf("a sleepable program on sys_enter: %w", err)
 		}
 	}
 	if !need || err != nil {
-		r.plan[pathUserFault].why = err
+		r.plan[PathUserFault].why = err
 		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
 	} else if ps != nil {
 		ps.Flags |= unix.BPF_F_SLEEPABLE
@@ -212,7 +212,7 @@ func (r *recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
 
 // setUserVars sets kc_sys_user_rec and kc_sys_user_on in spec from
 // r.userRec and r.userTP.
-func (r *recorder) setUserVars(spec *ebpf.CollectionSpec) {
+func (r *Recorder) setUserVars(spec *ebpf.CollectionSpec) {
 	if v := spec.Variables[gen.RingbufVarKcSysUserRec]; v != nil {
 		_ = v.Set(boolU32(r.userRec))
 	}
@@ -231,7 +231,7 @@ func (r *recorder) setUserVars(spec *ebpf.CollectionSpec) {
 // and r.plan[pathUserFault] says why; but where it was to record them and
 // kc_tracepoint was loaded without the means to fill their fields
 // (r.userTP), it fails with ErrNotSupported.
-func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) ([]string, error) {
+func (r *Recorder) attachUserFault(formats []*tracefs.Format, users []*SysUser) ([]string, error) {
 	progs := make([]string, len(formats))
 	prog := r.coll.Programs[gen.RingbufProgKcSysUserFault]
 	if prog == nil {
@@ -244,7 +244,7 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 			continue
 		}
 		if err := keys.Put(uint32(nr), uint32(i+1)); err != nil {
-			r.plan.off(pathUserFault, fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err))
+			r.plan.off(PathUserFault, fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err))
 			return r.userFailed(formats)
 		}
 		if r.userRec {
@@ -253,28 +253,28 @@ func (r *recorder) attachUserFault(formats []*tracefs.Format, users []*sysUser) 
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 	if err != nil {
-		r.plan.off(pathUserFault, fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err))
+		r.plan.off(PathUserFault, fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err))
 		return r.userFailed(formats)
 	}
 	r.links = append(r.links, l)
-	r.plan[pathUserFault].on = true
+	r.plan[PathUserFault].on = true
 	return progs, nil
 }
 
 // userFailed is attachUserFault's result once the program failed to
 // dispatch or attach: no event recorded by it, and an error where it was
 // to record some that kc_tracepoint cannot then fill.
-func (r *recorder) userFailed(formats []*tracefs.Format) ([]string, error) {
+func (r *Recorder) userFailed(formats []*tracefs.Format) ([]string, error) {
 	if r.userRec && !r.userTP {
-		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.plan[pathUserFault].why)
+		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.plan[PathUserFault].why)
 	}
 	return make([]string, len(formats)), nil
 }
 
-// userUnread returns per CPU the user-space values the recorder could
+// UserUnread returns per CPU the user-space values the recorder could
 // not read (kc_sys_user_unread), or nil where no recorded event has
 // user-space fields.
-func (r *recorder) userUnread() []uint64 {
+func (r *Recorder) UserUnread() []uint64 {
 	m := r.coll.Maps[gen.RingbufMapKcSysUserUnread]
 	if m == nil || !r.userOn {
 		return nil

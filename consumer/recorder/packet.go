@@ -1,13 +1,14 @@
-package consumer
+package recorder
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/bits"
-	"os"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/kconsume/kconsume/internal/clock"
 
 	"github.com/kconsume/kconsume/consumer/layout"
 
@@ -40,16 +41,11 @@ import (
 const (
 	pktMinElem  = 16 << 10
 	pktMinElems = 4
-	// pktCommit is the commit word's offset in an element
+	// PktCommit is the commit word's offset in an element
 	// (KC_PKT_COMMIT): packet_seq_num's place until the channel writes
 	// the number.
-	pktCommit = relayfmt.OffPacketSeqNum
+	PktCommit = relayfmt.OffPacketSeqNum
 )
-
-// noPkt turns packet mode off where it would be used, so that tests cover
-// the record walk on one kernel too (KC_NO_PKT=1 in the environment sets
-// it too).
-var noPkt = os.Getenv("KC_NO_PKT") == "1"
 
 // pktShape returns the element size and count of a packet-mode ring of
 // cfg: the largest power of two up to the sub-buffer size (the trace's
@@ -69,7 +65,7 @@ func pktShape(cfg Config) (elem, count int) {
 // else by their tracepoints.
 func pktEligible(cfg Config, formats []*tracefs.Format, synths int, wake, raw bool) error {
 	switch {
-	case noPkt:
+	case Testing.NoPackets:
 		return errors.New("turned off (KC_NO_PKT)")
 	case cfg.Latency > 0:
 		// The bound takes records out of the ring within it. In packet
@@ -98,7 +94,7 @@ func pktEligible(cfg Config, formats []*tracefs.Format, synths int, wake, raw bo
 		at := layout.RingOff
 		// The raw syscall programs' dispatch (rawSyscalls) takes
 		// these; the others go through their tracepoints.
-		if _, ok := sysShape(f); ok && raw {
+		if _, ok := SysShape(f); ok && raw {
 			if _, known := sysNr(f); known {
 				at = layout.SysRingOff
 			}
@@ -153,16 +149,16 @@ func pktOps(l *layout.Layout) ([]gen.RingbufKcOp, error) {
 	return ops, nil
 }
 
-// flushPkt closes the packet open in cpu's ring, if it holds events, by
+// FlushPkt closes the packet open in cpu's ring, if it holds events, by
 // running kc_pkt_flush on cpu; on a CPU that cannot run it (offline: its
 // writers are done) it closes it from here, at the time now on the
 // rings' clock (clock_gettime's clockID).
-func (r *recorder) flushPkt(cpu int, clockID int32) error {
+func (r *Recorder) FlushPkt(cpu int, clockID int32) error {
 	prog := r.coll.Programs[gen.RingbufProgKcPktFlush]
 	for range 8 {
 		ret, err := prog.Run(&ebpf.RunOptions{CPU: uint32(cpu), Flags: unix.BPF_F_TEST_RUN_ON_CPU})
 		if errors.Is(err, unix.ENXIO) {
-			now, ok := clockNow(clockID)
+			now, ok := clock.Now(clockID)
 			if !ok {
 				return fmt.Errorf("closing the packet of offline CPU %d: no clock %d", cpu, clockID)
 			}
@@ -180,8 +176,8 @@ func (r *recorder) flushPkt(cpu int, clockID int32) error {
 
 // flushPktHere is kc_pkt_flush from user space, for a CPU whose writers
 // cannot run.
-func (r *recorder) flushPktHere(cpu int, now uint64) error {
-	cs := r.cpuState(cpu)
+func (r *Recorder) flushPktHere(cpu int, now uint64) error {
+	cs := r.CPUState(cpu)
 	esize := uint64(r.pktElem)
 	for {
 		old := atomic.LoadUint64(&cs.Prod)
@@ -195,10 +191,10 @@ func (r *recorder) flushPktHere(cpu int, now uint64) error {
 		ring := uint64(r.cfg.RingSize)
 		e := r.areaMem[uint64(cpu)*ring+(old&(ring-1)&^(esize-1)):]
 		le := binary.LittleEndian
-		begin := le.Uint64(e[pktBegin:])
-		le.PutUint64(e[pktEnd:], max(now, begin))
-		le.PutUint64(e[pktContent:], off*8)
-		atomic.AddUint64((*uint64)(unsafe.Pointer(&e[pktCommit])), esize-off)
+		begin := le.Uint64(e[relayfmt.OffTimestampBegin:])
+		le.PutUint64(e[relayfmt.OffTimestampEnd:], max(now, begin))
+		le.PutUint64(e[relayfmt.OffContentSize:], off*8)
+		atomic.AddUint64((*uint64)(unsafe.Pointer(&e[PktCommit])), esize-off)
 		return nil
 	}
 }

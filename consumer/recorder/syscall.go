@@ -1,4 +1,4 @@
-package consumer
+package recorder
 
 import (
 	"errors"
@@ -28,14 +28,14 @@ import (
 // dispatch map covers.
 const sysMax = 1024
 
-// sysShape reports whether the raw syscall programs build f's record as
+// SysShape reports whether the raw syscall programs build f's record as
 // kernel/trace/trace_syscalls.c does, and which of them: an entry event
 // (exit false) with __syscall_nr at 8 and at most six 8-byte arguments
 // from 16 (struct syscall_trace_enter), or an exit event with
 // __syscall_nr and an 8-byte ret at 16 (struct syscall_trace_exit).
 // Events with any other layout, such as the user-space strings some
 // kernels add, keep the tracepoint.
-func sysShape(f *tracefs.Format) (exit, ok bool) {
+func SysShape(f *tracefs.Format) (exit, ok bool) {
 	switch {
 	case f.System != "syscalls":
 		return false, false
@@ -71,7 +71,7 @@ func sysShape(f *tracefs.Format) (exit, ok bool) {
 // rawSysPossible returns why the raw syscall path cannot run here, or
 // nil: it needs x86_64 (it reads the arguments from struct pt_regs), BPF
 // ring buffers and the kernel's BTF (tp_btf programs, CO-RE reads).
-func (r *recorder) rawSysPossible() error {
+func (r *Recorder) rawSysPossible() error {
 	switch {
 	case r.cfg.Syscalls == SyscallsTracepoint:
 		return errors.New("turned off (syscalls: tracepoint)")
@@ -123,13 +123,13 @@ func taskBTF() bool {
 // their tracepoints and r.plan[pathRawSys] says why. With Config.Syscalls
 // SyscallsFentry or SyscallsRaw, that path's failure is the error
 // returned instead.
-func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
+func (r *Recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	progs := make([]string, len(formats))
 	if err := r.attachFentry(progs); err != nil {
 		if r.cfg.Syscalls == SyscallsFentry {
 			return nil, fmt.Errorf("fentry syscall path: %w", err)
 		}
-		r.plan.off(pathFentry, err)
+		r.plan.off(PathFentry, err)
 	}
 	if r.coll.Programs[gen.RingbufProgKcSysEnter] == nil {
 		return progs, nil
@@ -139,7 +139,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	var slots []uint32
 	var rawKeys []int
 	for i, f := range formats {
-		exit, ok := sysShape(f)
+		exit, ok := SysShape(f)
 		nr, known := sysNr(f)
 		if progs[i] != "" || !ok || !known {
 			continue
@@ -153,7 +153,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 		rawKeys = append(rawKeys, i)
 		k := gen.RingbufKcSysKey{Key: uint32(i + 1), Id: uint16(f.ID), Size: uint16(f.FixedSize())}
 		if err := keys.Put(slot, k); err != nil {
-			r.plan.off(pathRawSys, fmt.Errorf("dispatching %s: %w", f.FullName(), err))
+			r.plan.off(PathRawSys, fmt.Errorf("dispatching %s: %w", f.FullName(), err))
 			break
 		}
 		slots = append(slots, slot)
@@ -161,7 +161,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 	}
 	var links []link.Link
 	for dir, name := range []string{gen.RingbufProgKcSysEnter, gen.RingbufProgKcSysExit} {
-		if !used[dir] || r.plan[pathRawSys].why != nil {
+		if !used[dir] || r.plan[PathRawSys].why != nil {
 			continue
 		}
 		var l link.Link
@@ -172,12 +172,12 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			l, err = link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
 		}
 		if err != nil {
-			r.plan.off(pathRawSys, fmt.Errorf("attaching %s: %w", name, err))
+			r.plan.off(PathRawSys, fmt.Errorf("attaching %s: %w", name, err))
 			break
 		}
 		links = append(links, l)
 	}
-	if r.plan[pathRawSys].why != nil {
+	if r.plan[PathRawSys].why != nil {
 		for _, l := range links {
 			_ = l.Close()
 		}
@@ -185,7 +185,7 @@ func (r *recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 			_ = keys.Put(slot, gen.RingbufKcSysKey{})
 		}
 		if r.cfg.Syscalls == SyscallsRaw {
-			return nil, fmt.Errorf("raw syscall path: %w", r.plan[pathRawSys].why)
+			return nil, fmt.Errorf("raw syscall path: %w", r.plan[PathRawSys].why)
 		}
 		for _, i := range rawKeys {
 			progs[i] = ""
@@ -205,12 +205,12 @@ type sysEvent struct {
 	name string
 }
 
-// fentryPrefix starts the names of the function path's program copies.
-const fentryPrefix = "kc_sysf_"
+// FentryPrefix starts the names of the function path's program copies.
+const FentryPrefix = "kc_sysf_"
 
 // fentryPossible returns why the function path cannot record n syscall
 // events here, or nil.
-func (r *recorder) fentryPossible(n int) error {
+func (r *Recorder) fentryPossible(n int) error {
 	switch {
 	case r.cfg.Syscalls == SyscallsRaw || r.cfg.Syscalls == SyscallsTracepoint:
 		return fmt.Errorf("turned off (syscalls: %s)", r.cfg.Syscalls)
@@ -233,7 +233,7 @@ func (r *recorder) fentryPossible(n int) error {
 // the path cannot run, it adds none and r.plan[pathFentry] says why; with
 // Config.Syscalls SyscallsFentry that is the error returned, as is a
 // syscall event the path cannot record.
-func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error {
+func (r *Recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error {
 	enter, exit := spec.Programs[gen.RingbufProgKcSysFentry], spec.Programs[gen.RingbufProgKcSysFexit]
 	delete(spec.Programs, gen.RingbufProgKcSysFentry)
 	delete(spec.Programs, gen.RingbufProgKcSysFexit)
@@ -241,7 +241,7 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 		return nil
 	}
 	fail := func(err error) error {
-		r.plan.off(pathFentry, err)
+		r.plan.off(PathFentry, err)
 		r.dropFentry(spec)
 		if r.cfg.Syscalls == SyscallsFentry {
 			return fmt.Errorf("%w: fentry syscall path: %w", ErrNotSupported, err)
@@ -262,7 +262,7 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 			if r.cfg.Syscalls == SyscallsFentry {
 				return fail(err)
 			}
-			r.plan[pathFentry].why = err
+			r.plan[PathFentry].why = err
 			continue
 		}
 		if !probed {
@@ -275,7 +275,7 @@ func (r *recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error
 		if e.exit {
 			base = exit
 		}
-		name := fentryPrefix + strconv.Itoa(e.key)
+		name := FentryPrefix + strconv.Itoa(e.key)
 		ps, err := patchImm(base, name, keyPlaceholder, uint32(e.key))
 		if err == nil {
 			ps, err = patchImm(ps, name, nrPlaceholder, uint32(e.nr))
@@ -341,7 +341,7 @@ func isRegsPointer(t btf.Type) bool {
 }
 
 // dropFentry removes the function path's program copies from spec.
-func (r *recorder) dropFentry(spec *ebpf.CollectionSpec) {
+func (r *Recorder) dropFentry(spec *ebpf.CollectionSpec) {
 	for _, name := range r.fentry {
 		delete(spec.Programs, name)
 	}
@@ -351,7 +351,7 @@ func (r *recorder) dropFentry(spec *ebpf.CollectionSpec) {
 // attachFentry attaches the function path's program copies and sets
 // progs[key] to each one's name; when one fails, it detaches those it
 // attached, sets none and returns why.
-func (r *recorder) attachFentry(progs []string) error {
+func (r *Recorder) attachFentry(progs []string) error {
 	var links []link.Link
 	for key, name := range r.fentry {
 		l, err := link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})

@@ -1,10 +1,9 @@
-package consumer
+package recorder
 
 import (
 	"errors"
 	"fmt"
 	"math/bits"
-	"os"
 	"runtime"
 
 	"github.com/cilium/ebpf"
@@ -30,9 +29,9 @@ const (
 	// KMALLOC_MAX_SIZE, 4 MiB (kernel/bpf/arraymap.c:
 	// array_map_alloc_check), and the elements' size is a power of two.
 	areaMaxElem = 2 << 20
-	// areaMinRing is the smallest ring: an element must hold the largest
+	// AreaMinRing is the smallest ring: an element must hold the largest
 	// record (KC_AREA_MAX) many times over.
-	areaMinRing = 64 << 10
+	AreaMinRing = 64 << 10
 	// areaMaxMap bounds the whole array (array_map_alloc refuses sizes
 	// near 4 GiB on older kernels).
 	areaMaxMap = 2 << 30
@@ -41,13 +40,8 @@ const (
 	bellSize = 4096
 )
 
-// noArea makes sessions write into BPF ring buffers even where the
-// kernel takes kc_area, so that tests cover both on one kernel
-// (KC_NO_AREA=1 in the environment sets it too).
-var noArea = os.Getenv("KC_NO_AREA") == "1"
-
-// areaShape returns the element size and count of a ring of size bytes.
-func areaShape(size int) (elem, count int) {
+// AreaShape returns the element size and count of a ring of size bytes.
+func AreaShape(size int) (elem, count int) {
 	elem = min(size, areaMaxElem)
 	return elem, size / elem
 }
@@ -57,7 +51,7 @@ func areaShape(size int) (elem, count int) {
 // must be built with a kc_synth.h that has kc_area.
 func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.CollectionSpec) error {
 	switch {
-	case noArea:
+	case Testing.NoArea:
 		return errors.New("turned off (KC_NO_AREA)")
 	case transport != Ringbuf:
 		return errors.New("needs BPF ring buffers for its doorbells")
@@ -67,8 +61,8 @@ func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.Colle
 		// The writers publish a record with a plain store after its
 		// data, which only x86's store order makes a release.
 		return fmt.Errorf("publishing records needs x86 store order, not %s", runtime.GOARCH)
-	case cfg.RingSize < areaMinRing:
-		return fmt.Errorf("ring size %d is below %d", cfg.RingSize, areaMinRing)
+	case cfg.RingSize < AreaMinRing:
+		return fmt.Errorf("ring size %d is below %d", cfg.RingSize, AreaMinRing)
 	case uint64(ncpu)*uint64(cfg.RingSize) > areaMaxMap:
 		return fmt.Errorf("%d rings of %d bytes exceed %d", ncpu, cfg.RingSize, areaMaxMap)
 	}
@@ -77,15 +71,15 @@ func areaUsable(cfg Config, ncpu int, transport Transport, objects []*ebpf.Colle
 			return fmt.Errorf("BPF object %d was built with a kc_synth.h without kc_area", i+1)
 		}
 	}
-	return haveCmpxchg()
+	return HaveCmpxchg()
 }
 
-// haveCmpxchg returns nil on Linux 5.12+, whose BPF has
+// HaveCmpxchg returns nil on Linux 5.12+, whose BPF has
 // BPF_CMPXCHG, or why not. The release decides: a probe program was
 // loaded by the 5.10 guest, whose verifier then refused the recorder
 // ("BPF_STX uses reserved fields"), and a kernel whose verifier refuses
 // the writers otherwise is caught by the load's fallback.
-func haveCmpxchg() error {
+func HaveCmpxchg() error {
 	major, minor, err := kernelRelease()
 	if err != nil {
 		return err
@@ -116,7 +110,7 @@ func stripArea(spec *ebpf.CollectionSpec) {
 // in set, for a session of cfg on ncpu CPUs, in packet mode (packet.go)
 // when pkt is set.
 func setupArea(spec *ebpf.CollectionSpec, set map[string]any, cfg Config, ncpu int, prefix string, pkt bool) {
-	elem, count := areaShape(cfg.RingSize)
+	elem, count := AreaShape(cfg.RingSize)
 	if pkt {
 		elem, count = pktShape(cfg)
 	}
@@ -135,7 +129,7 @@ func setupArea(spec *ebpf.CollectionSpec, set map[string]any, cfg Config, ncpu i
 }
 
 // mapArea maps the loaded kc_area: every CPU's ring, adjacent.
-func (r *recorder) mapArea() error {
+func (r *Recorder) mapArea() error {
 	m := r.coll.Maps[gen.RingbufMapKcArea]
 	// Writable: the drainer zeroes the space it releases (ringbuf.release).
 	mem, err := unix.Mmap(m.FD(), 0, r.ncpu*r.cfg.RingSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)

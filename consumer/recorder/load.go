@@ -1,4 +1,4 @@
-package consumer
+package recorder
 
 import (
 	"errors"
@@ -19,27 +19,27 @@ import (
 	"github.com/kconsume/kconsume/gen"
 )
 
-// loading is the state of loadRecorder's steps: the spec being made and
+// loading is the state of Load's steps: the spec being made and
 // the values its variables get.
 type loading struct {
 	spec    *ebpf.CollectionSpec
 	set     map[string]any
-	opts    *loadOpts
+	opts    *Options
 	nevents int
 	raw     bool // some event may take the raw syscall path
 }
 
-// loadRecorder creates the maps and the programs of transport for
+// Load creates the maps and the programs of transport for
 // nevents events: one program told each event's key by the attach
 // cookie, or on kernels before 5.15 one program copy per event with its
 // key patched in. It returns the recorder with its gate closed and its
 // wakeups armed, or the error of the step that failed, having released
 // what it made.
-func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *loadOpts) (_ *recorder, err error) {
-	r := &recorder{cfg: cfg, ncpu: ncpu, transport: transport, btfKeys: map[int]string{}, fentry: map[int]string{}}
+func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options) (_ *Recorder, err error) {
+	r := &Recorder{cfg: cfg, ncpu: ncpu, transport: transport, btfKeys: map[int]string{}, fentry: map[int]string{}}
 	defer func() {
 		if err != nil {
-			r.close()
+			r.Close()
 		}
 	}()
 	// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK (64 KiB by
@@ -55,7 +55,7 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 			return nil, err
 		}
 	}
-	if r.plan[pathOwnRings].on {
+	if r.plan[PathOwnRings].on {
 		if err := r.mapArea(); err != nil {
 			return nil, err
 		}
@@ -66,21 +66,21 @@ func loadRecorder(cfg Config, ncpu int, transport Transport, nevents int, opts *
 	if err != nil {
 		return nil, fmt.Errorf("mapping kc_state: %w", err)
 	}
-	r.arm(cfg.Latency > 0) // the drainer starts asleep
-	if opts != nil && opts.spec != nil {
+	r.Arm(cfg.Latency > 0) // the drainer starts asleep
+	if opts != nil && opts.Spec != nil {
 		return r, nil
 	}
 	return r, r.setFilters()
 }
 
-// eventOptions returns what the load needs to know of the recorded
+// EventOptions returns what the load needs to know of the recorded
 // events formats, with users their user-space fields (sysUsers), synths
 // the count of synthetic events and wake set when wakeup_latency is
 // recorded: their record sizes, the syscall events and BTF programs that
 // may record them, and whether packet mode may write them.
-func eventOptions(cfg Config, formats []*tracefs.Format, users []*sysUser, synths int, wake bool) *loadOpts {
-	opts := &loadOpts{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
-	opts.user = slices.ContainsFunc(users, func(u *sysUser) bool { return u != nil })
+func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, synths int, wake bool) *Options {
+	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
+	opts.user = slices.ContainsFunc(users, func(u *SysUser) bool { return u != nil })
 	opts.userNr = true
 	for i, u := range users {
 		if _, known := sysNr(formats[i]); u != nil && !known {
@@ -91,14 +91,14 @@ func eventOptions(cfg Config, formats []*tracefs.Format, users []*sysUser, synth
 	opts.pktRaw = pktEligible(cfg, formats, synths, wake, true)
 	for i, f := range formats {
 		opts.small[i] = smallSize(f)
-		if exit, ok := sysShape(f); ok {
+		if exit, ok := SysShape(f); ok {
 			opts.sys = true
 			if nr, known := sysNr(f); known {
 				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: f.Syscall()})
 			}
 		}
 		// wakeup_latency's hooks ride on the tracepoint programs.
-		if e, l := btfShape(f); e != nil && !wake && !noBTFEvents {
+		if e, l := btfShape(f); e != nil && !wake && !Testing.NoBTF {
 			opts.btf[e.prog] = btfUse{key: i, id: int(f.ID), layout: l}
 		}
 	}
@@ -117,12 +117,12 @@ func eventOptions(cfg Config, formats []*tracefs.Format, users []*sysUser, synth
 // baseSpec takes the object of the transport (or the one opts gives),
 // sizes its per-CPU state and its events' table, and makes the program
 // copies of the events.
-func (r *recorder) baseSpec(l *loading) error {
+func (r *Recorder) baseSpec(l *loading) error {
 	var err error
 	switch {
-	case l.opts != nil && l.opts.spec != nil:
-		l.spec = l.opts.spec
-		maps.Copy(l.set, l.opts.vars)
+	case l.opts != nil && l.opts.Spec != nil:
+		l.spec = l.opts.Spec
+		maps.Copy(l.set, l.opts.Vars)
 	case r.transport == Perf:
 		l.spec, err = gen.LoadPerf()
 	default:
@@ -138,10 +138,10 @@ func (r *recorder) baseSpec(l *loading) error {
 		return nil
 	}
 	m.MaxEntries = uint32(max(l.nevents, 1))
-	r.useCookie = !noCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
+	r.useCookie = !Testing.NoCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
 	set[gen.RingbufVarKcUseCookie] = boolU32(r.useCookie)
 	set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
-	set[gen.RingbufVarKcPidBits] = pidBits(cfg.PIDs)
+	set[gen.RingbufVarKcPidBits] = PidBits(cfg.PIDs)
 	set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
 	set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
 	set[gen.RingbufVarKcHooks] = boolU32(l.opts != nil && l.opts.hooks)
@@ -151,44 +151,44 @@ func (r *recorder) baseSpec(l *loading) error {
 // decide fills the plan of the paths this kernel and configuration
 // allow before the load: the own rings, the raw syscall path, packet
 // mode, and whether tracing programs run preemptibly here.
-func (r *recorder) decide(l *loading) error {
+func (r *Recorder) decide(l *loading) error {
 	cfg, opts := r.cfg, l.opts
-	if opts != nil && opts.spec != nil {
-		r.plan.off(pathOwnRings, errors.New("another producer writes the BPF ring buffers"))
+	if opts != nil && opts.Spec != nil {
+		r.plan.off(PathOwnRings, errors.New("another producer writes the BPF ring buffers"))
 	} else {
-		r.plan[pathOwnRings] = decided(areaUsable(cfg, r.ncpu, r.transport, cfg.Objects))
+		r.plan[PathOwnRings] = decided(areaUsable(cfg, r.ncpu, r.transport, cfg.Objects))
 	}
 	if l.raw {
-		if r.plan[pathRawSys].why = r.rawSysPossible(); r.plan[pathRawSys].why != nil && cfg.Syscalls == SyscallsRaw {
-			return fmt.Errorf("raw syscall path: %w", r.plan[pathRawSys].why)
+		if r.plan[PathRawSys].why = r.rawSysPossible(); r.plan[PathRawSys].why != nil && cfg.Syscalls == SyscallsRaw {
+			return fmt.Errorf("raw syscall path: %w", r.plan[PathRawSys].why)
 		}
 	}
-	r.preempt = preemptible()
-	if forcePreemptible {
+	r.preempt = Preemptibility()
+	if Testing.RawFromPerf {
 		r.preempt = Preemptible{On: true, Why: "forced by a test"}
 	}
 	pkt := errors.New("no events given")
-	if opts != nil && opts.spec == nil {
+	if opts != nil && opts.Spec == nil {
 		// A kernel that refuses the raw syscall programs' load refuses
 		// packet mode's first: the fallbacks drop it before them.
 		pkt = opts.pktTP
-		if l.raw && r.plan[pathRawSys].why == nil {
+		if l.raw && r.plan[PathRawSys].why == nil {
 			pkt = opts.pktRaw
 		}
 	}
-	if !r.plan[pathOwnRings].on {
-		pkt = fmt.Errorf("no kc_area rings: %w", r.plan[pathOwnRings].why)
+	if !r.plan[PathOwnRings].on {
+		pkt = fmt.Errorf("no kc_area rings: %w", r.plan[PathOwnRings].why)
 	}
-	r.plan[pathPackets] = decided(pkt)
+	r.plan[PathPackets] = decided(pkt)
 	return nil
 }
 
 // setupRings shapes the rings the writers write: kc_area's (with packet
 // mode's elements) or none, and the transport's maps and wakeups.
-func (r *recorder) setupRings(l *loading) error {
+func (r *Recorder) setupRings(l *loading) error {
 	cfg, spec, set := r.cfg, l.spec, l.set
-	pkt := r.plan[pathPackets].on
-	if r.plan[pathOwnRings].on {
+	pkt := r.plan[PathPackets].on
+	if r.plan[PathOwnRings].on {
 		setupArea(spec, set, cfg, r.ncpu, gen.RingbufMapKcArea, pkt)
 		if pkt {
 			r.pktElem, _ = pktShape(cfg)
@@ -202,27 +202,27 @@ func (r *recorder) setupRings(l *loading) error {
 	}
 	rings := spec.Maps[gen.RingbufMapKcRings]
 	rings.MaxEntries = uint32(r.ncpu)
-	rings.InnerMap.MaxEntries = uint32(r.ringSize())
+	rings.InnerMap.MaxEntries = uint32(r.RingSize())
 	set[gen.RingbufVarKcWakeupBytes] = uint64(cfg.Watermark)
 	if pkt {
 		// A packet is what the drainer takes: waking it for less
 		// would wake it for nothing.
 		set[gen.RingbufVarKcWakeupBytes] = uint64(max(cfg.Watermark, r.pktElem))
 	}
-	set[gen.RingbufVarKcWakeupMask] = wakeupMask(cfg, r.ncpu)
+	set[gen.RingbufVarKcWakeupMask] = WakeupMask(cfg, r.ncpu)
 	return nil
 }
 
 // setupSyscalls keeps the raw syscall programs (on the perf tracepoints
 // where tracing programs run preemptibly) or drops them, and makes the
 // function path's program copies.
-func (r *recorder) setupSyscalls(l *loading) error {
+func (r *Recorder) setupSyscalls(l *loading) error {
 	spec, set := l.spec, l.set
 	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
-		if !l.raw || r.plan[pathRawSys].why != nil {
+		if !l.raw || r.plan[PathRawSys].why != nil {
 			dropRawSys(spec)
 		} else {
-			r.plan[pathRawSys].on = true
+			r.plan[PathRawSys].on = true
 			r.rawPerf = r.preempt.On
 			rawFromPerf(spec, r.rawPerf)
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
@@ -238,7 +238,7 @@ func (r *recorder) setupSyscalls(l *loading) error {
 	if err := r.fentryCopies(spec, evs); err != nil {
 		return err
 	}
-	r.plan[pathFentry].on = len(r.fentry) > 0
+	r.plan[PathFentry].on = len(r.fentry) > 0
 	if len(r.fentry) > 0 {
 		set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 	}
@@ -247,7 +247,7 @@ func (r *recorder) setupSyscalls(l *loading) error {
 
 // setupRest sets the BTF and user-fault programs up and the variables
 // the steps before chose.
-func (r *recorder) setupRest(l *loading) error {
+func (r *Recorder) setupRest(l *loading) error {
 	spec, set, opts := l.spec, l.set, l.opts
 	set[gen.RingbufVarKcClock] = uint32(r.cfg.Clock)
 	set[gen.RingbufVarKcGlobal] = boolU32(r.cfg.Global)
@@ -259,7 +259,7 @@ func (r *recorder) setupRest(l *loading) error {
 		uses = opts.btf
 	}
 	r.setupBTF(spec, set, uses)
-	r.plan[pathBTF].on = len(r.btfKeys) > 0
+	r.plan[PathBTF].on = len(r.btfKeys) > 0
 	r.setupUserFault(spec, opts != nil && opts.user, opts != nil && opts.userNr)
 	return setVars(spec, set)
 }
@@ -284,9 +284,9 @@ func setVars(spec *ebpf.CollectionSpec, set map[string]any) error {
 // in the plan why it went, and tries again. It fails with the kernel's
 // error when nothing is left to drop, or when the user asked for the
 // path that would go.
-func (r *recorder) load(l *loading) error {
+func (r *Recorder) load(l *loading) error {
 	var err error
-	r.coll, err = newCollection(l.spec)
+	r.coll, err = Testing.NewCollection(l.spec)
 	for _, f := range fallbacks {
 		if err == nil {
 			break
@@ -303,7 +303,7 @@ func (r *recorder) load(l *loading) error {
 		if derr := f.drop(r, l); derr != nil {
 			return derr
 		}
-		r.coll, err = newCollection(l.spec)
+		r.coll, err = Testing.NewCollection(l.spec)
 	}
 	if err != nil {
 		return fmt.Errorf("loading the BPF recorder: %w", err)
@@ -311,17 +311,14 @@ func (r *recorder) load(l *loading) error {
 	return nil
 }
 
-// newCollection is ebpf.NewCollection; tests make it refuse a spec.
-var newCollection = ebpf.NewCollection
-
 // fallbacks are the optional paths load drops, in order: the newest code
 // first.
 var fallbacks = []fallback{
 	{
 		// Paging user memory in is the newest part: the first to go.
-		path: pathUserFault,
-		in:   func(_ *recorder, l *loading) bool { return l.spec.Programs[gen.RingbufProgKcSysUserFault] != nil },
-		drop: func(r *recorder, l *loading) error {
+		path: PathUserFault,
+		in:   func(_ *Recorder, l *loading) bool { return l.spec.Programs[gen.RingbufProgKcSysUserFault] != nil },
+		drop: func(r *Recorder, l *loading) error {
 			delete(l.spec.Programs, gen.RingbufProgKcSysUserFault)
 			r.userRec, r.userTP = false, r.userOn
 			r.setUserVars(l.spec)
@@ -330,11 +327,11 @@ var fallbacks = []fallback{
 	},
 	{
 		// Packet mode is the newest writer of all.
-		path: pathPackets,
-		in:   func(r *recorder, _ *loading) bool { return r.plan[pathPackets].on },
-		drop: func(r *recorder, l *loading) error {
+		path: PathPackets,
+		in:   func(r *Recorder, _ *loading) bool { return r.plan[PathPackets].on },
+		drop: func(r *Recorder, l *loading) error {
 			r.pktElem = 0
-			elem, count := areaShape(r.cfg.RingSize)
+			elem, count := AreaShape(r.cfg.RingSize)
 			l.spec.Maps[gen.RingbufMapKcArea].ValueSize = uint32(elem)
 			l.spec.Maps[gen.RingbufMapKcArea].MaxEntries = uint32(r.ncpu * count)
 			return setVars(l.spec, map[string]any{gen.RingbufVarKcPktOn: uint32(0), gen.RingbufVarKcWakeupBytes: uint64(r.cfg.Watermark), gen.RingbufVarKcAreaEsize: uint64(elem),
@@ -344,10 +341,10 @@ var fallbacks = []fallback{
 	{
 		// The own rings are an optimisation, and newer code than the
 		// rest.
-		path: pathOwnRings,
-		in:   func(r *recorder, _ *loading) bool { return r.plan[pathOwnRings].on },
-		drop: func(r *recorder, l *loading) error {
-			r.plan.off(pathPackets, fmt.Errorf("no kc_area rings: %w", r.plan[pathOwnRings].why))
+		path: PathOwnRings,
+		in:   func(r *Recorder, _ *loading) bool { return r.plan[PathOwnRings].on },
+		drop: func(r *Recorder, l *loading) error {
+			r.plan.off(PathPackets, fmt.Errorf("no kc_area rings: %w", r.plan[PathOwnRings].why))
 			l.spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(r.cfg.RingSize)
 			if err := setVars(l.spec, map[string]any{gen.RingbufVarKcAreaOn: uint32(0)}); err != nil {
 				return err
@@ -358,31 +355,31 @@ var fallbacks = []fallback{
 	},
 	{
 		// The function path is an optimisation too, unless asked for.
-		path: pathFentry,
-		in:   func(r *recorder, _ *loading) bool { return len(r.fentry) > 0 },
-		asked: func(r *recorder, err error) error {
+		path: PathFentry,
+		in:   func(r *Recorder, _ *loading) bool { return len(r.fentry) > 0 },
+		asked: func(r *Recorder, err error) error {
 			if r.cfg.Syscalls == SyscallsFentry {
 				return fmt.Errorf("fentry syscall path: loading the BPF recorder: %w", err)
 			}
 			return nil
 		},
-		drop: func(r *recorder, l *loading) error { r.dropFentry(l.spec); return nil },
+		drop: func(r *Recorder, l *loading) error { r.dropFentry(l.spec); return nil },
 	},
 	{
 		// The raw syscall path is an optimisation: a kernel that
 		// refuses it records syscall events through their
 		// tracepoints. Asked for by name, it is not dropped, and the
 		// next path goes instead.
-		path: pathRawSys,
-		in: func(r *recorder, l *loading) bool {
+		path: PathRawSys,
+		in: func(r *Recorder, l *loading) bool {
 			return l.spec.Programs[gen.RingbufProgKcSysEnter] != nil && r.cfg.Syscalls != SyscallsRaw
 		},
-		drop: func(_ *recorder, l *loading) error { dropRawSys(l.spec); return nil },
+		drop: func(_ *Recorder, l *loading) error { dropRawSys(l.spec); return nil },
 	},
 	{
 		// So is the BTF event path.
-		path: pathBTF,
-		in:   func(r *recorder, _ *loading) bool { return len(r.btfKeys) > 0 },
-		drop: func(r *recorder, l *loading) error { r.dropBTF(l.spec); return nil },
+		path: PathBTF,
+		in:   func(r *Recorder, _ *loading) bool { return len(r.btfKeys) > 0 },
+		drop: func(r *Recorder, l *loading) error { r.dropBTF(l.spec); return nil },
 	},
 }

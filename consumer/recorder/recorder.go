@@ -1,4 +1,14 @@
-package consumer
+// Package recorder is kconsume's BPF side: it decides what this kernel
+// and configuration allow (a plan of optional paths, each on or off with
+// the reason, plan.go), loads the recorder object with its fallbacks
+// (load.go), attaches each kind of event (tracepoints in attach.go and
+// recorder.go, raw and function syscall paths in syscall.go, user-space
+// syscall fields in sysuser.go, BTF sched events in btfevent.go, the
+// wakeup_latency hooks in wakeup.go, users' objects in object.go), and
+// keeps the gate and the per-CPU counters the writers share with the
+// drainer (recorder.go; kconsume's own rings in area.go, packet mode in
+// packet.go). The consumer package drains what it writes.
+package recorder
 
 import (
 	"errors"
@@ -21,13 +31,13 @@ import (
 // cpuStateLen is sizeof(struct kc_cpu_state): one cache line.
 const cpuStateLen = int(unsafe.Sizeof(gen.RingbufKcCpuState{}))
 
-// recorder is the BPF side of a session: the loaded recorder object, its
+// Recorder is the BPF side of a session: the loaded Recorder object, its
 // gate and per-CPU counters (kc_state, mapped), the kernel-side filters,
 // the links that attach it, the ring maps it writes into and the users'
 // objects loaded onto the same rings. Setup (load, attach) happens
 // before the drainer runs; afterwards its methods are safe for
 // concurrent use.
-type recorder struct {
+type Recorder struct {
 	cfg        Config
 	ncpu       int
 	transport  Transport
@@ -37,7 +47,7 @@ type recorder struct {
 	running    *ebpf.Variable
 	stateMem   []byte
 	useCookie  bool           // event keys come from attach cookies
-	plan       plan           // each optional path: whether taken, and why not (plan.go)
+	plan       Plan           // each optional path: whether taken, and why not (plan.go)
 	preempt    Preemptible    // whether tracing programs run preemptibly here (preempt.go)
 	rawPerf    bool           // the raw syscall path rides on the perf tracepoints (preempt.go)
 	tpProgs    []string       // the recorder copy attached for each event key
@@ -63,12 +73,12 @@ type recorder struct {
 	injectRec *gen.RingbufKcInjectRec
 }
 
-// loadOpts replaces the recorder by another object built on kconsume.h
+// Options replaces the recorder by another object built on kconsume.h
 // (the bench producer), with values for its own variables, or turns on
 // the recorder's hooks (synthetic:wakeup_latency).
-type loadOpts struct {
-	spec   *ebpf.CollectionSpec
-	vars   map[string]any
+type Options struct {
+	Spec   *ebpf.CollectionSpec
+	Vars   map[string]any
 	hooks  bool
 	small  []uint32          // per event key: its record size when smallSize allows, or 0
 	sys    bool              // some event may take the raw syscall path (sysShape)
@@ -100,10 +110,6 @@ func smallSize(f *tracefs.Format) uint32 {
 	return uint32(n)
 }
 
-// noCookie makes the loader patch a program copy per event even where the
-// kernel has attach cookies, so tests exercise both ways on one kernel.
-var noCookie = false
-
 // keyPlaceholder, sizePlaceholder and nrPlaceholder are
 // KC_KEY_PLACEHOLDER, KC_SIZE_PLACEHOLDER and KC_NR_PLACEHOLDER of
 // bpf/kc/; smallMax is KC_SMALL_MAX (TestMirrorsC checks them).
@@ -119,7 +125,7 @@ const (
 // of small record size N (kc_record_small). Without: kc_tp_I for event
 // key I, with I patched in, on the general path only (a copy that perf
 // refused to attach would have no general copy to fall back to).
-func (r *recorder) copies(spec *ebpf.CollectionSpec, nevents int, opts *loadOpts) error {
+func (r *Recorder) copies(spec *ebpf.CollectionSpec, nevents int, opts *Options) error {
 	orig := spec.Programs[gen.RingbufProgKcTracepoint]
 	base := orig
 	if r.transport == Ringbuf { // the perf object has no kc_record_small
@@ -194,9 +200,9 @@ func roundPage(n int) int {
 // of kc_pid_bits.
 const pidWords = 1024
 
-// pidBits returns kc_pid_bits of bpf/filter.h for the ids pids: bit
+// PidBits returns kc_pid_bits of bpf/filter.h for the ids pids: bit
 // id % (64 × len) set for each.
-func pidBits(pids []int) [pidWords]uint64 {
+func PidBits(pids []int) [pidWords]uint64 {
 	var bits [pidWords]uint64
 	for _, p := range pids {
 		i := uint32(p) % (64 * uint32(len(bits)))
@@ -206,7 +212,7 @@ func pidBits(pids []int) [pidWords]uint64 {
 }
 
 // setFilters fills the kernel-side filter maps from the configuration.
-func (r *recorder) setFilters() error {
+func (r *Recorder) setFilters() error {
 	for _, p := range r.cfg.PIDs {
 		if err := r.coll.Maps[gen.RingbufMapKcPids].Put(uint32(p), uint8(1)); err != nil {
 			return fmt.Errorf("pid filter %d: %w", p, err)
@@ -238,24 +244,24 @@ func (r *recorder) setFilters() error {
 	return nil
 }
 
-// filtered reports whether the recorder filters tasks in the kernel.
-func (r *recorder) filtered() bool {
+// Filtered reports whether the recorder filters tasks in the kernel.
+func (r *Recorder) Filtered() bool {
 	return len(r.cfg.PIDs) > 0 || len(r.cfg.Comms) > 0 || r.cfg.Cgroup != ""
 }
 
-// cpuState returns CPU cpu's slot of the mapped kc_state array; the
+// CPUState returns CPU cpu's slot of the mapped kc_state array; the
 // slots from ncpu on count the records of users' programs.
-func (r *recorder) cpuState(cpu int) *gen.RingbufKcCpuState {
+func (r *Recorder) CPUState(cpu int) *gen.RingbufKcCpuState {
 	return (*gen.RingbufKcCpuState)(unsafe.Pointer(&r.stateMem[cpu*cpuStateLen]))
 }
 
-// wakeupMask returns kc_wakeup_mask for cfg: one less than how many
+// WakeupMask returns kc_wakeup_mask for cfg: one less than how many
 // records of at most sampledMax bytes a writer may put into a ring between
 // two looks at its fill (bpf/kc/ringbuf.h:kc_wakeup_flags). All the CPUs'
 // writers together may pass over no more than half the ring's room above
 // the watermark, so a late look still wakes the consumer well before the
 // ring is full; tiny rings get a look at every record.
-func wakeupMask(cfg Config, ncpu int) uint64 {
+func WakeupMask(cfg Config, ncpu int) uint64 {
 	writers := 1
 	if cfg.Global {
 		writers = ncpu
@@ -282,14 +288,14 @@ const (
 	armData = 2 // wake at the first record of another process
 )
 
-// arm tells the writers into the rings that the drainer is about to
+// Arm tells the writers into the rings that the drainer is about to
 // sleep: their next look at a ring's fill over the watermark wakes it,
 // and with data set so does the first record of a process other than
 // this one. A drainer that goes round again at once is not armed, or a
 // ring kept over the watermark would wake it on every pass. The store
 // is skipped when a slot is armed so already, so the writers' cache line
 // is not taken away for nothing.
-func (r *recorder) arm(data bool) {
+func (r *Recorder) Arm(data bool) {
 	if r.transport != Ringbuf {
 		return
 	}
@@ -298,58 +304,61 @@ func (r *recorder) arm(data bool) {
 		want |= armData
 	}
 	for slot := range 2 * r.ncpu {
-		if cs := r.cpuState(slot); atomic.LoadUint32(&cs.Armed) != want {
+		if cs := r.CPUState(slot); atomic.LoadUint32(&cs.Armed) != want {
 			atomic.StoreUint32(&cs.Armed, want)
 		}
 	}
 }
 
-// disarm takes back what arm asked for, so that a drainer awake for
+// Disarm takes back what arm asked for, so that a drainer awake for
 // another reason (its timer, a command) is not woken again for nothing.
-func (r *recorder) disarm() {
+func (r *Recorder) Disarm() {
 	if r.transport != Ringbuf {
 		return
 	}
 	for slot := range 2 * r.ncpu {
-		if cs := r.cpuState(slot); atomic.LoadUint32(&cs.Armed) != 0 {
+		if cs := r.CPUState(slot); atomic.LoadUint32(&cs.Armed) != 0 {
 			atomic.StoreUint32(&cs.Armed, 0)
 		}
 	}
 }
 
-// wokeAt returns when the writers of slot last woke the drainer, on
+// WokeAt returns when the writers of slot last woke the drainer, on
 // CLOCK_MONOTONIC, or 0.
-func (r *recorder) wokeAt(slot int) uint64 {
-	return atomic.LoadUint64(&r.cpuState(slot).WokeAt)
+func (r *Recorder) WokeAt(slot int) uint64 {
+	return atomic.LoadUint64(&r.CPUState(slot).WokeAt)
 }
 
-// emitted returns the records the kernel side put into cpu's ring.
-func (r *recorder) emitted(cpu int) uint64 {
-	return atomic.LoadUint64(&r.cpuState(cpu).Emitted) + atomic.LoadUint64(&r.cpuState(r.ncpu+cpu).Emitted)
+// Emitted returns the records the kernel side put into cpu's ring.
+func (r *Recorder) Emitted(cpu int) uint64 {
+	return atomic.LoadUint64(&r.CPUState(cpu).Emitted) + atomic.LoadUint64(&r.CPUState(r.ncpu+cpu).Emitted)
 }
 
-// kernelLost returns the records the kernel side failed to put into
+// KernelLost returns the records the kernel side failed to put into
 // cpu's ring.
-func (r *recorder) kernelLost(cpu int) uint64 {
-	return atomic.LoadUint64(&r.cpuState(cpu).Lost) + atomic.LoadUint64(&r.cpuState(r.ncpu+cpu).Lost)
+func (r *Recorder) KernelLost(cpu int) uint64 {
+	return atomic.LoadUint64(&r.CPUState(cpu).Lost) + atomic.LoadUint64(&r.CPUState(r.ncpu+cpu).Lost)
 }
 
-// setRunning opens or closes the gate every program checks first.
-func (r *recorder) setRunning(on bool) error {
+// SetRunning opens or closes the gate every program checks first.
+func (r *Recorder) SetRunning(on bool) error {
+	if r.running == nil {
+		return nil // not loaded, or closed: nothing runs
+	}
 	return r.running.Set(boolU32(on))
 }
 
-// setCPUDisabled closes (or reopens) the gate of cpu alone.
-func (r *recorder) setCPUDisabled(cpu int, disabled bool) {
-	atomic.StoreUint32(&r.cpuState(cpu).Disabled, boolU32(disabled))
+// SetCPUDisabled closes (or reopens) the gate of cpu alone.
+func (r *Recorder) SetCPUDisabled(cpu int, disabled bool) {
+	atomic.StoreUint32(&r.CPUState(cpu).Disabled, boolU32(disabled))
 }
 
-// cpuDisabled reports whether cpu's own gate is closed.
-func (r *recorder) cpuDisabled(cpu int) bool {
-	return atomic.LoadUint32(&r.cpuState(cpu).Disabled) != 0
+// CPUDisabled reports whether cpu's own gate is closed.
+func (r *Recorder) CPUDisabled(cpu int) bool {
+	return atomic.LoadUint32(&r.CPUState(cpu).Disabled) != 0
 }
 
-// missed returns the recorder runs the kernel skipped so far because a
+// Missed returns the recorder runs the kernel skipped so far because a
 // BPF program already ran on the CPU (the programs' recursion_misses):
 // all of them, and those of the tracepoint recorders alone, each of
 // which was an event lost. The raw syscall programs run for every
@@ -357,14 +366,14 @@ func (r *recorder) cpuDisabled(cpu int) bool {
 // write any number of events a run, so theirs count in all alone. A
 // program of a BTF tracepoint misses whenever another run of it is on
 // the CPU: one preempted on a faultable syscall tracepoint (6.13+)
-// leaves every run on that CPU missed until it resumes.
-func (r *recorder) missed() (all, lost uint64) {
+// leaves every run on that CPU Missed until it resumes.
+func (r *Recorder) Missed() (all, lost uint64) {
 	r.objMu.Lock()
 	all = r.objMissed + objectsMissed(r.objects)
 	r.objMu.Unlock()
 	for name, p := range r.coll.Programs {
 		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
-		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !strings.HasPrefix(name, fentryPrefix) && !isBTFProg(name) {
+		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !strings.HasPrefix(name, FentryPrefix) && !IsBTFProg(name) {
 			continue
 		}
 		st, err := p.Stats()
@@ -379,19 +388,19 @@ func (r *recorder) missed() (all, lost uint64) {
 	return all, lost
 }
 
-// ringSize returns the size of the BPF ring buffers: the rings, or with
+// RingSize returns the size of the BPF ring buffers: the rings, or with
 // kc_area the doorbells.
-func (r *recorder) ringSize() int {
-	if r.plan[pathOwnRings].on {
+func (r *Recorder) RingSize() int {
+	if r.plan[PathOwnRings].on {
 		return bellSize
 	}
 	return r.cfg.RingSize
 }
 
-// newRing creates the BPF ring buffer of stream i and puts it in the
+// NewRing creates the BPF ring buffer of stream i and puts it in the
 // recorder's array of rings; it returns the map.
-func (r *recorder) newRing(i int) (*ebpf.Map, error) {
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: fmt.Sprintf("kc_ring%d", i), Type: ebpf.RingBuf, MaxEntries: uint32(r.ringSize())})
+func (r *Recorder) NewRing(i int) (*ebpf.Map, error) {
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: fmt.Sprintf("kc_ring%d", i), Type: ebpf.RingBuf, MaxEntries: uint32(r.RingSize())})
 	if err != nil {
 		return nil, fmt.Errorf("ring buffer %d: %w", i, err)
 	}
@@ -402,8 +411,8 @@ func (r *recorder) newRing(i int) (*ebpf.Map, error) {
 	return m, nil
 }
 
-// setPerf points cpu's slot of the perf event array at the perf event fd.
-func (r *recorder) setPerf(cpu, fd int) error {
+// SetPerf points cpu's slot of the perf event array at the perf event fd.
+func (r *Recorder) SetPerf(cpu, fd int) error {
 	if err := r.coll.Maps[gen.PerfMapKcPerf].Put(uint32(cpu), uint32(fd)); err != nil {
 		return fmt.Errorf("perf event array slot %d: %w", cpu, err)
 	}
@@ -414,7 +423,7 @@ func (r *recorder) setPerf(cpu, fd int) error {
 // tracepoint f, with its size-specialised copy when there is one and the
 // record goes into the ring as it is (asIs: not built by steps in packet
 // mode).
-func (r *recorder) attachTracepoint(f *tracefs.Format, i int, recorded, asIs bool) error {
+func (r *Recorder) attachTracepoint(f *tracefs.Format, i int, recorded, asIs bool) error {
 	name, opts := "kc_tp_"+strconv.Itoa(i), (*link.TracepointOptions)(nil)
 	if r.useCookie {
 		name, opts = gen.RingbufProgKcTracepoint, &link.TracepointOptions{Cookie: uint64(i)}
@@ -449,10 +458,10 @@ const (
 	injectLost = 3
 )
 
-// inject runs the injector on cpu with one record of key. It fails with
+// Inject runs the injector on cpu with one record of key. It fails with
 // ErrStopped when the gate is closed and ErrInjectLost when the ring was
 // full.
-func (r *recorder) inject(cpu int, key uint32, payload []byte) error {
+func (r *Recorder) Inject(cpu int, key uint32, payload []byte) error {
 	prog := r.coll.Programs[gen.RingbufProgKcInject]
 	buf := r.coll.Maps[gen.RingbufMapKcInjectBuf]
 	if prog == nil || buf == nil {
@@ -490,9 +499,9 @@ func (r *recorder) inject(cpu int, key uint32, payload []byte) error {
 	return fmt.Errorf("inject on CPU %d: injector returned %d", cpu, ret)
 }
 
-// detach detaches every program, the users' too, so that nothing more
+// Detach detaches every program, the users' too, so that nothing more
 // enters the rings; it returns what failed.
-func (r *recorder) detach() []error {
+func (r *Recorder) Detach() []error {
 	// The links close in parallel: closing a perf-event tracepoint link
 	// waits for an RCU grace period (perf_trace_event_unreg ->
 	// tracepoint_synchronize_unregister, kernel/trace/trace_event_perf.c),
@@ -536,10 +545,10 @@ func objectsMissed(objs []*object) (n uint64) {
 	return n
 }
 
-// close detaches and frees every kernel object and mapping; it is
+// Close detaches and frees every kernel object and mapping; it is
 // idempotent.
-func (r *recorder) close() {
-	_ = r.detach()
+func (r *Recorder) Close() {
+	_ = r.Detach()
 	for _, m := range r.rings {
 		_ = m.Close()
 	}
@@ -557,3 +566,73 @@ func (r *recorder) close() {
 		r.coll, r.running = nil, nil
 	}
 }
+
+// CPUs returns the number of possible CPUs the recorder was loaded for.
+func (r *Recorder) CPUs() int { return r.ncpu }
+
+// Transport returns the transport the recorder writes through.
+func (r *Recorder) Transport() Transport { return r.transport }
+
+// On reports whether the recorder takes optional path p.
+func (r *Recorder) On(p Path) bool { return r.plan[p].on }
+
+// Why returns why the recorder does not take optional path p for some
+// or all of the events that could take it, or nil.
+func (r *Recorder) Why(p Path) error { return r.plan[p].why }
+
+// Progs returns the program that records each event key attached so
+// far: a tracepoint program copy, a syscall program or a BTF program.
+func (r *Recorder) Progs() []string { return r.tpProgs }
+
+// UsesCookie reports whether the events' keys come from attach cookies
+// rather than from program copies with the key patched in.
+func (r *Recorder) UsesCookie() bool { return r.useCookie }
+
+// RawFromPerf reports whether the raw syscall path rides on the perf
+// tracepoints (preempt.go).
+func (r *Recorder) RawFromPerf() bool { return r.rawPerf }
+
+// Preempt returns whether tracing programs run preemptibly here.
+func (r *Recorder) Preempt() Preemptible { return r.preempt }
+
+// RingBytes returns the size in bytes of each stream's ring.
+func (r *Recorder) RingBytes() int { return r.cfg.RingSize }
+
+// Global reports whether one ring takes every CPU's records.
+func (r *Recorder) Global() bool { return r.cfg.Global }
+
+// PktElem returns the size of a packet-mode ring's elements, the trace's
+// packets, or 0 outside packet mode.
+func (r *Recorder) PktElem() int { return r.pktElem }
+
+// Area returns stream i's kc_area ring, mapped writable (the drainer
+// zeroes the space it releases), or nil without kc_area.
+func (r *Recorder) Area(i int) []byte {
+	if r.areaMem == nil {
+		return nil
+	}
+	size := r.cfg.RingSize
+	return r.areaMem[i*size : (i+1)*size : (i+1)*size]
+}
+
+// Collection returns the loaded recorder object: its programs, maps and
+// variables.
+func (r *Recorder) Collection() *ebpf.Collection { return r.coll }
+
+// Loaded reports whether the recorder is loaded and its counters mapped:
+// Close has not run.
+func (r *Recorder) Loaded() bool { return r.stateMem != nil }
+
+// Maps returns the maps a recover after a kill reads, by the name it
+// pins them under: kc_state as "state", and with kc_area "area".
+func (r *Recorder) Maps() map[string]*ebpf.Map {
+	m := map[string]*ebpf.Map{"state": r.coll.Maps[gen.RingbufMapKcState]}
+	if r.plan[PathOwnRings].on {
+		m["area"] = r.coll.Maps[gen.RingbufMapKcArea]
+	}
+	return m
+}
+
+// Ring returns the BPF ring buffer of stream i (with kc_area, its
+// doorbell).
+func (r *Recorder) Ring(i int) *ebpf.Map { return r.rings[i] }

@@ -1,4 +1,4 @@
-package consumer
+package recorder
 
 import (
 	"bytes"
@@ -45,7 +45,7 @@ const (
 	gateMap      = ".data.kc_gate"
 )
 
-// addObjects loads and attaches each user object: it takes the session's
+// AddObjects loads and attaches each user object: it takes the session's
 // gate, rings and counters in place of its own maps, each kc_key_NAME is
 // set to the class of synthetic:NAME that declare returns for the
 // object's kc_def_NAME (which must agree with Config.Synth and the
@@ -54,7 +54,7 @@ const (
 // of that object, on an object not built on kc_synth.h or for the other
 // transport, a bad or clashing definition, or a program kconsume cannot
 // attach.
-func (r *recorder) addObjects(specs []*ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
+func (r *Recorder) AddObjects(specs []*ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
 	for i, spec := range specs {
 		if err := r.addObject(spec.Copy(), declare); err != nil {
 			return fmt.Errorf("BPF object %d: %w", i+1, err)
@@ -63,7 +63,7 @@ func (r *recorder) addObjects(specs []*ebpf.CollectionSpec, declare func(*synth.
 	return nil
 }
 
-func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
+func (r *Recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
 	if spec.Variables[gen.ExampleVarKcNcpu] == nil || spec.Maps[gen.ExampleMapKcState] == nil || spec.Maps[gateMap] == nil {
 		return fmt.Errorf("%w: not built on kc_synth.h (no kc_ncpu, kc_state or %s)", ErrConfig, gateMap)
 	}
@@ -109,7 +109,7 @@ func (r *recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 // the recorder that replace the object's (its state, gate, rings and
 // kc_area) and the values of the object's variables. It fails on an
 // object built for the other transport.
-func (r *recorder) objectShape(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, map[string]any, error) {
+func (r *Recorder) objectShape(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, map[string]any, error) {
 	rep := map[string]*ebpf.Map{
 		gen.ExampleMapKcState: r.coll.Maps[gen.RingbufMapKcState],
 		gateMap:               r.coll.Maps[gateMap],
@@ -121,7 +121,7 @@ func (r *recorder) objectShape(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map,
 			return nil, nil, fmt.Errorf("%w: built for the perf transport (-DKC_PERF), the session uses ring buffers", ErrConfig)
 		}
 		m.MaxEntries = uint32(r.ncpu)
-		m.InnerMap.MaxEntries = uint32(r.ringSize())
+		m.InnerMap.MaxEntries = uint32(r.RingSize())
 		rep[gen.ExampleMapKcRings] = r.coll.Maps[gen.RingbufMapKcRings]
 	} else {
 		m := spec.Maps[gen.ExamplePerfMapKcPerf]
@@ -142,7 +142,7 @@ func (r *recorder) objectShape(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map,
 	if r.transport == Ringbuf {
 		set[gen.ExampleVarKcWakeupBytes] = uint64(r.cfg.Watermark)
 	}
-	if r.plan[pathOwnRings].on {
+	if r.plan[PathOwnRings].on {
 		// areaUsable checked that the object has kc_area.
 		setupArea(spec, set, r.cfg, r.ncpu, gen.ExampleMapKcArea, false)
 		rep[gen.ExampleMapKcArea] = r.coll.Maps[gen.RingbufMapKcArea]
