@@ -184,10 +184,9 @@ func (d *drainer) loop() {
 	events := make([]unix.EpollEvent, len(d.streams)+2)
 	ids := make([]int32, 0, len(events))
 	woke := make([]uint64, 2*d.rec.CPUs()) // the writers' last wakeups seen
-	var deadline time.Time                 // data waits: drain by then
-	var done []reply                       // commands run, to answer once re-armed
-	more := false
-	timeout := d.sleep(more, deadline)
+	var st passState
+	var done []reply // commands run, to answer once re-armed
+	timeout := d.sleep(st.more, st.deadline)
 	for {
 		t0 := time.Now()
 		var err error
@@ -203,73 +202,10 @@ func (d *drainer) loop() {
 			d.loopErr = err
 			return
 		}
-		fromRing, command := false, false
-		for _, id := range ids {
-			switch {
-			case id == epoll.WakeID:
-				command = true
-			case id >= 0 && int(id) < len(d.streams):
-				d.streams[id].wakeups++
-				fromRing = true
-			case d.perf != nil && id == d.perf.id && d.perf.cpuEvent():
-				if err := d.checkHotplug(); err != nil {
-					d.loopErr = err
-				}
-			}
-		}
-		if fromRing {
-			d.producerLateness(woke)
-		}
-		if d.perf != nil && d.perf.polled && now.Sub(d.perf.checked) > hotplugPeriod {
-			if err := d.checkHotplug(); err != nil {
-				d.loopErr = err
-			}
-		}
-		if now.Sub(d.lastMissed) > missedPeriod {
-			d.lastMissed = now
-			d.placeMissed()
-		}
-		over := d.overWatermark()
-		switch {
-		case fromRing && deadline.IsZero() && d.latency > 0 && !over:
-			// The first record of another process: pick it up, and
-			// whatever follows it, within the latency.
-			deadline = now.Add(d.latency)
-			more = false
-		case !deadline.IsZero() && now.Before(deadline) && !fromRing && !over:
-			// A command woke us before the deadline: keep waiting.
-			more = false
-		default:
-			// A ring still holding a watermark (with a latency bound, a
-			// good part of one) is drained again at once (drainAll).
-			more = d.drainAll(d.cutoff())
-			if fromRing || timeout > 0 && !command {
-				select {
-				case d.activity <- struct{}{}:
-				default:
-				}
-			}
-			deadline = time.Time{}
-			if d.latency > 0 && d.windowsWait() {
-				deadline = now.Add(max(time.Duration(d.window), time.Millisecond))
-			}
-		}
-		done = done[:0]
-		end := false
-	commands:
-		for {
-			select {
-			case c := <-d.cmds:
-				if c.fn == nil {
-					end = true
-					done = append(done, reply{c.reply, nil})
-					break commands
-				}
-				done = append(done, reply{c.reply, c.fn()})
-			default:
-				break commands
-			}
-		}
+		fromRing, command := d.woken(ids, woke, now)
+		d.pass(&st, now, fromRing, timeout > 0 && !command)
+		var end bool
+		done, end = d.runCommands(done[:0])
 		// Armed before the answers go out: a caller that writes records
 		// right after its answer (Stats, Flush) must find the writers
 		// told to wake the drainer.
@@ -282,13 +218,100 @@ func (d *drainer) loop() {
 			// goes on the monitor is awake anyway, and a killed
 			// recorder loses at most a pass's packets.
 			d.w.ch.Commit()
-			timeout = d.sleep(more, deadline)
+			timeout = d.sleep(st.more, st.deadline)
 		}
 		for _, r := range done {
 			r.c <- r.err
 		}
 		if end {
 			return
+		}
+	}
+}
+
+// passState is what one pass of the drainer's loop leaves the next: by
+// when waiting data must be drained (zero: no deadline), and whether a
+// ring still holds a watermark's worth, to drain again at once.
+type passState struct {
+	deadline time.Time
+	more     bool
+}
+
+// woken reads what the poller's ids say woke the drainer: a ring's
+// writers (fromRing), a command, or the perf transport's CPU hotplug;
+// it also runs the periodic checks (hotplug, recursion misses) that are
+// due at now.
+func (d *drainer) woken(ids []int32, woke []uint64, now time.Time) (fromRing, command bool) {
+	for _, id := range ids {
+		switch {
+		case id == epoll.WakeID:
+			command = true
+		case id >= 0 && int(id) < len(d.streams):
+			d.streams[id].wakeups++
+			fromRing = true
+		case d.perf != nil && id == d.perf.id && d.perf.cpuEvent():
+			if err := d.checkHotplug(); err != nil {
+				d.loopErr = err
+			}
+		}
+	}
+	if fromRing {
+		d.producerLateness(woke)
+	}
+	if d.perf != nil && d.perf.polled && now.Sub(d.perf.checked) > hotplugPeriod {
+		if err := d.checkHotplug(); err != nil {
+			d.loopErr = err
+		}
+	}
+	if now.Sub(d.lastMissed) > missedPeriod {
+		d.lastMissed = now
+		d.placeMissed()
+	}
+	return fromRing, command
+}
+
+// pass drains the rings, or waits for more, as st, what woke the
+// drainer (fromRing; timer, a sleep that ended without a command) and
+// the rings' fill decide, and updates st.
+func (d *drainer) pass(st *passState, now time.Time, fromRing, timer bool) {
+	over := d.overWatermark()
+	switch {
+	case fromRing && st.deadline.IsZero() && d.latency > 0 && !over:
+		// The first record of another process: pick it up, and
+		// whatever follows it, within the latency.
+		st.deadline, st.more = now.Add(d.latency), false
+	case !st.deadline.IsZero() && now.Before(st.deadline) && !fromRing && !over:
+		// A command woke us before the deadline: keep waiting.
+		st.more = false
+	default:
+		// A ring still holding a watermark (with a latency bound, a
+		// good part of one) is drained again at once (drainAll).
+		st.more = d.drainAll(d.cutoff())
+		if fromRing || timer {
+			select {
+			case d.activity <- struct{}{}:
+			default:
+			}
+		}
+		st.deadline = time.Time{}
+		if d.latency > 0 && d.windowsWait() {
+			st.deadline = now.Add(max(time.Duration(d.window), time.Millisecond))
+		}
+	}
+}
+
+// runCommands runs the commands waiting, appending their answers to
+// done, and reports end when one asked the loop to end.
+func (d *drainer) runCommands(done []reply) (_ []reply, end bool) {
+	for {
+		select {
+		case c := <-d.cmds:
+			if c.fn == nil {
+				return append(done, reply{c.reply, nil}), true
+			}
+			done = append(done, reply{c.reply, c.fn()})
+		default:
+			return done, false
 		}
 	}
 }

@@ -128,14 +128,14 @@ func setupArea(spec *ebpf.CollectionSpec, set map[string]any, cfg Config, ncpu i
 	set[gen.RingbufVarKcAreaLshift] = uint32(bits.TrailingZeros(uint(cfg.RingSize)))
 }
 
-// mapArea maps the loaded kc_area: every CPU's ring, adjacent.
-func (r *Recorder) mapArea() error {
-	m := r.coll.Maps[gen.RingbufMapKcArea]
+// mapArea maps kc_area of coll, loaded for ncpu rings of ringSize bytes:
+// every CPU's ring, adjacent.
+func mapArea(coll *ebpf.Collection, ncpu, ringSize int) ([]byte, error) {
+	m := coll.Maps[gen.RingbufMapKcArea]
 	// Writable: the drainer zeroes the space it releases (ringbuf.release).
-	mem, err := unix.Mmap(m.FD(), 0, r.ncpu*r.cfg.RingSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := unix.Mmap(m.FD(), 0, ncpu*ringSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return fmt.Errorf("mapping kc_area: %w", err)
+		return nil, fmt.Errorf("mapping kc_area: %w", err)
 	}
-	r.areaMem = mem
-	return nil
+	return mem, nil
 }

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/cilium/ebpf"
 	"github.com/kconsume/kconsume/consumer/layout"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/synth"
 )
 
 // Events is what the recorder attaches: the recorded events, which get
@@ -29,11 +31,11 @@ type Events struct {
 // keeps the trace record's bytes: layout.SysRingOff for the raw
 // syscall programs' records, layout.RingOff for the others.
 func (r *Recorder) AttachSyscalls(formats []*tracefs.Format, users []*SysUser) ([]func(int) int, error) {
-	raw, err := r.rawSyscalls(formats)
+	raw, err := r.raw.attach(r, formats)
 	if err != nil {
 		return nil, err
 	}
-	user, err := r.attachUserFault(formats, users)
+	user, err := r.user.attach(r, formats, users)
 	if err != nil {
 		return nil, err
 	}
@@ -67,12 +69,12 @@ func (r *Recorder) AttachEvents(es Events) error {
 		if recorded {
 			p = r.sysProgs[i]
 		}
-		if recorded && p == "" && r.btfKeys[i] != "" {
-			p = r.attachBTF(i)
+		if recorded && p == "" && r.btf.keys[i] != "" {
+			p = r.btf.attach(r, i)
 		}
 		if p != "" {
 			r.tpProgs = append(r.tpProgs, p)
-		} else if err := r.attachTracepoint(f, i, recorded, ti.Nops == 0); err != nil {
+		} else if err := r.tp.attach(r, f, i, recorded, ti.Nops == 0); err != nil {
 			return err
 		}
 	}
@@ -106,9 +108,34 @@ func (r *Recorder) tpInfo(es Events, i int, f *tracefs.Format) (gen.RingbufKcTpI
 		}
 	}
 	if es.Wake {
-		if err := r.wakeupInfo(f, uint32(i), &ti); err != nil {
+		if err := r.wake.fill(f, uint32(i), &ti); err != nil {
 			return ti, err
 		}
 	}
 	return ti, nil
+}
+
+// LinkWakeup tells the sched_switch hook key, the class of
+// wakeup_latency, which exists only once the synthetic events are
+// declared.
+func (r *Recorder) LinkWakeup(key uint32) error {
+	return r.wake.link(r.coll.Maps[gen.RingbufMapKcTpInfoMap], key)
+}
+
+// AddObjects loads and attaches each user object: it takes the session's
+// gate, rings and counters in place of its own maps, each kc_key_NAME is
+// set to the class of synthetic:NAME that declare returns for the
+// object's kc_def_NAME (which must agree with Config.Synth and the
+// built-in events),
+// and each program is attached by its section. It fails, loading nothing
+// of that object, on an object not built on kc_synth.h or for the other
+// transport, a bad or clashing definition, or a program kconsume cannot
+// attach.
+func (r *Recorder) AddObjects(specs []*ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
+	for i, spec := range specs {
+		if err := r.objs.add(r, spec.Copy(), declare); err != nil {
+			return fmt.Errorf("BPF object %d: %w", i+1, err)
+		}
+	}
+	return nil
 }

@@ -168,11 +168,18 @@ func SwitchStateArg() (bool, error) {
 	}
 }
 
-// setupBTF keeps in spec the BTF programs of uses (by program name) and
+// btfPath is the BTF event path: programs that build an event's record
+// from its tracepoint's arguments (tp_btf), keyed by the event they
+// record.
+type btfPath struct {
+	keys map[int]string // event key → the BTF program loaded for it
+}
+
+// setup keeps in spec the BTF programs of uses (by program name) and
 // sets their variables in set; it removes the others (the perf object
 // has none). When the kernel cannot run one, it is removed and r.plan[pathBTF]
 // says why.
-func (r *Recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses map[string]btfUse) {
+func (b *btfPath) setup(r *Recorder, spec *ebpf.CollectionSpec, set map[string]any, uses map[string]btfUse) {
 	for _, e := range btfEvents {
 		if spec.Programs[e.prog] == nil {
 			continue
@@ -196,23 +203,23 @@ func (r *Recorder) setupBTF(spec *ebpf.CollectionSpec, set map[string]any, uses 
 		}
 		set[e.keyVar] = uint32(u.key)
 		set[e.idVar] = uint32(u.id)
-		r.btfKeys[u.key] = e.prog
+		b.keys[u.key] = e.prog
 	}
 }
 
-// dropBTF removes every BTF program from spec.
-func (r *Recorder) dropBTF(spec *ebpf.CollectionSpec) {
+// drop removes every BTF program from spec.
+func (b *btfPath) drop(spec *ebpf.CollectionSpec) {
 	for _, e := range btfEvents {
 		delete(spec.Programs, e.prog)
 	}
-	clear(r.btfKeys)
+	clear(b.keys)
 }
 
-// attachBTF attaches the BTF program loaded for event key and returns
+// attach attaches the BTF program loaded for event key and returns
 // its name; or it returns "", saying why in r.plan[pathBTF], when none was
 // loaded for key or the kernel refuses it.
-func (r *Recorder) attachBTF(key int) string {
-	name := r.btfKeys[key]
+func (b *btfPath) attach(r *Recorder, key int) string {
+	name := b.keys[key]
 	p := r.coll.Programs[name]
 	if p == nil {
 		return ""

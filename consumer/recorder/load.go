@@ -22,6 +22,7 @@ import (
 // loading is the state of Load's steps: the spec being made and
 // the values its variables get.
 type loading struct {
+	r       *Recorder
 	spec    *ebpf.CollectionSpec
 	set     map[string]any
 	opts    *Options
@@ -36,7 +37,7 @@ type loading struct {
 // wakeups armed, or the error of the step that failed, having released
 // what it made.
 func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options) (_ *Recorder, err error) {
-	r := &Recorder{cfg: cfg, ncpu: ncpu, transport: transport, btfKeys: map[int]string{}, fentry: map[int]string{}}
+	r := &Recorder{cfg: cfg, ncpu: ncpu, transport: transport, btf: btfPath{keys: map[int]string{}}, fentry: fentryPath{progs: map[int]string{}}}
 	defer func() {
 		if err != nil {
 			r.Close()
@@ -48,15 +49,15 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK for BPF maps: %w", err)
 	}
-	l := &loading{set: map[string]any{}, opts: opts, nevents: nevents, raw: opts != nil && opts.sys}
-	steps := []func(*loading) error{r.baseSpec, r.decide, r.setupRings, r.setupSyscalls, r.setupRest, r.load}
+	l := &loading{r: r, set: map[string]any{}, opts: opts, nevents: nevents, raw: opts != nil && opts.sys}
+	steps := []func() error{l.baseSpec, l.decide, l.setupRings, l.setupSyscalls, l.setupRest, l.load}
 	for _, step := range steps {
-		if err := step(l); err != nil {
+		if err := step(); err != nil {
 			return nil, err
 		}
 	}
 	if r.plan[PathOwnRings].on {
-		if err := r.mapArea(); err != nil {
+		if r.areaMem, err = mapArea(r.coll, ncpu, cfg.RingSize); err != nil {
 			return nil, err
 		}
 	}
@@ -117,7 +118,8 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, synth
 // baseSpec takes the object of the transport (or the one opts gives),
 // sizes its per-CPU state and its events' table, and makes the program
 // copies of the events.
-func (r *Recorder) baseSpec(l *loading) error {
+func (l *loading) baseSpec() error {
+	r := l.r
 	var err error
 	switch {
 	case l.opts != nil && l.opts.Spec != nil:
@@ -138,20 +140,21 @@ func (r *Recorder) baseSpec(l *loading) error {
 		return nil
 	}
 	m.MaxEntries = uint32(max(l.nevents, 1))
-	r.useCookie = !Testing.NoCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
-	set[gen.RingbufVarKcUseCookie] = boolU32(r.useCookie)
+	r.tp.cookie = !Testing.NoCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
+	set[gen.RingbufVarKcUseCookie] = boolU32(r.tp.cookie)
 	set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)
 	set[gen.RingbufVarKcPidBits] = PidBits(cfg.PIDs)
 	set[gen.RingbufVarKcFilterCgroup] = boolU32(cfg.Cgroup != "")
 	set[gen.RingbufVarKcFilterComm] = boolU32(len(cfg.Comms) > 0)
 	set[gen.RingbufVarKcHooks] = boolU32(l.opts != nil && l.opts.hooks)
-	return r.copies(l.spec, l.nevents, l.opts)
+	return r.tp.copies(l.spec, r.transport, l.nevents, l.opts)
 }
 
 // decide fills the plan of the paths this kernel and configuration
 // allow before the load: the own rings, the raw syscall path, packet
 // mode, and whether tracing programs run preemptibly here.
-func (r *Recorder) decide(l *loading) error {
+func (l *loading) decide() error {
+	r := l.r
 	cfg, opts := r.cfg, l.opts
 	if opts != nil && opts.Spec != nil {
 		r.plan.off(PathOwnRings, errors.New("another producer writes the BPF ring buffers"))
@@ -159,7 +162,7 @@ func (r *Recorder) decide(l *loading) error {
 		r.plan[PathOwnRings] = decided(areaUsable(cfg, r.ncpu, r.transport, cfg.Objects))
 	}
 	if l.raw {
-		if r.plan[PathRawSys].why = r.rawSysPossible(); r.plan[PathRawSys].why != nil && cfg.Syscalls == SyscallsRaw {
+		if r.plan[PathRawSys].why = rawSysPossible(cfg, r.transport); r.plan[PathRawSys].why != nil && cfg.Syscalls == SyscallsRaw {
 			return fmt.Errorf("raw syscall path: %w", r.plan[PathRawSys].why)
 		}
 	}
@@ -185,7 +188,8 @@ func (r *Recorder) decide(l *loading) error {
 
 // setupRings shapes the rings the writers write: kc_area's (with packet
 // mode's elements) or none, and the transport's maps and wakeups.
-func (r *Recorder) setupRings(l *loading) error {
+func (l *loading) setupRings() error {
+	r := l.r
 	cfg, spec, set := r.cfg, l.spec, l.set
 	pkt := r.plan[PathPackets].on
 	if r.plan[PathOwnRings].on {
@@ -216,15 +220,16 @@ func (r *Recorder) setupRings(l *loading) error {
 // setupSyscalls keeps the raw syscall programs (on the perf tracepoints
 // where tracing programs run preemptibly) or drops them, and makes the
 // function path's program copies.
-func (r *Recorder) setupSyscalls(l *loading) error {
+func (l *loading) setupSyscalls() error {
+	r := l.r
 	spec, set := l.spec, l.set
 	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
 		if !l.raw || r.plan[PathRawSys].why != nil {
 			dropRawSys(spec)
 		} else {
 			r.plan[PathRawSys].on = true
-			r.rawPerf = r.preempt.On
-			rawFromPerf(spec, r.rawPerf)
+			r.raw.perf = r.preempt.On
+			rawFromPerf(spec, r.raw.perf)
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 		}
 	}
@@ -235,11 +240,11 @@ func (r *Recorder) setupSyscalls(l *loading) error {
 	if l.opts != nil {
 		evs = l.opts.sysEvents
 	}
-	if err := r.fentryCopies(spec, evs); err != nil {
+	if err := r.fentry.copies(r, spec, evs); err != nil {
 		return err
 	}
-	r.plan[PathFentry].on = len(r.fentry) > 0
-	if len(r.fentry) > 0 {
+	r.plan[PathFentry].on = len(r.fentry.progs) > 0
+	if len(r.fentry.progs) > 0 {
 		set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 	}
 	return nil
@@ -247,7 +252,8 @@ func (r *Recorder) setupSyscalls(l *loading) error {
 
 // setupRest sets the BTF and user-fault programs up and the variables
 // the steps before chose.
-func (r *Recorder) setupRest(l *loading) error {
+func (l *loading) setupRest() error {
+	r := l.r
 	spec, set, opts := l.spec, l.set, l.opts
 	set[gen.RingbufVarKcClock] = uint32(r.cfg.Clock)
 	set[gen.RingbufVarKcGlobal] = boolU32(r.cfg.Global)
@@ -258,9 +264,9 @@ func (r *Recorder) setupRest(l *loading) error {
 	if opts != nil {
 		uses = opts.btf
 	}
-	r.setupBTF(spec, set, uses)
-	r.plan[PathBTF].on = len(r.btfKeys) > 0
-	r.setupUserFault(spec, opts != nil && opts.user, opts != nil && opts.userNr)
+	r.btf.setup(r, spec, set, uses)
+	r.plan[PathBTF].on = len(r.btf.keys) > 0
+	r.user.setup(r, spec, opts != nil && opts.user, opts != nil && opts.userNr)
 	return setVars(spec, set)
 }
 
@@ -284,23 +290,24 @@ func setVars(spec *ebpf.CollectionSpec, set map[string]any) error {
 // in the plan why it went, and tries again. It fails with the kernel's
 // error when nothing is left to drop, or when the user asked for the
 // path that would go.
-func (r *Recorder) load(l *loading) error {
+func (l *loading) load() error {
+	r := l.r
 	var err error
 	r.coll, err = Testing.NewCollection(l.spec)
 	for _, f := range fallbacks {
 		if err == nil {
 			break
 		}
-		if !f.in(r, l) {
+		if !f.in(l) {
 			continue
 		}
 		if f.asked != nil {
-			if ferr := f.asked(r, err); ferr != nil {
+			if ferr := f.asked(l, err); ferr != nil {
 				return ferr
 			}
 		}
 		r.plan.off(f.path, fmt.Errorf("loading: %w", err))
-		if derr := f.drop(r, l); derr != nil {
+		if derr := f.drop(l); derr != nil {
 			return derr
 		}
 		r.coll, err = Testing.NewCollection(l.spec)
@@ -317,24 +324,25 @@ var fallbacks = []fallback{
 	{
 		// Paging user memory in is the newest part: the first to go.
 		path: PathUserFault,
-		in:   func(_ *Recorder, l *loading) bool { return l.spec.Programs[gen.RingbufProgKcSysUserFault] != nil },
-		drop: func(r *Recorder, l *loading) error {
+		in:   func(l *loading) bool { return l.spec.Programs[gen.RingbufProgKcSysUserFault] != nil },
+		drop: func(l *loading) error {
 			delete(l.spec.Programs, gen.RingbufProgKcSysUserFault)
-			r.userRec, r.userTP = false, r.userOn
-			r.setUserVars(l.spec)
+			u := &l.r.user
+			u.rec, u.tp = false, u.on
+			u.setVars(l.spec)
 			return nil
 		},
 	},
 	{
 		// Packet mode is the newest writer of all.
 		path: PathPackets,
-		in:   func(r *Recorder, _ *loading) bool { return r.plan[PathPackets].on },
-		drop: func(r *Recorder, l *loading) error {
-			r.pktElem = 0
-			elem, count := AreaShape(r.cfg.RingSize)
+		in:   func(l *loading) bool { return l.r.plan[PathPackets].on },
+		drop: func(l *loading) error {
+			l.r.pktElem = 0
+			elem, count := AreaShape(l.r.cfg.RingSize)
 			l.spec.Maps[gen.RingbufMapKcArea].ValueSize = uint32(elem)
-			l.spec.Maps[gen.RingbufMapKcArea].MaxEntries = uint32(r.ncpu * count)
-			return setVars(l.spec, map[string]any{gen.RingbufVarKcPktOn: uint32(0), gen.RingbufVarKcWakeupBytes: uint64(r.cfg.Watermark), gen.RingbufVarKcAreaEsize: uint64(elem),
+			l.spec.Maps[gen.RingbufMapKcArea].MaxEntries = uint32(l.r.ncpu * count)
+			return setVars(l.spec, map[string]any{gen.RingbufVarKcPktOn: uint32(0), gen.RingbufVarKcWakeupBytes: uint64(l.r.cfg.Watermark), gen.RingbufVarKcAreaEsize: uint64(elem),
 				gen.RingbufVarKcAreaEshift: uint32(bits.TrailingZeros(uint(elem))), gen.RingbufVarKcAreaKmask: uint32(count - 1)})
 		},
 	},
@@ -342,10 +350,10 @@ var fallbacks = []fallback{
 		// The own rings are an optimisation, and newer code than the
 		// rest.
 		path: PathOwnRings,
-		in:   func(r *Recorder, _ *loading) bool { return r.plan[PathOwnRings].on },
-		drop: func(r *Recorder, l *loading) error {
-			r.plan.off(PathPackets, fmt.Errorf("no kc_area rings: %w", r.plan[PathOwnRings].why))
-			l.spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(r.cfg.RingSize)
+		in:   func(l *loading) bool { return l.r.plan[PathOwnRings].on },
+		drop: func(l *loading) error {
+			l.r.plan.off(PathPackets, fmt.Errorf("no kc_area rings: %w", l.r.plan[PathOwnRings].why))
+			l.spec.Maps[gen.RingbufMapKcRings].InnerMap.MaxEntries = uint32(l.r.cfg.RingSize)
 			if err := setVars(l.spec, map[string]any{gen.RingbufVarKcAreaOn: uint32(0)}); err != nil {
 				return err
 			}
@@ -356,14 +364,14 @@ var fallbacks = []fallback{
 	{
 		// The function path is an optimisation too, unless asked for.
 		path: PathFentry,
-		in:   func(r *Recorder, _ *loading) bool { return len(r.fentry) > 0 },
-		asked: func(r *Recorder, err error) error {
-			if r.cfg.Syscalls == SyscallsFentry {
+		in:   func(l *loading) bool { return len(l.r.fentry.progs) > 0 },
+		asked: func(l *loading, err error) error {
+			if l.r.cfg.Syscalls == SyscallsFentry {
 				return fmt.Errorf("fentry syscall path: loading the BPF recorder: %w", err)
 			}
 			return nil
 		},
-		drop: func(r *Recorder, l *loading) error { r.dropFentry(l.spec); return nil },
+		drop: func(l *loading) error { l.r.fentry.drop(l.spec); return nil },
 	},
 	{
 		// The raw syscall path is an optimisation: a kernel that
@@ -371,15 +379,15 @@ var fallbacks = []fallback{
 		// tracepoints. Asked for by name, it is not dropped, and the
 		// next path goes instead.
 		path: PathRawSys,
-		in: func(r *Recorder, l *loading) bool {
-			return l.spec.Programs[gen.RingbufProgKcSysEnter] != nil && r.cfg.Syscalls != SyscallsRaw
+		in: func(l *loading) bool {
+			return l.spec.Programs[gen.RingbufProgKcSysEnter] != nil && l.r.cfg.Syscalls != SyscallsRaw
 		},
-		drop: func(_ *Recorder, l *loading) error { dropRawSys(l.spec); return nil },
+		drop: func(l *loading) error { dropRawSys(l.spec); return nil },
 	},
 	{
 		// So is the BTF event path.
 		path: PathBTF,
-		in:   func(r *Recorder, _ *loading) bool { return len(r.btfKeys) > 0 },
-		drop: func(r *Recorder, l *loading) error { r.dropBTF(l.spec); return nil },
+		in:   func(l *loading) bool { return len(l.r.btf.keys) > 0 },
+		drop: func(l *loading) error { l.r.btf.drop(l.spec); return nil },
 	},
 }

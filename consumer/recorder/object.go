@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -45,29 +46,49 @@ const (
 	gateMap      = ".data.kc_gate"
 )
 
-// AddObjects loads and attaches each user object: it takes the session's
-// gate, rings and counters in place of its own maps, each kc_key_NAME is
-// set to the class of synthetic:NAME that declare returns for the
-// object's kc_def_NAME (which must agree with Config.Synth and the
-// built-in events),
-// and each program is attached by its section. It fails, loading nothing
-// of that object, on an object not built on kc_synth.h or for the other
-// transport, a bad or clashing definition, or a program kconsume cannot
-// attach.
-func (r *Recorder) AddObjects(specs []*ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
-	for i, spec := range specs {
-		if err := r.addObject(spec.Copy(), declare); err != nil {
-			return fmt.Errorf("BPF object %d: %w", i+1, err)
-		}
-	}
-	return nil
+// objects are the users' programs loaded onto the recorder's rings.
+// mu guards list against close while the drainer reads their programs'
+// misses; gone keeps those of the objects closed.
+type objects struct {
+	mu   sync.Mutex
+	list []*object
+	gone uint64
 }
 
-func (r *Recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
+// missed returns the recursion misses of the objects' programs, those
+// closed included.
+func (ob *objects) missed() uint64 {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	n := ob.gone
+	for _, o := range ob.list {
+		for _, p := range o.coll.Programs {
+			if st, err := p.Stats(); err == nil {
+				n += st.RecursionMisses
+			}
+		}
+	}
+	return n
+}
+
+// close detaches and closes every object, keeping their misses.
+func (ob *objects) close() {
+	n := ob.missed()
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	ob.gone = n
+	for _, o := range ob.list {
+		o.close()
+	}
+	ob.list = nil
+}
+
+// add loads and attaches one user object onto r.
+func (ob *objects) add(r *Recorder, spec *ebpf.CollectionSpec, declare func(*synth.Event) (uint32, error)) error {
 	if spec.Variables[gen.ExampleVarKcNcpu] == nil || spec.Maps[gen.ExampleMapKcState] == nil || spec.Maps[gateMap] == nil {
 		return fmt.Errorf("%w: not built on kc_synth.h (no kc_ncpu, kc_state or %s)", ErrConfig, gateMap)
 	}
-	rep, set, err := r.objectShape(spec)
+	rep, set, err := objectShape(r, spec)
 	if err != nil {
 		return err
 	}
@@ -101,7 +122,9 @@ func (r *Recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 		}
 		o.links = append(o.links, l)
 	}
-	r.objects = append(r.objects, o)
+	ob.mu.Lock()
+	ob.list = append(ob.list, o)
+	ob.mu.Unlock()
 	return nil
 }
 
@@ -109,7 +132,7 @@ func (r *Recorder) addObject(spec *ebpf.CollectionSpec, declare func(*synth.Even
 // the recorder that replace the object's (its state, gate, rings and
 // kc_area) and the values of the object's variables. It fails on an
 // object built for the other transport.
-func (r *Recorder) objectShape(spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, map[string]any, error) {
+func objectShape(r *Recorder, spec *ebpf.CollectionSpec) (map[string]*ebpf.Map, map[string]any, error) {
 	rep := map[string]*ebpf.Map{
 		gen.ExampleMapKcState: r.coll.Maps[gen.RingbufMapKcState],
 		gateMap:               r.coll.Maps[gateMap],

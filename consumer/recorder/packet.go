@@ -92,7 +92,7 @@ func pktEligible(cfg Config, formats []*tracefs.Format, synths int, wake, raw bo
 	}
 	for _, f := range formats {
 		at := layout.RingOff
-		// The raw syscall programs' dispatch (rawSyscalls) takes
+		// The raw syscall programs' dispatch (rawPath.attach) takes
 		// these; the others go through their tracepoints.
 		if _, ok := SysShape(f); ok && raw {
 			if _, known := sysNr(f); known {

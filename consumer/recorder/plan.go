@@ -44,10 +44,10 @@ func (p *Plan) off(id Path, why error) { p[id] = optPath{why: why} }
 type fallback struct {
 	path Path
 	// in reports whether the spec still holds the path.
-	in func(r *Recorder, l *loading) bool
+	in func(l *loading) bool
 	// asked, when set, returns the error to fail with instead: the
 	// user asked for the path by name.
-	asked func(r *Recorder, err error) error
+	asked func(l *loading, err error) error
 	// drop takes the path out of the spec and its variables.
-	drop func(r *Recorder, l *loading) error
+	drop func(l *loading) error
 }

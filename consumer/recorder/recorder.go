@@ -11,10 +11,8 @@
 package recorder
 
 import (
-	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +22,6 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
-	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 )
 
@@ -38,39 +35,28 @@ const cpuStateLen = int(unsafe.Sizeof(gen.RingbufKcCpuState{}))
 // before the drainer runs; afterwards its methods are safe for
 // concurrent use.
 type Recorder struct {
-	cfg        Config
-	ncpu       int
-	transport  Transport
-	coll       *ebpf.Collection
-	rings      []*ebpf.Map // the inner BPF ring buffers, by stream
-	links      []link.Link
-	running    *ebpf.Variable
-	stateMem   []byte
-	useCookie  bool           // event keys come from attach cookies
-	plan       Plan           // each optional path: whether taken, and why not (plan.go)
-	preempt    Preemptible    // whether tracing programs run preemptibly here (preempt.go)
-	rawPerf    bool           // the raw syscall path rides on the perf tracepoints (preempt.go)
-	tpProgs    []string       // the recorder copy attached for each event key
-	sysProgs   []string       // the syscall program that records each event, or ""
-	fentry     map[int]string // event key → its fentry or fexit program copy
-	btfKeys    map[int]string // event key → the BTF program loaded for it
-	switchKey  uint32         // wakeup_latency: sched_switch's key and info
-	switchInfo gen.RingbufKcTpInfo
-	objects    []*object // users' programs (Config.Objects)
-	// objMu guards objects against detach while the drainer reads their
-	// programs' misses; objMissed keeps those of the objects detached.
-	objMu     sync.Mutex
-	objMissed uint64
-	areaMem   []byte // kc_area, mapped (pathOwnRings, area.go)
-	pktElem   int    // the size of its elements in packet mode (pathPackets, packet.go)
-	userOn    bool   // kc_sys_user is on: some event has user-space fields
-	// userRec is set when kc_sys_user_fault, once attached, records the
-	// events it pages memory in for, which then need no tracepoint;
-	// userTP when kc_tracepoint fills user-space fields, for the others.
-	userRec   bool
-	userTP    bool
-	injectMu  sync.Mutex
-	injectRec *gen.RingbufKcInjectRec
+	cfg       Config
+	ncpu      int
+	transport Transport
+	coll      *ebpf.Collection
+	rings     []*ebpf.Map // the inner BPF ring buffers, by stream
+	links     []link.Link
+	running   *ebpf.Variable
+	stateMem  []byte
+	tp        tracepoints // the tracepoints' programs (tracepoint.go)
+	plan      Plan        // each optional path: whether taken, and why not (plan.go)
+	preempt   Preemptible // whether tracing programs run preemptibly here (preempt.go)
+	raw       rawPath     // syscall events on the raw syscall programs (syscall.go)
+	tpProgs   []string    // the recorder copy attached for each event key
+	sysProgs  []string    // the syscall program that records each event, or ""
+	fentry    fentryPath  // syscall events on fentry/fexit programs (fentry.go)
+	btf       btfPath     // events built from tracepoint arguments (btfevent.go)
+	wake      wakeupHook  // wakeup_latency's sched_switch hook (wakeup.go)
+	user      userPath    // syscall events' user-space fields (sysuser.go)
+	objs      objects     // users' programs (Config.Objects; object.go)
+	areaMem   []byte      // kc_area, mapped (pathOwnRings, area.go)
+	pktElem   int         // the size of its elements in packet mode (pathPackets, packet.go)
+	inj       injector    // the injector's record (inject.go)
 }
 
 // Options replaces the recorder by another object built on kconsume.h
@@ -91,97 +77,6 @@ type Options struct {
 	// mode, else why not (pktEligible): with syscall events on the raw
 	// syscall path, and through their tracepoints.
 	pktRaw, pktTP error
-}
-
-// smallSize returns the record size of f when the recorder can copy it
-// straight into the ring with a program copy of its own size
-// (kc_record_small in bpf/kc/tracepoint.bpf.h): a multiple of 2 from 8 to
-// smallMax bytes, without dynamic fields. Otherwise it returns 0.
-func smallSize(f *tracefs.Format) uint32 {
-	n := f.FixedSize()
-	if n < 8 || n > smallMax || n%2 != 0 {
-		return 0
-	}
-	for _, fl := range f.All() {
-		if fl.Loc != tracefs.Inline {
-			return 0
-		}
-	}
-	return uint32(n)
-}
-
-// keyPlaceholder, sizePlaceholder and nrPlaceholder are
-// KC_KEY_PLACEHOLDER, KC_SIZE_PLACEHOLDER and KC_NR_PLACEHOLDER of
-// bpf/kc/; smallMax is KC_SMALL_MAX (TestMirrorsC checks them).
-const (
-	keyPlaceholder  = 0x6b634b4559
-	sizePlaceholder = 0x6b6353495a
-	nrPlaceholder   = 0x6b634e5253
-	smallMax        = 128
-)
-
-// copies makes the recorder's program copies in spec. With attach
-// cookies: kc_tracepoint for every event, plus kc_tp_sN for the events
-// of small record size N (kc_record_small). Without: kc_tp_I for event
-// key I, with I patched in, on the general path only (a copy that perf
-// refused to attach would have no general copy to fall back to).
-func (r *Recorder) copies(spec *ebpf.CollectionSpec, nevents int, opts *Options) error {
-	orig := spec.Programs[gen.RingbufProgKcTracepoint]
-	base := orig
-	if r.transport == Ringbuf { // the perf object has no kc_record_small
-		var err error
-		if base, err = patchImm(base, base.Name, sizePlaceholder, 0); err != nil {
-			return err
-		}
-		spec.Programs[base.Name] = base
-	}
-	if !r.useCookie {
-		delete(spec.Programs, gen.RingbufProgKcTracepoint)
-		for i := 0; i < nevents; i++ {
-			ps, err := patchImm(base, "kc_tp_"+strconv.Itoa(i), keyPlaceholder, uint32(i))
-			if err != nil {
-				return err
-			}
-			spec.Programs[ps.Name] = ps
-		}
-		return nil
-	}
-	if r.transport != Ringbuf || opts == nil {
-		return nil
-	}
-	for _, n := range opts.small {
-		if n == 0 || spec.Programs[smallProg(n)] != nil {
-			continue
-		}
-		ps, err := patchImm(orig, smallProg(n), sizePlaceholder, n)
-		if err != nil {
-			return err
-		}
-		spec.Programs[ps.Name] = ps
-	}
-	return nil
-}
-
-// smallProg names the recorder copy for records of n bytes.
-func smallProg(n uint32) string { return "kc_tp_s" + strconv.Itoa(int(n)) }
-
-// patchImm returns a copy of program base named name with v in place of
-// its one 64-bit immediate placeholder.
-func patchImm(base *ebpf.ProgramSpec, name string, placeholder int64, v uint32) (*ebpf.ProgramSpec, error) {
-	ps := base.Copy()
-	ps.Name = name
-	n := 0
-	for i := range ps.Instructions {
-		ins := &ps.Instructions[i]
-		if ins.OpCode.IsDWordLoad() && ins.Constant == placeholder && ins.Reference() == "" {
-			ins.Constant = int64(v)
-			n++
-		}
-	}
-	if n != 1 {
-		return nil, fmt.Errorf("recorder program has %d placeholders %#x, want 1", n, placeholder)
-	}
-	return ps, nil
 }
 
 func boolU32(b bool) uint32 {
@@ -368,9 +263,7 @@ func (r *Recorder) CPUDisabled(cpu int) bool {
 // the CPU: one preempted on a faultable syscall tracepoint (6.13+)
 // leaves every run on that CPU Missed until it resumes.
 func (r *Recorder) Missed() (all, lost uint64) {
-	r.objMu.Lock()
-	all = r.objMissed + objectsMissed(r.objects)
-	r.objMu.Unlock()
+	all = r.objs.missed()
 	for name, p := range r.coll.Programs {
 		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
 		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !strings.HasPrefix(name, FentryPrefix) && !IsBTFProg(name) {
@@ -419,86 +312,6 @@ func (r *Recorder) SetPerf(cpu, fd int) error {
 	return nil
 }
 
-// attachTracepoint attaches the recorder copy for event key i to the
-// tracepoint f, with its size-specialised copy when there is one and the
-// record goes into the ring as it is (asIs: not built by steps in packet
-// mode).
-func (r *Recorder) attachTracepoint(f *tracefs.Format, i int, recorded, asIs bool) error {
-	name, opts := "kc_tp_"+strconv.Itoa(i), (*link.TracepointOptions)(nil)
-	if r.useCookie {
-		name, opts = gen.RingbufProgKcTracepoint, &link.TracepointOptions{Cookie: uint64(i)}
-		// A record whose program builds its payload (packet mode's
-		// steps) goes through the scratch record, never a small copy.
-		if small := smallProg(smallSize(f)); recorded && asIs && r.coll.Programs[small] != nil {
-			name = small
-		}
-	}
-	lk, err := link.Tracepoint(f.System, f.Name, r.coll.Programs[name], opts)
-	if errors.Is(err, unix.EACCES) && name != gen.RingbufProgKcTracepoint && r.useCookie {
-		// perf checks a copy's loads against the event's last field
-		// (max_ctx_offset); where that is not its largest, record the
-		// event the general way.
-		name = gen.RingbufProgKcTracepoint
-		lk, err = link.Tracepoint(f.System, f.Name, r.coll.Programs[name], opts)
-	}
-	if err != nil {
-		return fmt.Errorf("attaching to %s: %w", f.FullName(), err)
-	}
-	r.links = append(r.links, lk)
-	r.tpProgs = append(r.tpProgs, name)
-	return nil
-}
-
-// The injector's returns mirror KC_INJECT_* (bpf/kc/inject.bpf.h;
-// TestMirrorsC). KC_INJECT_BADLEN, a length the injector refuses,
-// inject checks before.
-const (
-	injectOK   = 0
-	injectOff  = 1
-	injectLost = 3
-)
-
-// Inject runs the injector on cpu with one record of key. It fails with
-// ErrStopped when the gate is closed and ErrInjectLost when the ring was
-// full.
-func (r *Recorder) Inject(cpu int, key uint32, payload []byte) error {
-	prog := r.coll.Programs[gen.RingbufProgKcInject]
-	buf := r.coll.Maps[gen.RingbufMapKcInjectBuf]
-	if prog == nil || buf == nil {
-		return errors.New("inject: this session's recorder has no injector")
-	}
-	if cpu < 0 || cpu >= r.ncpu {
-		return fmt.Errorf("%w: inject: no CPU %d (0..%d)", ErrConfig, cpu, r.ncpu-1)
-	}
-	r.injectMu.Lock()
-	defer r.injectMu.Unlock()
-	if r.injectRec == nil {
-		r.injectRec = new(gen.RingbufKcInjectRec)
-	}
-	rec := r.injectRec
-	if len(payload) > len(rec.Data)-1 {
-		return fmt.Errorf("inject: payload of %d bytes, at most %d", len(payload), len(rec.Data)-1)
-	}
-	rec.Key, rec.Len = key, uint32(len(payload))
-	copy(rec.Data[:], payload)
-	if err := buf.Put(uint32(0), rec); err != nil {
-		return fmt.Errorf("inject: %w", err)
-	}
-	ret, err := prog.Run(&ebpf.RunOptions{CPU: uint32(cpu), Flags: unix.BPF_F_TEST_RUN_ON_CPU})
-	if err != nil {
-		return fmt.Errorf("inject on CPU %d: %w", cpu, err)
-	}
-	switch ret {
-	case injectOK:
-		return nil
-	case injectOff:
-		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrStopped)
-	case injectLost:
-		return fmt.Errorf("inject on CPU %d: %w", cpu, ErrInjectLost)
-	}
-	return fmt.Errorf("inject on CPU %d: injector returned %d", cpu, ret)
-}
-
 // Detach detaches every program, the users' too, so that nothing more
 // enters the rings; it returns what failed.
 func (r *Recorder) Detach() []error {
@@ -523,26 +336,8 @@ func (r *Recorder) Detach() []error {
 		}
 	}
 	r.links = nil
-	r.objMu.Lock()
-	r.objMissed += objectsMissed(r.objects)
-	for _, o := range r.objects {
-		o.close()
-	}
-	r.objects = nil
-	r.objMu.Unlock()
+	r.objs.close()
 	return errs
-}
-
-// objectsMissed returns the recursion misses of the programs of objs.
-func objectsMissed(objs []*object) (n uint64) {
-	for _, o := range objs {
-		for _, p := range o.coll.Programs {
-			if st, err := p.Stats(); err == nil {
-				n += st.RecursionMisses
-			}
-		}
-	}
-	return n
 }
 
 // Close detaches and frees every kernel object and mapping; it is
@@ -586,11 +381,11 @@ func (r *Recorder) Progs() []string { return r.tpProgs }
 
 // UsesCookie reports whether the events' keys come from attach cookies
 // rather than from program copies with the key patched in.
-func (r *Recorder) UsesCookie() bool { return r.useCookie }
+func (r *Recorder) UsesCookie() bool { return r.tp.cookie }
 
 // RawFromPerf reports whether the raw syscall path rides on the perf
 // tracepoints (preempt.go).
-func (r *Recorder) RawFromPerf() bool { return r.rawPerf }
+func (r *Recorder) RawFromPerf() bool { return r.raw.perf }
 
 // Preempt returns whether tracing programs run preemptibly here.
 func (r *Recorder) Preempt() Preemptible { return r.preempt }
@@ -636,3 +431,25 @@ func (r *Recorder) Maps() map[string]*ebpf.Map {
 // Ring returns the BPF ring buffer of stream i (with kc_area, its
 // doorbell).
 func (r *Recorder) Ring(i int) *ebpf.Map { return r.rings[i] }
+
+// UserUnread returns per CPU the user-space values the recorder could
+// not read (kc_sys_user_unread), or nil where no recorded event has
+// user-space fields.
+func (r *Recorder) UserUnread() []uint64 {
+	m := r.coll.Maps[gen.RingbufMapKcSysUserUnread]
+	if m == nil || !r.user.on {
+		return nil
+	}
+	var per []uint64
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		return nil
+	}
+	return per
+}
+
+// Inject runs the injector on cpu with one record of key. It fails with
+// ErrStopped when the gate is closed and ErrInjectLost when the ring was
+// full.
+func (r *Recorder) Inject(cpu int, key uint32, payload []byte) error {
+	return r.inj.run(r.coll, r.ncpu, cpu, key, payload)
+}

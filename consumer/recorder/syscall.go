@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -68,16 +67,23 @@ func SysShape(f *tracefs.Format) (exit, ok bool) {
 	return exit, f.FixedSize() == size
 }
 
+// rawPath is the raw syscall path: kc_sys_enter and kc_sys_exit on the
+// raw syscall tracepoints record the syscall events, dispatching by
+// syscall number (Config.Syscalls SyscallsRaw).
+type rawPath struct {
+	perf bool // on the perf tracepoints raw_syscalls:* instead (preempt.go)
+}
+
 // rawSysPossible returns why the raw syscall path cannot run here, or
 // nil: it needs x86_64 (it reads the arguments from struct pt_regs), BPF
 // ring buffers and the kernel's BTF (tp_btf programs, CO-RE reads).
-func (r *Recorder) rawSysPossible() error {
+func rawSysPossible(cfg Config, transport Transport) error {
 	switch {
-	case r.cfg.Syscalls == SyscallsTracepoint:
+	case cfg.Syscalls == SyscallsTracepoint:
 		return errors.New("turned off (syscalls: tracepoint)")
 	case runtime.GOARCH != "amd64":
 		return fmt.Errorf("not on %s", runtime.GOARCH)
-	case r.transport != Ringbuf:
+	case transport != Ringbuf:
 		return errors.New("needs BPF ring buffers")
 	}
 	if _, err := btf.LoadKernelSpec(); err != nil {
@@ -111,7 +117,7 @@ func taskBTF() bool {
 	return features.HaveProgramHelper(ebpf.Kprobe, asm.FnGetCurrentTaskBtf) == nil
 }
 
-// rawSyscalls records the syscall events of formats (indexed by event
+// attach records the syscall events of formats (indexed by event
 // key) that the syscall programs can build: through their function
 // programs where loaded (fentryCopies), through the raw syscall programs
 // for the others that sysShape allows and whose syscall number sysNr
@@ -123,9 +129,9 @@ func taskBTF() bool {
 // their tracepoints and r.plan[pathRawSys] says why. With Config.Syscalls
 // SyscallsFentry or SyscallsRaw, that path's failure is the error
 // returned instead.
-func (r *Recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
+func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, error) {
 	progs := make([]string, len(formats))
-	if err := r.attachFentry(progs); err != nil {
+	if err := r.fentry.attach(r, progs); err != nil {
 		if r.cfg.Syscalls == SyscallsFentry {
 			return nil, fmt.Errorf("fentry syscall path: %w", err)
 		}
@@ -166,7 +172,7 @@ func (r *Recorder) rawSyscalls(formats []*tracefs.Format) ([]string, error) {
 		}
 		var l link.Link
 		var err error
-		if r.rawPerf {
+		if p.perf {
 			l, err = link.Tracepoint("raw_syscalls", []string{"sys_enter", "sys_exit"}[dir], r.coll.Programs[name], nil)
 		} else {
 			l, err = link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
@@ -203,170 +209,6 @@ type sysEvent struct {
 	exit bool
 	nr   int32
 	name string
-}
-
-// FentryPrefix starts the names of the function path's program copies.
-const FentryPrefix = "kc_sysf_"
-
-// fentryPossible returns why the function path cannot record n syscall
-// events here, or nil.
-func (r *Recorder) fentryPossible(n int) error {
-	switch {
-	case r.cfg.Syscalls == SyscallsRaw || r.cfg.Syscalls == SyscallsTracepoint:
-		return fmt.Errorf("turned off (syscalls: %s)", r.cfg.Syscalls)
-	case r.cfg.Syscalls == SyscallsAuto && n > FentryMax:
-		return fmt.Errorf("%d syscall events, more than the %d syscalls: auto puts on it", n, FentryMax)
-	case r.cfg.Syscalls == SyscallsAuto && r.preempt.On && r.rawSysPossible() == nil:
-		return fmt.Errorf("%w (%s): the raw path keeps them", errPreemptible, r.preempt.Why)
-	case runtime.GOARCH != "amd64":
-		return fmt.Errorf("not on %s", runtime.GOARCH)
-	case r.transport != Ringbuf:
-		return errors.New("needs BPF ring buffers")
-	}
-	return nil
-}
-
-// fentryCopies puts in spec, for each of evs whose syscall function
-// __x64_sys_NAME the kernel's BTF has, a copy of kc_sys_fentry (entry
-// events) or kc_sys_fexit (exit events) attached to it, with the event's
-// key and syscall number patched in; it removes the two originals. When
-// the path cannot run, it adds none and r.plan[pathFentry] says why; with
-// Config.Syscalls SyscallsFentry that is the error returned, as is a
-// syscall event the path cannot record.
-func (r *Recorder) fentryCopies(spec *ebpf.CollectionSpec, evs []sysEvent) error {
-	enter, exit := spec.Programs[gen.RingbufProgKcSysFentry], spec.Programs[gen.RingbufProgKcSysFexit]
-	delete(spec.Programs, gen.RingbufProgKcSysFentry)
-	delete(spec.Programs, gen.RingbufProgKcSysFexit)
-	if len(evs) == 0 {
-		return nil
-	}
-	fail := func(err error) error {
-		r.plan.off(PathFentry, err)
-		r.dropFentry(spec)
-		if r.cfg.Syscalls == SyscallsFentry {
-			return fmt.Errorf("%w: fentry syscall path: %w", ErrNotSupported, err)
-		}
-		return nil
-	}
-	if err := r.fentryPossible(len(evs)); err != nil {
-		return fail(err)
-	}
-	kspec, err := btf.LoadKernelSpec()
-	if err != nil {
-		return fail(fmt.Errorf("kernel BTF: %w", err))
-	}
-	probed := false
-	for _, e := range evs {
-		fn, err := sysFunc(kspec, e.name)
-		if err != nil {
-			if r.cfg.Syscalls == SyscallsFentry {
-				return fail(err)
-			}
-			r.plan[PathFentry].why = err
-			continue
-		}
-		if !probed {
-			if err := fentryProbe(fn); err != nil {
-				return fail(fmt.Errorf("an empty program on %s: %w", fn, err))
-			}
-			probed = true
-		}
-		base := enter
-		if e.exit {
-			base = exit
-		}
-		name := FentryPrefix + strconv.Itoa(e.key)
-		ps, err := patchImm(base, name, keyPlaceholder, uint32(e.key))
-		if err == nil {
-			ps, err = patchImm(ps, name, nrPlaceholder, uint32(e.nr))
-		}
-		if err != nil {
-			return err
-		}
-		ps.AttachTo = fn
-		spec.Programs[name] = ps
-		r.fentry[e.key] = name
-	}
-	return nil
-}
-
-// fentryProbe loads an empty fentry program on fn and returns the
-// kernel's error, if any: some kernels refuse fentry programs (this
-// project's development VM answers EPERM to root), and a probe costs
-// less than loading the recorder twice.
-func fentryProbe(fn string) error {
-	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:         "kc_fentry_probe",
-		Type:         ebpf.Tracing,
-		AttachType:   ebpf.AttachTraceFEntry,
-		AttachTo:     fn,
-		License:      "GPL",
-		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
-	})
-	if err != nil {
-		return err
-	}
-	return p.Close()
-}
-
-// sysFunc returns the function of the kernel's BTF kspec that the x86_64
-// syscall table calls for syscall name with the registers:
-// __x64_sys_NAME, or for a syscall without arguments __do_sys_NAME, of
-// which SYSCALL_DEFINE0 makes __x64_sys_NAME an alias that BTF does not
-// name (arch/x86/include/asm/syscall_wrapper.h, __SYS_STUB0).
-func sysFunc(kspec *btf.Spec, name string) (string, error) {
-	var f *btf.Func
-	x64 := "__x64_sys_" + name
-	err := kspec.TypeByName(x64, &f)
-	if err == nil {
-		return x64, nil
-	}
-	do := "__do_sys_" + name
-	if kspec.TypeByName(do, &f) == nil {
-		if p, ok := f.Type.(*btf.FuncProto); ok && len(p.Params) == 1 && isRegsPointer(p.Params[0].Type) {
-			return do, nil
-		}
-	}
-	return "", fmt.Errorf("syscall function %s: %w", x64, err)
-}
-
-// isRegsPointer reports whether t is a pointer to (const) struct pt_regs.
-func isRegsPointer(t btf.Type) bool {
-	p, ok := btf.As[*btf.Pointer](t)
-	if !ok {
-		return false
-	}
-	st, ok := btf.As[*btf.Struct](p.Target)
-	return ok && st.Name == "pt_regs"
-}
-
-// dropFentry removes the function path's program copies from spec.
-func (r *Recorder) dropFentry(spec *ebpf.CollectionSpec) {
-	for _, name := range r.fentry {
-		delete(spec.Programs, name)
-	}
-	clear(r.fentry)
-}
-
-// attachFentry attaches the function path's program copies and sets
-// progs[key] to each one's name; when one fails, it detaches those it
-// attached, sets none and returns why.
-func (r *Recorder) attachFentry(progs []string) error {
-	var links []link.Link
-	for key, name := range r.fentry {
-		l, err := link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
-		if err != nil {
-			for _, l := range links {
-				_ = l.Close()
-			}
-			clear(progs)
-			return fmt.Errorf("attaching %s to %s: %w", name, r.coll.Programs[name].String(), err)
-		}
-		links = append(links, l)
-		progs[key] = name
-	}
-	r.links = append(r.links, links...)
-	return nil
 }
 
 // sysNr returns the x86_64 syscall number of the syscall event f, from

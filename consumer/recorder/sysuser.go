@@ -175,7 +175,19 @@ func UserFaultProbe() error {
 	return p.Close()
 }
 
-// setupUserFault readies spec for the recorded events with user-space
+// userPath is kc_sys_user_fault's path: a sleepable program on
+// sys_enter pages in the user memory of syscall events' user-space
+// fields and, where it can, records those events itself.
+type userPath struct {
+	on bool // kc_sys_user is on: some event has user-space fields
+	// rec is set when kc_sys_user_fault, once attached, records the
+	// events it pages memory in for, which then need no tracepoint;
+	// tp when kc_tracepoint fills user-space fields, for the others.
+	rec bool
+	tp  bool
+}
+
+// setup readies spec for the recorded events with user-space
 // fields, where need says there are some. It keeps kc_sys_user_fault,
 // made sleepable, where the kernel takes it, else removes it, and
 // r.plan[pathUserFault] says why. The program then records those events itself
@@ -186,8 +198,8 @@ func UserFaultProbe() error {
 // some such event stays on its tracepoint: all of them without
 // r.userRec, else those whose syscall number the dispatch does not
 // know (byNr unset).
-func (r *Recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
-	r.userOn = need
+func (u *userPath) setup(r *Recorder, spec *ebpf.CollectionSpec, need, byNr bool) {
+	u.on = need
 	ps := spec.Programs[gen.RingbufProgKcSysUserFault]
 	var err error
 	switch {
@@ -204,25 +216,25 @@ func (r *Recorder) setupUserFault(spec *ebpf.CollectionSpec, need, byNr bool) {
 		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
 	} else if ps != nil {
 		ps.Flags |= unix.BPF_F_SLEEPABLE
-		r.userRec = r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint
+		u.rec = r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint
 	}
-	r.userTP = need && (!r.userRec || !byNr)
-	r.setUserVars(spec)
+	u.tp = need && (!u.rec || !byNr)
+	u.setVars(spec)
 }
 
-// setUserVars sets kc_sys_user_rec and kc_sys_user_on in spec from
+// setVars sets kc_sys_user_rec and kc_sys_user_on in spec from
 // r.userRec and r.userTP.
-func (r *Recorder) setUserVars(spec *ebpf.CollectionSpec) {
+func (u *userPath) setVars(spec *ebpf.CollectionSpec) {
 	if v := spec.Variables[gen.RingbufVarKcSysUserRec]; v != nil {
-		_ = v.Set(boolU32(r.userRec))
+		_ = v.Set(boolU32(u.rec))
 	}
 	if v := spec.Variables[gen.RingbufVarKcSysUserOn]; v != nil {
 		// Without it the verifier leaves kc_sys_user out of kc_tracepoint.
-		_ = v.Set(boolU32(r.userTP))
+		_ = v.Set(boolU32(u.tp))
 	}
 }
 
-// attachUserFault attaches kc_sys_user_fault, where it was loaded, for
+// attach attaches kc_sys_user_fault, where it was loaded, for
 // the recorded events with user-space fields (users, indexed by event
 // key like formats), before their tracepoints attach: it must run
 // before them. It returns, by event key, the program's name for the
@@ -231,57 +243,42 @@ func (r *Recorder) setUserVars(spec *ebpf.CollectionSpec) {
 // and r.plan[pathUserFault] says why; but where it was to record them and
 // kc_tracepoint was loaded without the means to fill their fields
 // (r.userTP), it fails with ErrNotSupported.
-func (r *Recorder) attachUserFault(formats []*tracefs.Format, users []*SysUser) ([]string, error) {
+func (u *userPath) attach(r *Recorder, formats []*tracefs.Format, users []*SysUser) ([]string, error) {
 	progs := make([]string, len(formats))
 	prog := r.coll.Programs[gen.RingbufProgKcSysUserFault]
 	if prog == nil {
 		return progs, nil
 	}
 	keys := r.coll.Maps[gen.RingbufMapKcSysUserKeys]
-	for i, u := range users {
+	for i, su := range users {
 		nr, known := sysNr(formats[i])
-		if u == nil || !known {
+		if su == nil || !known {
 			continue
 		}
 		if err := keys.Put(uint32(nr), uint32(i+1)); err != nil {
 			r.plan.off(PathUserFault, fmt.Errorf("dispatching %s: %w", formats[i].FullName(), err))
-			return r.userFailed(formats)
+			return u.failed(r, formats)
 		}
-		if r.userRec {
+		if u.rec {
 			progs[i] = gen.RingbufProgKcSysUserFault
 		}
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
 	if err != nil {
 		r.plan.off(PathUserFault, fmt.Errorf("attaching %s: %w", gen.RingbufProgKcSysUserFault, err))
-		return r.userFailed(formats)
+		return u.failed(r, formats)
 	}
 	r.links = append(r.links, l)
 	r.plan[PathUserFault].on = true
 	return progs, nil
 }
 
-// userFailed is attachUserFault's result once the program failed to
+// failed is attach's result once the program failed to
 // dispatch or attach: no event recorded by it, and an error where it was
 // to record some that kc_tracepoint cannot then fill.
-func (r *Recorder) userFailed(formats []*tracefs.Format) ([]string, error) {
-	if r.userRec && !r.userTP {
+func (u *userPath) failed(r *Recorder, formats []*tracefs.Format) ([]string, error) {
+	if u.rec && !u.tp {
 		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.plan[PathUserFault].why)
 	}
 	return make([]string, len(formats)), nil
-}
-
-// UserUnread returns per CPU the user-space values the recorder could
-// not read (kc_sys_user_unread), or nil where no recorded event has
-// user-space fields.
-func (r *Recorder) UserUnread() []uint64 {
-	m := r.coll.Maps[gen.RingbufMapKcSysUserUnread]
-	if m == nil || !r.userOn {
-		return nil
-	}
-	var per []uint64
-	if err := m.Lookup(uint32(0), &per); err != nil {
-		return nil
-	}
-	return per
 }

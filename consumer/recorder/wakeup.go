@@ -3,6 +3,7 @@ package recorder
 import (
 	"fmt"
 
+	"github.com/cilium/ebpf"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/synth"
@@ -43,9 +44,17 @@ func WakeupHooks(fs tracefs.FS, recorded []*tracefs.Format) ([]*tracefs.Format, 
 	return out, nil
 }
 
-// wakeupInfo sets the hook of the tracepoint f, with key, in ti: the
-// offsets of the fields the recorder reads, checked against the format.
-func (r *Recorder) wakeupInfo(f *tracefs.Format, key uint32, ti *gen.RingbufKcTpInfo) error {
+// wakeupHook is the sched_switch hook of wakeup_latency: its event key
+// and kc_tp_info, which LinkWakeup completes once the synthetic event's
+// class exists.
+type wakeupHook struct {
+	key  uint32
+	info gen.RingbufKcTpInfo
+}
+
+// fill sets the hook of the tracepoint f, with key, in ti: the offsets
+// of the fields the recorder reads, checked against the format.
+func (w *wakeupHook) fill(f *tracefs.Format, key uint32, ti *gen.RingbufKcTpInfo) error {
 	var pid string
 	switch (tracefs.Event{System: f.System, Name: f.Name}) {
 	case wakingEvent:
@@ -72,7 +81,7 @@ func (r *Recorder) wakeupInfo(f *tracefs.Format, key uint32, ti *gen.RingbufKcTp
 	}
 	ti.PidOff = uint16(off)
 	if ti.Flags&tpSwitch != 0 {
-		r.switchKey, r.switchInfo = key, *ti
+		w.key, w.info = key, *ti
 	}
 	return nil
 }
@@ -87,12 +96,11 @@ func hookField(f *tracefs.Format, name string, size int) (int, error) {
 	return 0, fmt.Errorf("%w: synthetic:%s: %s has no %d-byte field %s", ErrNotSupported, synth.WakeupLatency, f.FullName(), size, name)
 }
 
-// LinkWakeup tells the sched_switch hook key, the class of
-// wakeup_latency, which exists only once the synthetic events are
-// declared.
-func (r *Recorder) LinkWakeup(key uint32) error {
-	r.switchInfo.AuxKey = key
-	if err := r.coll.Maps[gen.RingbufMapKcTpInfoMap].Put(r.switchKey, r.switchInfo); err != nil {
+// link tells the sched_switch hook, in the recorder's kc_tp_info map
+// info, key: the class of wakeup_latency.
+func (w *wakeupHook) link(info *ebpf.Map, key uint32) error {
+	w.info.AuxKey = key
+	if err := info.Put(w.key, w.info); err != nil {
 		return fmt.Errorf("synthetic:%s: %w", synth.WakeupLatency, err)
 	}
 	return nil

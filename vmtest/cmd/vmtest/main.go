@@ -191,10 +191,18 @@ func test(ctx context.Context, args []string) (int, error) {
 	}
 	defer os.RemoveAll(suite.Dir)
 
+	results := runTargets(ctx, g, targets, ks, suite, *parallel)
+	return report(results), nil
+}
+
+// runTargets runs suite in a guest per target, with kernels ks, at most
+// parallel at once (0: as many as the host's CPUs take), and returns how
+// each ended.
+func runTargets(ctx context.Context, g guestFlags, targets []vmtest.Target, ks []*vmtest.Kernel, suite *vmtest.Suite, parallel int) []result {
 	// One answer for every guest, so that parallel guests do not each
 	// probe, and the default parallelism knows what a guest takes.
 	g.accel = vmtest.Accel(ctx, g.options(ks[0]))
-	n := *parallel
+	n := parallel
 	if n <= 0 {
 		n = runtime.NumCPU()
 		if g.accel == "kvm" {
@@ -221,6 +229,12 @@ func test(ctx context.Context, args []string) (int, error) {
 		}()
 	}
 	wg.Wait()
+	return results
+}
+
+// report prints the failures and a line per target, and returns the
+// exit code: 1 when a target did not pass.
+func report(results []result) int {
 	// The failures again, just above the summary: a CI log is often read
 	// from its tail, where the guests' consoles have long scrolled by.
 	for _, r := range results {
@@ -239,9 +253,9 @@ func test(ctx context.Context, args []string) (int, error) {
 		failed = failed || r.outcome != "ok"
 	}
 	if failed {
-		return 1, nil
+		return 1
 	}
-	return 0, nil
+	return 0
 }
 
 // result is how one target's guest ended.
