@@ -79,7 +79,7 @@ vmtest:
 vmlinux:
 	bpftool btf dump file /sys/kernel/btf/vmlinux format c > bpf/include/vmlinux.h
 
-# consumer/sysnr_amd64.go, the x86_64 numbers of the syscall events, from the
+# consumer/recorder/sysnr_amd64.go, the x86_64 numbers of the syscall events, from the
 # syscall table of a Debian linux-headers package of SYSNR_SUITE, fetched
 # with apt-get through a private configuration (needs the archive; the
 # newest kernels are in trixie-backports). Syscall numbers are ABI, so the
@@ -101,8 +101,8 @@ syscall-table:
 	$$apt update >/dev/null; \
 	(cd $$d && $$apt download $(SYSNR_PKG) && dpkg-deb -x $(SYSNR_PKG)_*.deb x); \
 	$(GO) run ./consumer/internal/mksysnr "$$(cd $$d && ls $(SYSNR_PKG)_*.deb)" \
-		$$d/x/usr/src/$(SYSNR_PKG)/arch/x86/include/generated/asm/syscalls_64.h > consumer/sysnr_amd64.go.tmp; \
-	mv consumer/sysnr_amd64.go.tmp consumer/sysnr_amd64.go
+		$$d/x/usr/src/$(SYSNR_PKG)/arch/x86/include/generated/asm/syscalls_64.h > consumer/recorder/sysnr_amd64.go.tmp; \
+	mv consumer/recorder/sysnr_amd64.go.tmp consumer/recorder/sysnr_amd64.go
 
 clean:
 	rm -rf bin bench.out

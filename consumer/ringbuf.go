@@ -30,7 +30,7 @@ const (
 // the second, then the data area mapped twice in a row so a record that
 // wraps is still contiguous.
 //
-// It reads a kc_area ring too (area.go), whose records have the same
+// It reads a kc_area ring too (recorder/area.go), whose records have the same
 // 8-byte header and never wrap: there a record is finished when its
 // header holds the lap the ring's walk is in, plus one (vmask and
 // lapShift select it), where a BPF ring buffer clears the busy bit.

@@ -177,7 +177,7 @@ type btfPath struct {
 
 // setup keeps in spec the BTF programs of uses (by program name) and
 // sets their variables in set; it removes the others (the perf object
-// has none). When the kernel cannot run one, it is removed and r.plan[pathBTF]
+// has none). When the kernel cannot run one, it is removed and r.plan[PathBTF]
 // says why.
 func (b *btfPath) setup(r *Recorder, spec *ebpf.CollectionSpec, set map[string]any, uses map[string]btfUse) {
 	for _, e := range btfEvents {
@@ -216,7 +216,7 @@ func (b *btfPath) drop(spec *ebpf.CollectionSpec) {
 }
 
 // attach attaches the BTF program loaded for event key and returns
-// its name; or it returns "", saying why in r.plan[pathBTF], when none was
+// its name; or it returns "", saying why in r.plan[PathBTF], when none was
 // loaded for key or the kernel refuses it.
 func (b *btfPath) attach(r *Recorder, key int) string {
 	name := b.keys[key]

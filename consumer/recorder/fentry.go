@@ -48,7 +48,7 @@ func (p *fentryPath) possible(r *Recorder, n int) error {
 // __x64_sys_NAME the kernel's BTF has, a copy of kc_sys_fentry (entry
 // events) or kc_sys_fexit (exit events) attached to it, with the event's
 // key and syscall number patched in; it removes the two originals. When
-// the path cannot run, it adds none and r.plan[pathFentry] says why; with
+// the path cannot run, it adds none and r.plan[PathFentry] says why; with
 // Config.Syscalls SyscallsFentry that is the error returned, as is a
 // syscall event the path cannot record.
 func (p *fentryPath) copies(r *Recorder, spec *ebpf.CollectionSpec, evs []sysEvent) error {

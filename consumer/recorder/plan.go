@@ -16,7 +16,7 @@ const (
 )
 
 // optPath is one optional path of the recorder: whether it takes it, and
-// why not. on is set once the load kept the path (pathUserFault: once its
+// why not. on is set once the load kept the path (PathUserFault: once its
 // program attached) and cleared when a fallback or a failed attach drops
 // it. why is nil where the recorder takes the path for every event that
 // could, or where the path does not apply (no event needs it); a path

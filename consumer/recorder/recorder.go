@@ -1,13 +1,15 @@
 // Package recorder is kconsume's BPF side: it decides what this kernel
 // and configuration allow (a plan of optional paths, each on or off with
 // the reason, plan.go), loads the recorder object with its fallbacks
-// (load.go), attaches each kind of event (tracepoints in attach.go and
-// recorder.go, raw and function syscall paths in syscall.go, user-space
-// syscall fields in sysuser.go, BTF sched events in btfevent.go, the
-// wakeup_latency hooks in wakeup.go, users' objects in object.go), and
-// keeps the gate and the per-CPU counters the writers share with the
-// drainer (recorder.go; kconsume's own rings in area.go, packet mode in
-// packet.go). The consumer package drains what it writes.
+// (load.go) and attaches each kind of event, each kind a file with its
+// own state: tracepoints (tracepoint.go), the raw syscall path
+// (syscall.go), the function path (fentry.go), syscall events' user-space
+// fields (sysuser.go), BTF sched events (btfevent.go), the
+// wakeup_latency hooks (wakeup.go) and users' objects (object.go);
+// attach.go walks the events. It keeps the gate and the per-CPU counters
+// the writers share with the drainer (recorder.go), kconsume's own rings
+// (area.go) and packet mode (packet.go). The consumer package drains
+// what it writes.
 package recorder
 
 import (
@@ -54,8 +56,8 @@ type Recorder struct {
 	wake      wakeupHook  // wakeup_latency's sched_switch hook (wakeup.go)
 	user      userPath    // syscall events' user-space fields (sysuser.go)
 	objs      objects     // users' programs (Config.Objects; object.go)
-	areaMem   []byte      // kc_area, mapped (pathOwnRings, area.go)
-	pktElem   int         // the size of its elements in packet mode (pathPackets, packet.go)
+	areaMem   []byte      // kc_area, mapped (PathOwnRings, area.go)
+	pktElem   int         // the size of its elements in packet mode (PathPackets, packet.go)
 	inj       injector    // the injector's record (inject.go)
 }
 

@@ -125,8 +125,8 @@ func taskBTF() bool {
 // kc_sys_exit as needed. It returns, per event key, the program that
 // records the event, or "" for the events left to their tracepoints.
 // When the function path fails to attach, its events take the raw path
-// and r.plan[pathFentry] says why; when the raw path fails, its events keep
-// their tracepoints and r.plan[pathRawSys] says why. With Config.Syscalls
+// and r.plan[PathFentry] says why; when the raw path fails, its events keep
+// their tracepoints and r.plan[PathRawSys] says why. With Config.Syscalls
 // SyscallsFentry or SyscallsRaw, that path's failure is the error
 // returned instead.
 func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, error) {

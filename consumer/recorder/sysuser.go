@@ -190,7 +190,7 @@ type userPath struct {
 // setup readies spec for the recorded events with user-space
 // fields, where need says there are some. It keeps kc_sys_user_fault,
 // made sleepable, where the kernel takes it, else removes it, and
-// r.plan[pathUserFault] says why. The program then records those events itself
+// r.plan[PathUserFault] says why. The program then records those events itself
 // (kc_sys_user_rec, r.userRec) unless a cgroup filter, which it cannot
 // test, or Config.Syscalls SyscallsTracepoint keeps them on their
 // tracepoints. kc_tracepoint fills user-space fields (kc_sys_user_on,
@@ -240,7 +240,7 @@ func (u *userPath) setVars(spec *ebpf.CollectionSpec) {
 // before them. It returns, by event key, the program's name for the
 // events it records itself (r.userRec), which need no tracepoint, and
 // "" for the others. Where it fails, the events are recorded without it
-// and r.plan[pathUserFault] says why; but where it was to record them and
+// and r.plan[PathUserFault] says why; but where it was to record them and
 // kc_tracepoint was loaded without the means to fill their fields
 // (r.userTP), it fails with ErrNotSupported.
 func (u *userPath) attach(r *Recorder, formats []*tracefs.Format, users []*SysUser) ([]string, error) {
