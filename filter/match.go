@@ -9,8 +9,9 @@ import (
 // under this filter, running its program as filter_match_preds does.
 // rec is the raw record as the Format lays it out (host byte order,
 // little-endian here), comm the task's name and cpu the CPU the event
-// fired on, for the pseudo fields. A record too short for a field it
-// needs, or whose data_loc points outside it, does not match; Match never
+// fired on, for the pseudo fields. A record the program cannot read,
+// too short for a field it evaluates or with a data_loc pointing outside
+// it, does not match, whatever negations surround the field; Match never
 // panics.
 func (f *Filter) Match(rec []byte, comm string, cpu int) bool {
 	if f == nil || len(f.Prog) == 0 {
@@ -25,7 +26,11 @@ func (f *Filter) Match(rec []byte, comm string, cpu int) bool {
 		if in.Pred == nil {
 			return false
 		}
-		if in.Pred.eval(env) == in.BranchIf {
+		r := in.Pred.eval(env)
+		if env.bad {
+			return false
+		}
+		if r == in.BranchIf {
 			// A hand-built program could jump back; parsed ones never do.
 			if in.Jump <= i {
 				return false
@@ -44,6 +49,8 @@ type env struct {
 	rec  []byte
 	comm [commLen]byte
 	cpu  int
+	// bad is set by a read outside rec.
+	bad bool
 }
 
 // eval returns the predicate's result on one record.
@@ -53,13 +60,19 @@ func (p *Pred) eval(e *env) bool {
 		return p.evalInt(e)
 	case KindString:
 		str, n, ok := p.str(e)
+		e.bad = e.bad || !ok
 		return ok && matchString(p, str, n) != p.Not
 	case KindCPUs:
 		return p.evalCPUs(e)
 	case KindFunction:
 		v, ok := p.uint(e.rec)
-		in := ok && p.FuncEnd != 0 && v >= p.FuncStart && v < p.FuncEnd
+		e.bad = e.bad || !ok
+		in := v >= p.FuncStart && v < p.FuncEnd
 		return ok && p.FuncEnd != 0 && in == (p.Op == OpEQ)
+	case KindPtrString, KindNever:
+		// The kernel's predicate reads nothing from the record here, or
+		// reads a pointer Match cannot follow; its result is false.
+		return false
 	}
 	return false
 }
@@ -94,6 +107,7 @@ func (p *Pred) evalInt(e *env) bool {
 	}
 	v, ok := p.uint(e.rec)
 	if !ok {
+		e.bad = true
 		return false
 	}
 	bits := uint(p.Field.Size * 8)
@@ -190,9 +204,12 @@ func (p *Pred) evalCPUs(e *env) bool {
 	case LocCPU:
 		cpu = uint64(e.cpu)
 	case LocDataLoc, LocRelLoc:
-		return p.evalMask(e.rec)
+		r, ok := p.evalMask(e.rec)
+		e.bad = e.bad || !ok
+		return r
 	default:
 		v, ok := p.uint(e.rec)
+		e.bad = e.bad || !ok
 		if !ok || v >= uint64(p.NrCPUs) {
 			return false
 		}
@@ -209,11 +226,12 @@ func (p *Pred) evalCPUs(e *env) bool {
 }
 
 // evalMask compares a cpumask field (a bitmap of longs in the record's
-// dynamic area; bits past its length are clear) with CPUs.
-func (p *Pred) evalMask(rec []byte) bool {
+// dynamic area; bits past its length are clear) with CPUs; ok is false
+// when the bitmap is outside rec.
+func (p *Pred) evalMask(rec []byte) (result, ok bool) {
 	start, n, ok := p.dyn(rec)
 	if !ok {
-		return false
+		return false, false
 	}
 	bits := rec[start : start+n]
 	set := func(cpu int) bool {
@@ -228,11 +246,11 @@ func (p *Pred) evalMask(rec []byte) bool {
 	}
 	switch p.Op {
 	case OpEQ:
-		return equal
+		return equal, true
 	case OpNE:
-		return !equal
+		return !equal, true
 	case OpAnd:
-		return meet
+		return meet, true
 	}
-	return false
+	return false, true
 }
