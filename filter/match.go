@@ -210,6 +210,9 @@ func (p *Pred) evalCPUs(e *env) bool {
 	default:
 		v, ok := p.uint(e.rec)
 		e.bad = e.bad || !ok
+		// filter_pred_{8..64}_cpumask read the field into an unsigned
+		// int: a u64's high half is dropped.
+		v = uint64(uint32(v))
 		if !ok || v >= uint64(p.NrCPUs) {
 			return false
 		}

@@ -62,6 +62,8 @@ func TestMatchIntegers(t *testing.T) {
 		{"prev_pid != CPUS{0-1}", vals{"prev_pid": 1}, "", 0, true},
 		{"prev_pid & CPUS{1}", vals{"prev_pid": 1}, "", 0, true},
 		{"prev_pid & CPUS{1}", vals{"prev_pid": 3}, "", 0, false},
+		// The cpumask predicates read a u64 into an unsigned int.
+		{"prev_state & CPUS{0-1}", vals{"prev_state": int64(1) << 32}, "", 0, true},
 		{"stacktrace == 0", nil, "", 0, false},
 		{"stacktrace != 0", nil, "", 0, false},
 		{"prev_state.function == schedule", vals{"prev_state": 0x1010}, "", 0, true},
