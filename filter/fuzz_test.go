@@ -9,7 +9,7 @@ import (
 )
 
 // fuzzEvents are the formats the fuzz targets parse against.
-var fuzzEvents = []string{sw, exec, "test:rel_test", ipi, "ftrace:print"}
+var fuzzEvents = []string{sw, execEv, "test:rel_test", ipi, "ftrace:print"}
 
 // FuzzParse parses any text against several formats: an accepted filter
 // has a forward-only program that Match runs without panicking over the
@@ -55,7 +55,7 @@ func FuzzMatch(f *testing.F) {
 		`filename ~ "/[a-c]?n/*e" && COMM == "bash"`,
 		`filename == "/bin/true" || CPU & CPUS{0-1}`,
 	}
-	fm := testFormat(f, exec)
+	fm := testFormat(f, execEv)
 	var flts, nots []*Filter
 	for _, e := range exprs {
 		a, err := ParseOptions(e, fm, testOpts)

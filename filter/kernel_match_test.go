@@ -3,6 +3,7 @@ package filter
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -12,6 +13,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/testenv"
 )
 
 // call is one event the workload makes: the values of its own fields,
@@ -54,9 +57,20 @@ func pin(cpu int) error {
 // runs on the workload thread before tracing starts, work makes one
 // call's event, parse returns a kept line's key.
 type driver struct {
+	// wrap returns the filter written for a case: by default
+	// "common_pid == TID && (EXPR)", which keeps other tasks' events out.
+	wrap  func(tid int, expr string) string
 	setup func() error
 	work  func(c call) error
 	parse func(line string) (string, bool)
+}
+
+// filter returns the filter written for expr on thread tid.
+func (d driver) filter(tid int, expr string) string {
+	if d.wrap != nil {
+		return d.wrap(tid, expr)
+	}
+	return fmt.Sprintf("common_pid == %d && (%s)", tid, expr)
 }
 
 // kernelCase is one filter run under the kernel and under Match.
@@ -88,7 +102,7 @@ func runKernelCases(t *testing.T, in *instance, event string, calls []call, case
 			continue
 		}
 		got, tid := in.trace(t, event, calls, kc.expr, drv)
-		full := fmt.Sprintf("common_pid == %d && (%s)", tid, kc.expr)
+		full := drv.filter(tid, kc.expr)
 		flt, err := ParseOptions(full, f, Options{})
 		if err != nil {
 			t.Errorf("%q: %v", full, err)
@@ -130,7 +144,7 @@ func (in *instance) trace(t *testing.T, event string, calls []call, expr string,
 	var tid int
 	go func() {
 		tid = <-tids
-		full := fmt.Sprintf("common_pid == %d && (%s)", tid, expr)
+		full := drv.filter(tid, expr)
 		if v := in.setFilter(event, full); !v.accepted {
 			setErr = fmt.Errorf("kernel refuses %q: %v %s", full, v.errno, v.text)
 		}
@@ -184,6 +198,64 @@ func TestKernelMatches(t *testing.T) {
 	}
 	t.Run("lseek", func(t *testing.T) { testLseek(t, in, cpus) })
 	t.Run("task_rename", func(t *testing.T) { testRename(t, in, cpus) })
+	t.Run("exec", func(t *testing.T) { testExec(t, in, cpus) })
+}
+
+var execLine = regexp.MustCompile(`sched_process_exec: filename=(\S+) pid=\d+ old_pid=\d+`)
+
+// testExec runs /bin/true under names of its own (symbolic links in a
+// temporary directory) for sched_process_exec's __data_loc filename;
+// the child's comm is the name's first 15 bytes, its CPU the one the
+// workload thread, which forks it, is pinned to.
+func testExec(t *testing.T, in *instance, cpus int) {
+	truePath, err := exec.LookPath("true")
+	if err != nil {
+		testenv.Missing(t, "no true command: %v", err)
+	}
+	dir := t.TempDir()
+	names := []string{"alpha", "beta", "gamma-ray", "delta.sh", "a-name-longer-than-fifteen", "x"}
+	var calls []call
+	for i, n := range names {
+		p := filepath.Join(dir, n)
+		if err := os.Symlink(truePath, p); err != nil {
+			t.Fatal(err)
+		}
+		comm := n
+		if len(comm) > 15 {
+			comm = comm[:15]
+		}
+		calls = append(calls, call{vals: map[string]any{"filename": p}, comm: comm, cpu: i % cpus, key: p})
+	}
+	work := func(c call) error {
+		if err := pin(c.cpu); err != nil {
+			return err
+		}
+		return exec.Command(c.vals["filename"].(string)).Run()
+	}
+	parse := func(l string) (string, bool) {
+		m := execLine.FindStringSubmatch(l)
+		if m == nil {
+			return "", false
+		}
+		return m[1], true
+	}
+	wrap := func(_ int, expr string) string {
+		return fmt.Sprintf("filename ~ %q && (%s)", dir+"/*", expr)
+	}
+	cases := []kernelCase{
+		{`filename ~ "*/alpha"`, ""},
+		{`filename ~ "*a"`, ""},
+		{`filename ~ "*.sh"`, ""},
+		{`filename ~ "*gamma*"`, ""},
+		{`filename ~ "*/?eta"`, ""},
+		{`filename ~ "*/[a-d]*"`, ""},
+		{`filename ~ "!*a"`, ""},
+		{fmt.Sprintf("filename == %q", filepath.Join(dir, "x")), ""},
+		{fmt.Sprintf("filename != %q", filepath.Join(dir, "x")), ""},
+		{`COMM == "a-name-longer-t"`, ""},
+		{`comm ~ "*a" || CPU == 1`, ""},
+	}
+	runKernelCases(t, in, "sched:sched_process_exec", calls, cases, driver{wrap: wrap, work: work, parse: parse})
 }
 
 var lseekLine = regexp.MustCompile(`sys_lseek\(fd: (\w+), offset: (\w+), whence: (\w+)\)`)

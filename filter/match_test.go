@@ -121,7 +121,7 @@ func TestMatchStrings(t *testing.T) {
 		{`COMM == "0123456789abcdef"`, nil, "0123456789abcdef", 0, false},
 		{`COMM == "0123456789abcde"`, nil, "0123456789abcdef", 0, true},
 	})
-	runMatches(t, exec, []matchCase{
+	runMatches(t, execEv, []matchCase{
 		{`filename == "/bin/true"`, vals{"filename": "/bin/true"}, "", 0, true},
 		{`filename ~ "*true"`, vals{"filename": "/bin/true"}, "", 0, true},
 		{`filename ~ "/usr/*"`, vals{"filename": "/bin/true"}, "", 0, false},
@@ -151,7 +151,7 @@ func TestMatchStrings(t *testing.T) {
 // TestMatchShort: a record too short for a field, or a data_loc that
 // points outside it, does not match.
 func TestMatchShort(t *testing.T) {
-	f := testFormat(t, exec)
+	f := testFormat(t, execEv)
 	flt, err := Parse(`filename ~ "*" || pid != 0`, f)
 	if err != nil {
 		t.Fatal(err)

@@ -114,7 +114,7 @@ func TestPredicates(t *testing.T) {
 		{sw, "COMM ~ \"*a?\"", Pred{Field: Field{Name: "COMM", Loc: LocComm, StrLen: 16}, Op: OpGlob, Kind: KindString, Pattern: "*a?", Match: MatchGlob}},
 		{sw, "CPU & CPUS{1}", Pred{Field: Field{Name: "CPU", Loc: LocCPU, Signed: true}, Op: OpEQ, Kind: KindInt, Signed: true, Value: 1, NrCPUs: 2}},
 		{sw, "common_pid & CPUS{0-1}", Pred{Field: Field{Name: "common_pid", Offset: 4, Size: 4, Signed: true}, Op: OpAnd, Kind: KindCPUs, Signed: true, CPUs: []int{0, 1}, NrCPUs: 2}},
-		{exec, "filename ~ \"*bin*\"", Pred{Field: Field{Name: "filename", Loc: LocDataLoc, Offset: 8, Size: 4}, Op: OpGlob, Kind: KindString, Pattern: "bin", Match: MatchMiddle}},
+		{execEv, "filename ~ \"*bin*\"", Pred{Field: Field{Name: "filename", Loc: LocDataLoc, Offset: 8, Size: 4}, Op: OpGlob, Kind: KindString, Pattern: "bin", Match: MatchMiddle}},
 		{"test:rel_test", "name == \"x\"", Pred{Field: Field{Name: "name", Loc: LocRelLoc, Offset: 8, Size: 4}, Op: OpEQ, Kind: KindString, Pattern: "x"}},
 		{"test:rel_test", "addr == 1", Pred{Field: Field{Name: "addr", Offset: 12, Size: 16}, Op: OpEQ, Kind: KindNever, Value: 1}},
 		{"test:rel_test", "v4 == 1", Pred{Field: Field{Name: "v4", Offset: 28, Size: 4}, Op: OpEQ, Kind: KindInt, Value: 1}},

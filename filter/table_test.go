@@ -16,7 +16,7 @@ type row struct {
 const (
 	sw     = "sched:sched_switch"
 	wakeup = "sched:sched_wakeup"
-	exec   = "sched:sched_process_exec"
+	execEv = "sched:sched_process_exec"
 	openat = "syscalls:sys_enter_openat"
 	lseek  = "syscalls:sys_enter_lseek"
 	rename = "task:task_rename"
@@ -203,12 +203,12 @@ var verdictRows = []row{
 	{lseek, "offset == 18446744073709551616", ErrIllegalIntval, 11, ""},
 	{lseek, "whence & 2", "", 0, ""},
 	// Dynamic strings.
-	{exec, "filename ~ \"/usr/bin/*\"", "", 0, ""},
-	{exec, "filename == \"/bin/true\"", "", 0, ""},
-	{exec, "filename ~ \"*true\"", "", 0, ""},
-	{exec, "filename > \"a\"", ErrIllegalFieldOp, 12, ""},
-	{exec, "filename == 1", ErrExpectString, 13, ""},
-	{exec, "pid == 1 && old_pid != 2", "", 0, ""},
+	{execEv, "filename ~ \"/usr/bin/*\"", "", 0, ""},
+	{execEv, "filename == \"/bin/true\"", "", 0, ""},
+	{execEv, "filename ~ \"*true\"", "", 0, ""},
+	{execEv, "filename > \"a\"", ErrIllegalFieldOp, 12, ""},
+	{execEv, "filename == 1", ErrExpectString, 13, ""},
+	{execEv, "pid == 1 && old_pid != 2", "", 0, ""},
 	{rename, "newcomm == \"x\" || oldcomm ~ \"*y*\"", "", 0, ""},
 	{rename, "oom_score_adj < -100", "", 0, ""},
 	{rename, "oom_score_adj == 0x10000", "", 0, ""},
