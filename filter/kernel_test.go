@@ -151,18 +151,31 @@ func runningRelease(t *testing.T) Release {
 func TestKernelVerdicts(t *testing.T) {
 	in := newInstance(t)
 	rel := runningRelease(t)
-	opts := Options{Symbols: readKallsyms(t)}
-	if opts.Symbols == nil {
-		testenv.Missing(t, "/proc/kallsyms shows no addresses: .function rows need them")
+	var opts Options
+	syms := readKallsyms(t)
+	if syms != nil {
+		opts.Symbols = syms
+	} else {
+		t.Logf("/proc/kallsyms shows no addresses: the rows with .function are left out")
 	}
 	formats := map[string]*tracefs.Format{}
-	agree := 0
+	agree, rows := 0, 0
 	for _, r := range verdictRows {
+		if syms == nil && strings.Contains(r.expr, ".function") {
+			continue
+		}
 		f := formats[r.event]
 		if f == nil {
+			if r.event == ipi && !Has(rel, FeatCPUS) {
+				// ipi_send_cpumask came with cpumask filtering (6.6).
+				if _, err := os.Stat(in.eventDir(r.event)); err != nil {
+					continue
+				}
+			}
 			f = in.format(r.event)
 			formats[r.event] = f
 		}
+		rows++
 		kv := in.setFilter(r.event, r.expr)
 		in.clearFilter(r.event)
 		_, err := ParseOptions(r.expr, f, opts)
@@ -183,7 +196,7 @@ func TestKernelVerdicts(t *testing.T) {
 		}
 		agree++
 	}
-	t.Logf("kernel %s: %d of %d filters judged alike", rel, agree, len(verdictRows))
+	t.Logf("kernel %s: %d of %d filters judged alike", rel, agree, rows)
 }
 
 // compareVerdict returns what differs between the kernel's verdict kv,

@@ -49,7 +49,7 @@ func ParseOptions(expr string, f *tracefs.Format, opts Options) (*Filter, error)
 		expr = expr[:i]
 	}
 	// apply_event_filter: strstrip()ed "0" clears the filter.
-	if strings.TrimFunc(expr, func(r rune) bool { return r < 0x100 && isSpace(byte(r)) }) == "0" {
+	if trimSpace(expr) == "0" {
 		return &Filter{Expr: full}, nil
 	}
 	if opts.NrCPUs <= 0 {
@@ -68,6 +68,19 @@ func ParseOptions(expr string, f *tracefs.Format, opts Options) (*Filter, error)
 		return nil, withExpr(perr, full)
 	}
 	return &Filter{Expr: full, Prog: prog}, nil
+}
+
+// trimSpace is the kernel's strstrip: expr without the bytes isspace
+// takes at either end.
+func trimSpace(expr string) string {
+	i, j := 0, len(expr)
+	for i < j && isSpace(expr[i]) {
+		i++
+	}
+	for j > i && isSpace(expr[j-1]) {
+		j--
+	}
+	return expr[i:j]
 }
 
 // withExpr returns e for the caller's whole expression, its position

@@ -108,6 +108,8 @@ var verdictRows = []row{
 	{sw, "&& prev_pid == 1", ErrMissingField, 0, ""},
 	{sw, "0", "", 0, ""},
 	{sw, " 0 \n", "", 0, ""},
+	{sw, "\xa00\xa0", "", 0, ""},
+	{sw, "0 0", ErrFieldNotFound, 2, ""},
 	{sw, "00", ErrFieldNotFound, 2, ""},
 	// Strings: fixed char arrays.
 	{sw, "prev_comm == \"bash\"", "", 0, ""},
