@@ -17,9 +17,9 @@
 // from user memory) and .function (compare a long with a kernel
 // function's address range).
 //
-// Integers take == != < <= > >= & with a number read as kstrtoll (signed
-// fields) or kstrtoull reads it: decimal, 0x hex, 0 octal, a '-' only
-// for signed fields. Strings (char arrays, __data_loc and __rel_loc
+// Integers take == != < <= > >= & with a number, which is read as
+// kstrtoll (signed fields) or kstrtoull (the others) reads it: decimal,
+// 0x hex, 0 octal, a '-' only for signed fields. Strings (char arrays, __data_loc and __rel_loc
 // strings, char * fields) take == != ~ with a value in "double" or
 // 'single' quotes; no bare words, no escapes. ~ classifies its pattern
 // as the kernel's filter_parse_regex does: see MatchKind. CPUS{list}
@@ -32,6 +32,15 @@
 // Inst.BranchIf. A compiler to BPF emits one compare per Pred and one
 // conditional jump per Inst; '!' never reaches a Pred (the kernel folds
 // it into BranchIf).
+//
+// # Evaluation
+//
+// Filter.Match runs the program over a raw record as the format lays it
+// out, with the task's comm and the CPU for the pseudo fields. It keeps
+// the kernel's quirks (an end match on a fixed array looks at the
+// array's last bytes; a char * field's string is not in the record, so
+// its predicates are false; stacktrace predicates are false) and keeps
+// nothing it cannot read.
 //
 // # Kernel versions
 //
