@@ -58,6 +58,8 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzParseFormat$$' ./consumer/tracefs/
 	$(FUZZ) -fuzz '^FuzzTranscode$$' ./consumer/
 	$(FUZZ) -fuzz '^FuzzParse$$' ./synth/
+	$(FUZZ) -fuzz '^FuzzParse$$' ./filter/
+	$(FUZZ) -fuzz '^FuzzMatch$$' ./filter/
 	$(FUZZ) -fuzz '^FuzzIndexOf$$' ./relayd/
 	$(FUZZ) -fuzz '^FuzzParseURL$$' ./relayd/
 
