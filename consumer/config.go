@@ -92,6 +92,11 @@ type Config struct {
 	PIDs   []int
 	Cgroup string
 	Comms  []string
+	// Filters keep only the events of the tracepoints they name whose
+	// fields pass their expression, in ftrace's event filter language
+	// (docs/filters.md), evaluated in the recorder before the event
+	// takes ring space. An event several filters name must pass all.
+	Filters []EventFilter
 
 	// Dir receives the trace (metadata and trace<N> files); it must exist.
 	// Sink, when set, is used instead (tests, benchmarks).
@@ -136,6 +141,14 @@ type Config struct {
 
 	// Env is added to the metadata env block.
 	Env map[string]string
+}
+
+// EventFilter is a field filter: Expr, in ftrace's event filter
+// language, applies to the recorded tracepoints that Event, a pattern as
+// Config.Events takes them, names.
+type EventFilter struct {
+	Event string
+	Expr  string
 }
 
 // Adjust is how the consumer writes one field of a tracepoint otherwise

@@ -121,7 +121,11 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	opts := recorder.EventOptions(cfg.recorder(), formats, users, len(synthDefs), wake)
+	filters, err := resolveFilters(fs, cfg.Filters, formats, users)
+	if err != nil {
+		return nil, err
+	}
+	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, len(synthDefs), wake)
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -93,4 +94,74 @@ func parseClock(c string) (consumer.Clock, error) {
 		}
 	}
 	return 0, fmt.Errorf("--clock %q: want mono, boot or tai", c)
+}
+
+// eventsFlag is -e: the event patterns, and those of the last -e, which
+// a -f after it filters.
+type eventsFlag struct {
+	list, last []string
+}
+
+func (e *eventsFlag) String() string { return strings.Join(e.list, ",") }
+
+func (e *eventsFlag) Set(s string) error {
+	var l listFlag
+	if err := l.Set(s); err != nil {
+		return err
+	}
+	e.list, e.last = append(e.list, l...), l
+	return nil
+}
+
+// filterFlags is -f, and gathers --filter: the field filters, each -f on
+// the events of the -e before it, as trace-cmd record takes -f.
+type filterFlags struct {
+	events *eventsFlag
+	list   []consumer.EventFilter
+}
+
+func (f *filterFlags) String() string { return "" }
+
+func (f *filterFlags) Set(expr string) error {
+	if len(f.events.last) == 0 {
+		return errors.New("-f applies to the events of an -e before it: give -e EVENT first")
+	}
+	for _, e := range f.events.last {
+		f.list = append(f.list, consumer.EventFilter{Event: e, Expr: expr})
+	}
+	return nil
+}
+
+// filterFlag is --filter EVENT:EXPR.
+type filterFlag struct{ f *filterFlags }
+
+func (f filterFlag) String() string { return "" }
+
+func (f filterFlag) Set(s string) error {
+	event, expr, ok := splitFilter(s)
+	if !ok {
+		return fmt.Errorf("%q: want EVENT:EXPR, as sched:sched_switch:'prev_pid > 0'", s)
+	}
+	f.f.list = append(f.f.list, consumer.EventFilter{Event: event, Expr: expr})
+	return nil
+}
+
+// splitFilter splits EVENT:EXPR where EVENT is system:name, a glob of
+// one or a bare name: EVENT ends at the last ':' before the first byte
+// that no event pattern or field name holds (a space, an operator, a
+// quote, a parenthesis), since an expression starts with a field name,
+// '!' or '('.
+func splitFilter(s string) (event, expr string, ok bool) {
+	end := strings.IndexFunc(s, func(r rune) bool {
+		return !(r == ':' || r == '_' || r == '*' || r == '?' || r == '[' || r == ']' || r == '-' ||
+			r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	})
+	if end < 0 {
+		end = len(s)
+	}
+	i := strings.LastIndexByte(s[:end], ':')
+	if i <= 0 || strings.TrimSpace(s[i+1:]) == "" {
+		return "", "", false
+	}
+	return s[:i], s[i+1:], true
 }

@@ -8,10 +8,12 @@ import (
 	"path"
 
 	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
 func list(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("list", "list [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.", "kconsume list 'sched:*'", stderr)
+	fs := newFlags("list", "list [-v] [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.", "kconsume list -v sched:sched_switch", stderr)
+	verbose := fs.Bool("v", false, "also list each tracepoint's fields, which -f expressions compare (docs/filters.md)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -36,6 +38,11 @@ func list(args []string, stdout, stderr io.Writer) error {
 	}
 	for _, e := range evs {
 		fmt.Fprintln(stdout, e)
+		if *verbose {
+			if err := listFields(stdout, t, e); err != nil {
+				return err
+			}
+		}
 	}
 	defs, err := synthStore.List()
 	if err != nil {
@@ -52,5 +59,28 @@ func list(args []string, stdout, stderr io.Writer) error {
 	if n == 0 {
 		return usageError{fmt.Errorf("no tracepoint or synthetic event matches %q", pattern)}
 	}
+	return nil
+}
+
+// listFields prints the fields of tracepoint e a filter expression can
+// name: the record's, common ones first, with their C types, and the
+// pseudo fields the kernel's filters add.
+func listFields(w io.Writer, t tracefs.FS, e tracefs.Event) error {
+	f, err := t.Format(e)
+	if err != nil {
+		return err
+	}
+	for _, fl := range f.All() {
+		typ := fl.Type
+		switch {
+		case fl.Loc != tracefs.Inline:
+			typ = "__data_loc " + typ + "[]"
+		case fl.ArrayLen > 0:
+			typ = fmt.Sprintf("%s[%d]", typ, fl.ArrayLen)
+		}
+		fmt.Fprintf(w, "\t%-24s %s\n", fl.Name, typ)
+	}
+	fmt.Fprintf(w, "\t%-24s %s\n", "COMM (comm)", "the task's name, a string")
+	fmt.Fprintf(w, "\t%-24s %s\n", "CPU (cpu, common_cpu)", "the CPU, an int")
 	return nil
 }

@@ -85,6 +85,14 @@ func TestRecordUsageErrors(t *testing.T) {
 		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--live-timer", "1ms"}, "10ms to 1h"},
 		{[]string{"record", "-e", "sched:sched_switch", "--relayd", "net://collector", "--relayd-timeout", "-1s"}, "positive"},
 		{[]string{"list", "nosuch:*"}, "no tracepoint or synthetic event matches"},
+		{[]string{"record", "-o", out, "-f", "prev_pid > 0", "-e", "sched:sched_switch"}, "give -e EVENT first"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "-f", "prev_pid >"}, `position 10: Invalid value (did you forget quotes)?`},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "-f", "nosuch == 1"}, "Field not found"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "-f", `prev_comm < "a"`}, "Illegal operation for field type"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "-f", `prev_pid ~ "a*"`}, "Expecting numeric field"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--filter", "prev_pid"}, "want EVENT:EXPR"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "--filter", "sched:sched_wakeup:pid > 0"}, "no recorded event matches"},
+		{[]string{"record", "-o", out, "-e", "sched:sched_switch", "-f", "common_flags == 1"}, "common fields overwritten"},
 	}
 	for _, c := range cases {
 		code, _, stderr := runCmd(c.args...)
@@ -140,6 +148,16 @@ func TestList(t *testing.T) {
 	code, out, _ := runCmd("list", "sched:sched_sw*")
 	if code != 0 || !strings.Contains(out, "sched:sched_switch\n") {
 		t.Fatalf("list: exit %d, %q", code, out)
+	}
+	// -v lists the fields a filter names, each of the kernel's format.
+	code, out, _ = runCmd("list", "-v", "sched:sched_switch")
+	if code != 0 {
+		t.Fatalf("list -v: exit %d, %q", code, out)
+	}
+	for _, want := range []string{"\tcommon_pid ", "\tprev_comm ", "char[16]", "\tnext_pid ", "\tCOMM ", "\tCPU "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list -v sched:sched_switch lacks %q:\n%s", want, out)
+		}
 	}
 }
 

@@ -47,7 +47,9 @@ type recordOpts struct {
 // recordFlags is what record's flags give the session's configuration,
 // as parsed.
 type recordFlags struct {
-	events, comms, pids, objects     listFlag
+	events                           eventsFlag
+	filters                          filterFlags
+	comms, pids, objects             listFlag
 	subbuf, ring, memory             sizeFlag
 	mode, transport, clock, syscalls string
 	cgroup                           string
@@ -74,6 +76,9 @@ func defineRecordFlags(fs *flag.FlagSet, o *recordOpts, f *recordFlags) {
 	fs.StringVar(&o.synthFile, "synth", "", "also define the synthetic events in this `file` (one definition per line)")
 	fs.StringVar(&o.metrics, "metrics", "", "serve the per-CPU counters in Prometheus text format at http://`addr`/metrics")
 	fs.Var(&f.events, "e", "`event`s to record (repeat or separate with commas)")
+	f.filters.events = &f.events
+	fs.Var(&f.filters, "f", "keep only the events of the -e before it whose fields pass this `expression`, in ftrace's event filter language (docs/filters.md): -e sched:sched_switch -f 'prev_comm == \"nginx\"'")
+	fs.Var(filterFlag{&f.filters}, "filter", "keep only the events of `EVENT:EXPR` (EVENT as -e takes it, globs too) whose fields pass EXPR, in ftrace's event filter language (docs/filters.md)")
 	fs.Var(&f.pids, "pid", "record only these thread or process `id`s (repeat or commas)")
 	fs.Var(&f.objects, "bpf", "also load this BPF object `file` built on bpf/kc_synth.h and record the synthetic events it declares (repeat or commas)")
 	fs.Var(&f.comms, "comm", "record only tasks with this command `name` (repeat or commas)")
@@ -110,7 +115,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	if o.out == "" && !o.relay.enabled() {
 		return nil, usageError{errors.New("-o DIR is required (or --relayd URL)")}
 	}
-	if len(f.events) == 0 && len(f.objects) == 0 {
+	if len(f.events.list) == 0 && len(f.objects) == 0 {
 		return nil, usageError{errors.New("-e EVENT or --bpf FILE is required (see kconsume list)")}
 	}
 	cfg, err := f.config()
@@ -149,7 +154,8 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 // clock or syscall path.
 func (f *recordFlags) config() (consumer.Config, error) {
 	cfg := consumer.Config{
-		Events:     f.events,
+		Events:     f.events.list,
+		Filters:    f.filters.list,
 		Cgroup:     f.cgroup,
 		Comms:      f.comms,
 		SubbufSize: int(f.subbuf),
@@ -197,7 +203,7 @@ func (f *recordFlags) addSynth(cfg *consumer.Config, synthFile string) error {
 		}
 		cfg.Objects = append(cfg.Objects, spec)
 	}
-	if synthFile != "" || len(f.objects) > 0 || slices.ContainsFunc(f.events, func(e string) bool { return strings.HasPrefix(e, consumer.SynthSystem+":") }) {
+	if synthFile != "" || len(f.objects) > 0 || slices.ContainsFunc(f.events.list, func(e string) bool { return strings.HasPrefix(e, consumer.SynthSystem+":") }) {
 		var err error
 		if cfg.Synth, err = synthDefs(synthFile); err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kconsume/kconsume/consumer/layout"
 	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
 )
 
@@ -75,12 +76,13 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 }
 
 // EventOptions returns what the load needs to know of the recorded
-// events formats, with users their user-space fields (sysUsers), synths
-// the count of synthetic events and wake set when wakeup_latency is
-// recorded: their record sizes, the syscall events and BTF programs that
-// may record them, and whether packet mode may write them.
-func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, synths int, wake bool) *Options {
-	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}}
+// events formats, with users their user-space fields (sysUsers), filters
+// their field filters (nil for none), synths the count of synthetic
+// events and wake set when wakeup_latency is recorded: their record
+// sizes, the syscall events and BTF programs that may record them, and
+// whether packet mode may write them.
+func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filters []*filter.Filter, synths int, wake bool) *Options {
+	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}, filters: filters, formats: formats}
 	opts.user = slices.ContainsFunc(users, func(u *SysUser) bool { return u != nil })
 	opts.userNr = true
 	for i, u := range users {
@@ -91,6 +93,11 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, synth
 	opts.pktTP = pktEligible(cfg, formats, synths, wake, false)
 	opts.pktRaw = pktEligible(cfg, formats, synths, wake, true)
 	for i, f := range formats {
+		if i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0 {
+			// A filtered event takes its tracepoint's copy with the
+			// filter compiled in (filtercode.go).
+			continue
+		}
 		opts.small[i] = smallSize(f)
 		if exit, ok := SysShape(f); ok {
 			opts.sys = true

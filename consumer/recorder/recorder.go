@@ -24,6 +24,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
 )
 
@@ -73,6 +75,10 @@ type Options struct {
 	user   bool              // some event has user-space fields (sysUserOf)
 	userNr bool              // each such event has a number kc_sys_user_fault dispatches by
 	btf    map[string]btfUse // by BTF program: the event it records (btfShape)
+	// filters are the events' field filters by key (nil: none), and
+	// formats the events' formats.
+	filters []*filter.Filter
+	formats []*tracefs.Format
 	// sysEvents are the syscall events the syscall programs can build.
 	sysEvents []sysEvent
 	// pktRaw and pktTP are nil when the events can be written in packet

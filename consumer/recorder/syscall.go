@@ -147,7 +147,7 @@ func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, erro
 	for i, f := range formats {
 		exit, ok := SysShape(f)
 		nr, known := sysNr(f)
-		if progs[i] != "" || !ok || !known {
+		if progs[i] != "" || !ok || !known || r.tp.filter(i) != nil {
 			continue
 		}
 		slot := uint32(nr)

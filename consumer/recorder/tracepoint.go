@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
 	"golang.org/x/sys/unix"
 )
@@ -20,7 +21,23 @@ import (
 // tracepoints is the tracepoint kind's state.
 type tracepoints struct {
 	cookie bool // event keys come from attach cookies
+	// filters holds each event key's field filter, nil for none; the
+	// formats of the filtered events, by key.
+	filters []*filter.Filter
+	formats []*tracefs.Format
 }
+
+// filter returns event key i's field filter, or nil when it has none
+// (or the kernel's "0", no filter).
+func (t *tracepoints) filter(i int) *filter.Filter {
+	if i < len(t.filters) && t.filters[i] != nil && len(t.filters[i].Prog) > 0 {
+		return t.filters[i]
+	}
+	return nil
+}
+
+// filteredProg names the program copy of filtered event key i.
+func filteredProg(i int) string { return "kc_tpf_" + strconv.Itoa(i) }
 
 // smallSize returns the record size of f when the recorder can copy it
 // straight into the ring with a program copy of its own size
@@ -64,16 +81,31 @@ func (t *tracepoints) copies(spec *ebpf.CollectionSpec, transport Transport, nev
 		}
 		spec.Programs[base.Name] = base
 	}
+	if opts != nil {
+		t.filters, t.formats = opts.filters, opts.formats
+	}
 	if !t.cookie {
 		delete(spec.Programs, gen.RingbufProgKcTracepoint)
 		for i := 0; i < nevents; i++ {
 			ps, err := patchImm(base, "kc_tp_"+strconv.Itoa(i), keyPlaceholder, uint32(i))
+			if flt := t.filter(i); err == nil && flt != nil {
+				ps, err = filterProg(ps, ps.Name, flt, t.formats[i])
+			}
 			if err != nil {
 				return err
 			}
 			spec.Programs[ps.Name] = ps
 		}
 		return nil
+	}
+	for i := 0; i < nevents; i++ {
+		if flt := t.filter(i); flt != nil {
+			ps, err := filterProg(base, filteredProg(i), flt, t.formats[i])
+			if err != nil {
+				return err
+			}
+			spec.Programs[ps.Name] = ps
+		}
 	}
 	if transport != Ringbuf || opts == nil {
 		return nil
@@ -125,6 +157,9 @@ func (t *tracepoints) attach(r *Recorder, f *tracefs.Format, i int, recorded, as
 		// steps) goes through the scratch record, never a small copy.
 		if small := smallProg(smallSize(f)); recorded && asIs && r.coll.Programs[small] != nil {
 			name = small
+		}
+		if recorded && t.filter(i) != nil {
+			name = filteredProg(i)
 		}
 	}
 	lk, err := link.Tracepoint(f.System, f.Name, r.coll.Programs[name], opts)

@@ -1,0 +1,67 @@
+package consumer
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/kconsume/kconsume/consumer/recorder"
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/filter"
+)
+
+// resolveFilters returns the field filter of each recorded event of
+// formats (nil where none applies): the expressions of the filters whose
+// Event names it, joined with &&, parsed against its format. It fails
+// with ErrConfig, naming the event, the position and the reason, for an
+// expression the kernel would refuse, one the recorder cannot yet
+// evaluate, a filter on a syscall event whose user-space fields the
+// recorder fills (users), or a filter whose Event names no recorded
+// event.
+func resolveFilters(fs tracefs.FS, flts []EventFilter, formats []*tracefs.Format, users []*recorder.SysUser) ([]*filter.Filter, error) {
+	if len(flts) == 0 {
+		return nil, nil
+	}
+	exprs := make([][]string, len(formats))
+	for _, flt := range flts {
+		evs, err := fs.Events(flt.Event)
+		if err != nil {
+			return nil, fmt.Errorf("%w: filter for %s: %w", ErrConfig, flt.Event, err)
+		}
+		named := map[tracefs.Event]bool{}
+		for _, e := range evs {
+			named[e] = true
+		}
+		found := false
+		for i, f := range formats {
+			if named[tracefs.Event{System: f.System, Name: f.Name}] {
+				exprs[i] = append(exprs[i], flt.Expr)
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("%w: filter for %s: no recorded event matches it", ErrConfig, flt.Event)
+		}
+	}
+	out := make([]*filter.Filter, len(formats))
+	for i, f := range formats {
+		if len(exprs[i]) == 0 {
+			continue
+		}
+		expr := exprs[i][0]
+		if len(exprs[i]) > 1 {
+			expr = "(" + strings.Join(exprs[i], ") && (") + ")"
+		}
+		flt, err := filter.Parse(expr, f)
+		if err == nil && len(flt.Prog) > 0 && users != nil && users[i] != nil {
+			err = fmt.Errorf("filters on syscall events with user-space fields are not evaluated in the recorder yet")
+		}
+		if err == nil {
+			err = recorder.CheckFilter(flt, f)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: event %s: %w", ErrConfig, f.FullName(), err)
+		}
+		out[i] = flt
+	}
+	return out, nil
+}

@@ -1,0 +1,225 @@
+package consumer
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer/recorder"
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// Two fds no process has, so that the filters below see only the test's
+// lseeks (the tracepoint fires before the syscall fails).
+const (
+	filterFdA = 777777
+	filterFdB = 777778
+)
+
+// lseekCalls are the (fd, offset, whence) the test passes to lseek.
+var lseekCalls = [][3]uint64{
+	{filterFdA, 0, 0}, {filterFdA, 5, 1}, {filterFdA, 100, 2}, {filterFdA, 101, 3},
+	{filterFdA, 1 << 40, 4}, {filterFdA, ^uint64(0), 0}, {filterFdA, ^uint64(4), 1},
+	{filterFdB, 7, 2}, {filterFdB, 1 << 20, 6}, {filterFdB, 1<<20 + 1, 0},
+}
+
+// renameNames are the names the test gives its thread, in turn.
+var renameNames = []string{"kcf-alpha", "kcf-beta", "kcf-alphabet", "kcf-gamma9", "other-kcf"}
+
+// TestFieldFilterMatchesFtrace records lseeks and renames of chosen
+// values with a field filter while an ftrace instance records the same
+// events with the same filter, and requires the two to keep the same
+// events: the kernel's own filter is the judge, on integer compares
+// (signed and unsigned, &), fixed strings (==, !=, globs), the pseudo
+// fields and && || ! with parentheses. With packet mode and without,
+// and with attach cookies and a program copy per event.
+func TestFieldFilterMatchesFtrace(t *testing.T) {
+	testenv.RequireRoot(t)
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu := runtime.NumCPU() - 1
+	lseek := fmt.Sprintf("fd >= %d && ", filterFdA)
+	rename := `oldcomm ~ "kc*" && `
+	cases := []struct{ event, expr string }{
+		{"syscalls:sys_enter_lseek", fmt.Sprintf("fd == %d", filterFdA)},
+		{"syscalls:sys_enter_lseek", lseek + "offset > 100"},
+		{"syscalls:sys_enter_lseek", lseek + "(offset <= 5 || whence & 4)"},
+		{"syscalls:sys_enter_lseek", lseek + "!(whence == 0) && offset != 7"},
+		{"syscalls:sys_enter_lseek", lseek + "offset >= 0x100000 && fd != " + strconv.Itoa(filterFdA)},
+		{"syscalls:sys_enter_lseek", lseek + fmt.Sprintf("common_pid == %d", os.Getpid()) + " && CPU == " + strconv.Itoa(cpu)},
+		{"syscalls:sys_enter_lseek", lseek + `comm ~ "*ilter*"`},
+		{"syscalls:sys_enter_lseek", lseek + `(COMM == "nothing" || offset < 1)`},
+		{"task:task_rename", rename + `newcomm == "kcf-alpha"`},
+		{"task:task_rename", rename + `newcomm ~ "kcf-alpha*"`},
+		{"task:task_rename", rename + `newcomm != "kcf-beta" && newcomm ~ "kcf*"`},
+		{"task:task_rename", rename + `newcomm ~ "!kcf-*"`},
+		{"task:task_rename", rename + `(newcomm ~ "*bet*" || newcomm == "kcf-gamma9")`},
+	}
+	for _, v := range []struct {
+		name            string
+		noPkt, noCookie bool
+	}{{"default", false, false}, {"no-packets", true, false}, {"copies", false, true}} {
+		t.Run(v.name, func(t *testing.T) {
+			recorder.Testing.NoPackets, recorder.Testing.NoCookie = v.noPkt, v.noCookie
+			defer func() { recorder.Testing.NoPackets, recorder.Testing.NoCookie = false, false }()
+			for i, c := range cases {
+				t.Run(strconv.Itoa(i), func(t *testing.T) {
+					ours, theirs := filterBoth(t, fs, c.event, c.expr, cpu)
+					if !slices.Equal(ours, theirs) {
+						t.Fatalf("%s: %s: kconsume kept %q, ftrace %q", c.event, c.expr, ours, theirs)
+					}
+					t.Logf("%s: %s: kept %q", c.event, c.expr, ours)
+				})
+			}
+		})
+	}
+}
+
+// filterBoth records event with the filter expr in kconsume and in an
+// ftrace instance while the test lseeks and renames itself on cpu, and
+// returns what each kept: for lseek "fd/offset/whence", for task_rename
+// the new name, in order.
+func filterBoth(t *testing.T, fs tracefs.FS, event, expr string, cpu int) (ours, theirs []string) {
+	t.Helper()
+	ev, err := tracefs.ParseEvent(event)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, enable := ftraceInstance(t, fs, "filter", []string{event})
+	if err := os.WriteFile(filepath.Join(inst, "events", ev.System, ev.Name, "filter"), []byte(expr), 0); err != nil {
+		t.Fatalf("the kernel refuses %q: %v", expr, err)
+	}
+	s, dir := newTestSession(t, Config{Events: []string{event}, Filters: []EventFilter{{Event: event, Expr: expr}}})
+	if err := enable("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	filterWorkload(t, cpu)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := enable("0"); err != nil {
+		t.Fatal(err)
+	}
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			return
+		}
+		if ev.Name == "task_rename" {
+			ours = append(ours, string(field(vals, "newcomm").Text()))
+			return
+		}
+		ours = append(ours, fmt.Sprintf("%d/%d/%d", field(vals, "fd").Uint(0), field(vals, "offset").Uint(0), field(vals, "whence").Uint(0)))
+	})
+	text, err := os.ReadFile(filepath.Join(inst, "trace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ours, ftraceKept(t, ev.Name, string(text))
+}
+
+var (
+	reLseek  = regexp.MustCompile(`fd: (0x[0-9a-f]+|[0-9]+), offset: (0x[0-9a-f]+|[0-9]+), whence: (0x[0-9a-f]+|[0-9]+)\)`)
+	reRename = regexp.MustCompile(` newcomm=(\S+) `)
+)
+
+// ftraceKept returns what an ftrace instance's trace text kept, as
+// filterBoth's ours.
+func ftraceKept(t *testing.T, name, text string) []string {
+	t.Helper()
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "#") || line == "" {
+			continue
+		}
+		if name == "task_rename" {
+			if m := reRename.FindStringSubmatch(line); m != nil {
+				out = append(out, m[1])
+			}
+			continue
+		}
+		m := reLseek.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		var v [3]uint64
+		for i := range v {
+			n, err := strconv.ParseUint(m[i+1], 0, 64)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			v[i] = n
+		}
+		out = append(out, fmt.Sprintf("%d/%d/%d", v[0], v[1], v[2]))
+	}
+	return out
+}
+
+// filterWorkload makes lseekCalls and renames a thread through
+// renameNames, on a thread of its own pinned to cpu and named kc-filter,
+// which exits after (it is never unlocked), taking its pinning and name
+// with it.
+func filterWorkload(t *testing.T, cpu int) {
+	t.Helper()
+	done := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		done <- filterCalls(cpu)
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// filterCalls is filterWorkload's thread.
+func filterCalls(cpu int) error {
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return err
+	}
+	if err := setName("kc-filter"); err != nil {
+		return err
+	}
+	for _, c := range lseekCalls {
+		_, _, errno := unix.Syscall(unix.SYS_LSEEK, uintptr(c[0]), uintptr(c[1]), uintptr(c[2]))
+		if errno != unix.EBADF {
+			return fmt.Errorf("lseek(%d): %v, want EBADF", c[0], errno)
+		}
+	}
+	for _, name := range renameNames {
+		// Back to a kc… name after each: the rename filters ask it of
+		// oldcomm.
+		if err := setName(name); err != nil {
+			return err
+		}
+		if err := setName("kc-filter"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setName names the calling thread.
+func setName(name string) error {
+	p, err := unix.BytePtrFromString(name)
+	if err != nil {
+		return err
+	}
+	return unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(p)), 0, 0, 0)
+}

@@ -1,0 +1,309 @@
+package recorder
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
+
+	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/filter"
+)
+
+// A field filter (filter.Filter, ftrace's event filter language) is
+// compiled into BPF and put in place of kc_field_filter's body
+// (bpf/kc/fields.h) in its event's program copy: the kernel's filter
+// program, entry by entry (filter_match_preds in
+// kernel/trace/trace_events_filter.c), each predicate leaving its result
+// in R0 and its entry jumping on it. The function gets the ring record
+// in the scratch record (R1, a map value: the entry, then the trace
+// record from byte 8 on, layout.RingCut bytes before its trace-record
+// offsets) and its length (R2).
+
+// fieldFilterFunc is the function the loader replaces; filterPlaceholder
+// mirrors KC_FILTER_PLACEHOLDER (TestMirrorsC).
+const (
+	fieldFilterFunc   = "kc_field_filter"
+	filterPlaceholder = 0x6b6346494c
+)
+
+// maxUnrolled bounds the bytes of a fixed string a substring match
+// (MatchMiddle) searches with unrolled compares.
+const maxUnrolled = 64
+
+// errFilterUnsupported wraps what the recorder cannot yet evaluate in
+// BPF though the kernel's language has it.
+var errFilterUnsupported = errors.New("not evaluated in the recorder yet")
+
+// CheckFilter returns nil when the recorder can evaluate flt on events of
+// format f, else why not (naming the predicate's position).
+func CheckFilter(flt *filter.Filter, f *tracefs.Format) error {
+	_, err := compileFilter(flt, f)
+	return err
+}
+
+// filterProg returns a copy of program base named name whose field
+// filter is flt, for events of format f.
+func filterProg(base *ebpf.ProgramSpec, name string, flt *filter.Filter, f *tracefs.Format) (*ebpf.ProgramSpec, error) {
+	code, err := compileFilter(flt, f)
+	if err != nil {
+		return nil, err
+	}
+	ps, err := patchImm(base, name, filterPlaceholder, 1)
+	if err != nil {
+		return nil, err
+	}
+	start := -1
+	for i := range ps.Instructions {
+		if ps.Instructions[i].Symbol() == fieldFilterFunc {
+			start = i
+			break
+		}
+	}
+	if start < 0 {
+		return nil, fmt.Errorf("recorder program %s has no %s", base.Name, fieldFilterFunc)
+	}
+	end := len(ps.Instructions)
+	for i := start + 1; i < len(ps.Instructions); i++ {
+		if btf.FuncMetadata(&ps.Instructions[i]) != nil {
+			end = i
+			break
+		}
+	}
+	// The first instruction carries the function's symbol and BTF.
+	code[0].Metadata = ps.Instructions[start].Metadata
+	ins := append(append(ps.Instructions[:start:start], code...), ps.Instructions[end:]...)
+	ps.Instructions = ins
+	return ps, nil
+}
+
+// compileFilter returns the body of kc_field_filter for flt on events
+// of format f. It fails, naming the predicate, for what the recorder
+// cannot read (common_flags and common_preempt_count, which the kernel
+// hides from BPF) or cannot yet evaluate in BPF.
+func compileFilter(flt *filter.Filter, f *tracefs.Format) (asm.Instructions, error) {
+	n := len(flt.Prog)
+	label := func(i int) string {
+		switch i {
+		case n:
+			return "kcf_keep"
+		case n + 1:
+			return "kcf_drop"
+		}
+		return "kcf_" + strconv.Itoa(i)
+	}
+	code := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1), asm.Mov.Reg(asm.R7, asm.R2)}
+	for i, in := range flt.Prog {
+		if in.Pred == nil {
+			return nil, errors.New("filter program entry without a predicate")
+		}
+		pc, err := predCode(in.Pred, f, "kcf_"+strconv.Itoa(i))
+		if err != nil {
+			return nil, fmt.Errorf("filter %q: position %d: %w", flt.Expr, in.Pred.Pos, err)
+		}
+		pc[0] = pc[0].WithSymbol(label(i))
+		code = append(code, pc...)
+		want := int32(0)
+		if in.BranchIf {
+			want = 1
+		}
+		code = append(code, asm.JEq.Imm(asm.R0, want, label(in.Jump)))
+	}
+	code = append(code,
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("kcf_keep"), asm.Return(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol("kcf_drop"), asm.Return())
+	return code, nil
+}
+
+// predCode returns the code that leaves predicate p's result, 0 or 1, in
+// R0; its local labels start with at.
+func predCode(p *filter.Pred, f *tracefs.Format, at string) (asm.Instructions, error) {
+	switch p.Kind {
+	case filter.KindNever, filter.KindPtrString:
+		// The kernel's result for these is false (filter.Match).
+		return asm.Instructions{asm.Mov.Imm(asm.R0, 0)}, nil
+	case filter.KindInt:
+		return intCode(p, f, at)
+	case filter.KindString:
+		return stringCode(p, at)
+	}
+	return nil, fmt.Errorf("%s: %w", p.Field.Name, errFilterUnsupported)
+}
+
+// intCode compares an integer field, as the kernel's filter_pred_* do:
+// == and != on the field's bytes, the others signed or unsigned of its
+// size, & true when a bit is common.
+func intCode(p *filter.Pred, f *tracefs.Format, at string) (asm.Instructions, error) {
+	var c asm.Instructions
+	size := p.Field.Size
+	switch {
+	case p.Field.Loc == filter.LocCPU:
+		if p.Op == filter.OpAnd {
+			return asm.Instructions{asm.Mov.Imm(asm.R0, 0)}, nil // filter_pred_cpu has no '&'
+		}
+		c = append(c, asm.FnGetSmpProcessorId.Call(), asm.Mov.Reg(asm.R1, asm.R0))
+		size = 4
+	case p.Field.Loc != filter.LocInline:
+		return nil, fmt.Errorf("%s: %w", p.Field.Name, errFilterUnsupported)
+	case p.Field.Name == "common_type":
+		c = append(c, asm.Mov.Imm(asm.R1, int32(f.ID)))
+	case p.Field.Name == "common_pid":
+		c = append(c, asm.FnGetCurrentPidTgid.Call(), asm.Mov.Reg32(asm.R1, asm.R0))
+	case p.Field.Offset < 8:
+		return nil, fmt.Errorf("%s: the kernel hands BPF the record with its common fields overwritten", p.Field.Name)
+	default:
+		sz, ok := loadSize(size)
+		if !ok {
+			return asm.Instructions{asm.Mov.Imm(asm.R0, 0)}, nil
+		}
+		c = append(c, asm.LoadMem(asm.R1, asm.R6, int16(layout.RingOff(p.Field.Offset)), sz))
+	}
+	bits := uint(size * 8)
+	v := p.Value
+	if bits < 64 {
+		v &= 1<<bits - 1
+	}
+	signed := p.Signed && p.Op != filter.OpEQ && p.Op != filter.OpNE || p.Field.Loc == filter.LocCPU
+	if signed && bits < 64 {
+		sh := int32(64 - bits)
+		c = append(c, asm.LSh.Imm(asm.R1, sh), asm.ArSh.Imm(asm.R1, sh))
+		v = uint64(int64(v<<(64-bits)) >> (64 - bits))
+	}
+	c = append(c, asm.LoadImm(asm.R2, int64(v), asm.DWord), asm.Mov.Imm(asm.R0, 1))
+	done := at + "_done"
+	if p.Op == filter.OpAnd {
+		c = append(c, asm.And.Reg(asm.R1, asm.R2), asm.JNE.Imm(asm.R1, 0, done))
+	} else {
+		c = append(c, jumpOp(p.Op, signed).Reg(asm.R1, asm.R2, done))
+	}
+	return append(c, asm.Mov.Imm(asm.R0, 0), asm.Mov.Reg(asm.R0, asm.R0).WithSymbol(done)), nil
+}
+
+// loadSize returns the load of an integer field of size bytes, false
+// for a size no load has (the kernel's filter then never matches).
+func loadSize(size int) (asm.Size, bool) {
+	switch size {
+	case 1:
+		return asm.Byte, true
+	case 2:
+		return asm.Half, true
+	case 4:
+		return asm.Word, true
+	case 8:
+		return asm.DWord, true
+	}
+	return 0, false
+}
+
+// jumpOp returns the jump taken when a OP b holds.
+func jumpOp(op filter.Op, signed bool) asm.JumpOp {
+	switch op {
+	case filter.OpEQ:
+		return asm.JEq
+	case filter.OpNE:
+		return asm.JNE
+	case filter.OpLT:
+		if signed {
+			return asm.JSLT
+		}
+		return asm.JLT
+	case filter.OpLE:
+		if signed {
+			return asm.JSLE
+		}
+		return asm.JLE
+	case filter.OpGT:
+		if signed {
+			return asm.JSGT
+		}
+		return asm.JGT
+	}
+	if signed {
+		return asm.JSGE
+	}
+	return asm.JGE
+}
+
+// stringCode matches a fixed string field or the task's comm with the
+// predicate's pattern, byte by byte, as the kernel's regex_match_* do
+// over the field's length (filter.Match); Not inverts the result.
+func stringCode(p *filter.Pred, at string) (asm.Instructions, error) {
+	var c asm.Instructions
+	base, off, n := asm.R6, 0, p.Field.StrLen
+	switch p.Field.Loc {
+	case filter.LocComm:
+		// bpf_get_current_comm pads with NULs, as the kernel's comm.
+		c = append(c, asm.Mov.Reg(asm.R1, asm.R10), asm.Add.Imm(asm.R1, -16), asm.Mov.Imm(asm.R2, 16), asm.FnGetCurrentComm.Call())
+		base, off, n = asm.R10, -16, 16
+	case filter.LocInline:
+		if p.Field.Offset < 8 || n == 0 {
+			return nil, fmt.Errorf("%s: %w", p.Field.Name, errFilterUnsupported)
+		}
+		off = layout.RingOff(p.Field.Offset)
+	default:
+		return nil, fmt.Errorf("%s (a dynamic string): %w", p.Field.Name, errFilterUnsupported)
+	}
+	miss, done := at+"_miss", at+"_done"
+	// byteIs jumps to miss unless byte k of the string is b.
+	byteIs := func(k int, b byte) asm.Instructions {
+		return asm.Instructions{asm.LoadMem(asm.R1, base, int16(off+k), asm.Byte), asm.JNE.Imm(asm.R1, int32(b), miss)}
+	}
+	pat := p.Pattern
+	hit, ok := true, true
+	switch p.Match {
+	case filter.MatchFull:
+		ok = n >= len(pat)
+		for k := 0; ok && k < len(pat); k++ {
+			c = append(c, byteIs(k, pat[k])...)
+		}
+		if ok && len(pat) < n {
+			c = append(c, byteIs(len(pat), 0)...)
+		}
+	case filter.MatchFront:
+		ok = n >= len(pat)
+		for k := 0; ok && k < len(pat); k++ {
+			c = append(c, byteIs(k, pat[k])...)
+		}
+	case filter.MatchEnd:
+		// regex_match_end takes the string to be n-1 bytes long.
+		l := n - 1
+		ok = l >= len(pat)
+		for k := 0; ok && k < len(pat); k++ {
+			c = append(c, byteIs(l-len(pat)+k, pat[k])...)
+		}
+	case filter.MatchMiddle:
+		if n > maxUnrolled {
+			return nil, fmt.Errorf("%s: a substring of a %d-byte array: %w", p.Field.Name, n, errFilterUnsupported)
+		}
+		ok = n >= len(pat)
+		for s := 0; ok && s+len(pat) <= n; s++ {
+			next := fmt.Sprintf("%s_at%d", at, s+1)
+			for k := 0; k < len(pat); k++ {
+				c = append(c, asm.LoadMem(asm.R1, base, int16(off+s+k), asm.Byte), asm.JNE.Imm(asm.R1, int32(pat[k]), next))
+			}
+			c = append(c, asm.Ja.Label(done+"_hit"), asm.Mov.Reg(asm.R0, asm.R0).WithSymbol(next))
+		}
+		hit = false // every start tried: a miss
+	default:
+		return nil, fmt.Errorf("%s: a glob: %w", p.Field.Name, errFilterUnsupported)
+	}
+	yes, no := int32(1), int32(0)
+	if p.Not {
+		yes, no = 0, 1
+	}
+	if !ok {
+		// Longer than the field: the kernel's compare fails.
+		return append(c, asm.Mov.Imm(asm.R0, no)), nil
+	}
+	if hit {
+		c = append(c, asm.Ja.Label(done+"_hit"))
+	}
+	return append(c,
+		asm.Mov.Imm(asm.R0, no).WithSymbol(miss), asm.Ja.Label(done),
+		asm.Mov.Imm(asm.R0, yes).WithSymbol(done+"_hit"),
+		asm.Mov.Reg(asm.R0, asm.R0).WithSymbol(done)), nil
+}
