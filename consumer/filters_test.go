@@ -3,6 +3,7 @@ package consumer
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -41,7 +42,7 @@ var renameNames = []string{"kcf-alpha", "kcf-beta", "kcf-alphabet", "kcf-gamma9"
 // values with a field filter while an ftrace instance records the same
 // events with the same filter, and requires the two to keep the same
 // events: the kernel's own filter is the judge, on integer compares
-// (signed and unsigned, &), fixed strings (==, !=, globs), the pseudo
+// (signed and unsigned, &), fixed and dynamic strings (==, !=, globs), the pseudo
 // fields and && || ! with parentheses. With packet mode and without,
 // and with attach cookies and a program copy per event.
 func TestFieldFilterMatchesFtrace(t *testing.T) {
@@ -51,6 +52,7 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	cpu := runtime.NumCPU() - 1
+	execDir := filterExecs(t)
 	lseek := fmt.Sprintf("fd >= %d && ", filterFdA)
 	rename := `oldcomm ~ "kc*" && `
 	cases := []struct{ event, expr string }{
@@ -67,6 +69,11 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		{"task:task_rename", rename + `newcomm != "kcf-beta" && newcomm ~ "kcf*"`},
 		{"task:task_rename", rename + `newcomm ~ "!kcf-*"`},
 		{"task:task_rename", rename + `(newcomm ~ "*bet*" || newcomm == "kcf-gamma9")`},
+		{"sched:sched_process_exec", `filename ~ "*/kcf-exec-a"`},
+		{"sched:sched_process_exec", `filename ~ "*kcf-exec-b*"`},
+		{"sched:sched_process_exec", `filename == "` + filepath.Join(execDir, "kcf-exec-bb") + `"`},
+		{"sched:sched_process_exec", `filename ~ "` + execDir + `*" && filename != "` + filepath.Join(execDir, "kcf-exec-a") + `"`},
+		{"sched:sched_process_exec", `filename ~ "*kcf-exec-*" && !(filename ~ "*-a")`},
 	}
 	for _, v := range []struct {
 		name            string
@@ -77,7 +84,7 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 			defer func() { recorder.Testing.NoPackets, recorder.Testing.NoCookie = false, false }()
 			for i, c := range cases {
 				t.Run(strconv.Itoa(i), func(t *testing.T) {
-					ours, theirs := filterBoth(t, fs, c.event, c.expr, cpu)
+					ours, theirs := filterBoth(t, fs, c.event, c.expr, cpu, execDir)
 					if !slices.Equal(ours, theirs) {
 						t.Fatalf("%s: %s: kconsume kept %q, ftrace %q", c.event, c.expr, ours, theirs)
 					}
@@ -92,7 +99,7 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 // ftrace instance while the test lseeks and renames itself on cpu, and
 // returns what each kept: for lseek "fd/offset/whence", for task_rename
 // the new name, in order.
-func filterBoth(t *testing.T, fs tracefs.FS, event, expr string, cpu int) (ours, theirs []string) {
+func filterBoth(t *testing.T, fs tracefs.FS, event, expr string, cpu int, execDir string) (ours, theirs []string) {
 	t.Helper()
 	ev, err := tracefs.ParseEvent(event)
 	if err != nil {
@@ -109,7 +116,7 @@ func filterBoth(t *testing.T, fs tracefs.FS, event, expr string, cpu int) (ours,
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	filterWorkload(t, cpu)
+	filterWorkload(t, cpu, execDir)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -120,8 +127,12 @@ func filterBoth(t *testing.T, fs tracefs.FS, event, expr string, cpu int) (ours,
 		if it.Kind != relayfmt.EventItem {
 			return
 		}
-		if ev.Name == "task_rename" {
+		switch ev.Name {
+		case "task_rename":
 			ours = append(ours, string(field(vals, "newcomm").Text()))
+			return
+		case "sched_process_exec":
+			ours = append(ours, string(field(vals, "filename").Text()))
 			return
 		}
 		ours = append(ours, fmt.Sprintf("%d/%d/%d", field(vals, "fd").Uint(0), field(vals, "offset").Uint(0), field(vals, "whence").Uint(0)))
@@ -136,6 +147,7 @@ func filterBoth(t *testing.T, fs tracefs.FS, event, expr string, cpu int) (ours,
 var (
 	reLseek  = regexp.MustCompile(`fd: (0x[0-9a-f]+|[0-9]+), offset: (0x[0-9a-f]+|[0-9]+), whence: (0x[0-9a-f]+|[0-9]+)\)`)
 	reRename = regexp.MustCompile(` newcomm=(\S+) `)
+	reExec   = regexp.MustCompile(` filename=(\S+) pid=`)
 )
 
 // ftraceKept returns what an ftrace instance's trace text kept, as
@@ -147,8 +159,14 @@ func ftraceKept(t *testing.T, name, text string) []string {
 		if strings.HasPrefix(line, "#") || line == "" {
 			continue
 		}
-		if name == "task_rename" {
+		switch name {
+		case "task_rename":
 			if m := reRename.FindStringSubmatch(line); m != nil {
+				out = append(out, m[1])
+			}
+			continue
+		case "sched_process_exec":
+			if m := reExec.FindStringSubmatch(line); m != nil {
 				out = append(out, m[1])
 			}
 			continue
@@ -174,7 +192,7 @@ func ftraceKept(t *testing.T, name, text string) []string {
 // renameNames, on a thread of its own pinned to cpu and named kc-filter,
 // which exits after (it is never unlocked), taking its pinning and name
 // with it.
-func filterWorkload(t *testing.T, cpu int) {
+func filterWorkload(t *testing.T, cpu int, execDir string) {
 	t.Helper()
 	done := make(chan error)
 	go func() {
@@ -184,6 +202,31 @@ func filterWorkload(t *testing.T, cpu int) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	for _, name := range filterExecNames {
+		if out, err := exec.Command(filepath.Join(execDir, name)).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v: %s", name, err, out)
+		}
+	}
+}
+
+// filterExecNames are the names under which the test runs true(1).
+var filterExecNames = []string{"kcf-exec-a", "kcf-exec-bb", "kcf-exec-bbb-a", "kcf-exec-c"}
+
+// filterExecs returns a directory where each of filterExecNames is a
+// link to true(1).
+func filterExecs(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, name := range filterExecNames {
+		if err := os.Symlink(bin, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // filterCalls is filterWorkload's thread.
