@@ -38,13 +38,14 @@ var lseekCalls = [][3]uint64{
 // renameNames are the names the test gives its thread, in turn.
 var renameNames = []string{"kcf-alpha", "kcf-beta", "kcf-alphabet", "kcf-gamma9", "other-kcf"}
 
-// TestFieldFilterMatchesFtrace records lseeks and renames of chosen
-// values with a field filter while an ftrace instance records the same
-// events with the same filter, and requires the two to keep the same
-// events: the kernel's own filter is the judge, on integer compares
-// (signed and unsigned, &), fixed and dynamic strings (==, !=, globs), the pseudo
-// fields and && || ! with parentheses. With packet mode and without,
-// and with attach cookies and a program copy per event.
+// TestFieldFilterMatchesFtrace records lseeks, renames and execs of
+// chosen values with a field filter while an ftrace instance records the
+// same events with the same filter, and requires the two to keep the
+// same events: the kernel's own filter is the judge, on integer compares
+// (signed and unsigned, &), fixed and dynamic strings (==, !=, globs),
+// the pseudo fields and && || ! with parentheses. With packet mode and
+// without, with attach cookies and a program copy per event, and on the
+// perf transport.
 func TestFieldFilterMatchesFtrace(t *testing.T) {
 	testenv.RequireRoot(t)
 	fs, err := tracefs.Find()
@@ -78,13 +79,14 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 	for _, v := range []struct {
 		name            string
 		noPkt, noCookie bool
-	}{{"default", false, false}, {"no-packets", true, false}, {"copies", false, true}} {
+		tr              Transport
+	}{{"default", false, false, Auto}, {"no-packets", true, false, Auto}, {"copies", false, true, Auto}, {"perf", false, false, Perf}} {
 		t.Run(v.name, func(t *testing.T) {
 			recorder.Testing.NoPackets, recorder.Testing.NoCookie = v.noPkt, v.noCookie
 			defer func() { recorder.Testing.NoPackets, recorder.Testing.NoCookie = false, false }()
 			for i, c := range cases {
 				t.Run(strconv.Itoa(i), func(t *testing.T) {
-					ours, theirs := filterBoth(t, fs, c.event, c.expr, cpu, execDir)
+					ours, theirs := filterBoth(t, fs, Config{Transport: v.tr}, c.event, c.expr, cpu, execDir)
 					if !slices.Equal(ours, theirs) {
 						t.Fatalf("%s: %s: kconsume kept %q, ftrace %q", c.event, c.expr, ours, theirs)
 					}
@@ -99,7 +101,7 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 // ftrace instance while the test lseeks and renames itself on cpu, and
 // returns what each kept: for lseek "fd/offset/whence", for task_rename
 // the new name, in order.
-func filterBoth(t *testing.T, fs tracefs.FS, event, expr string, cpu int, execDir string) (ours, theirs []string) {
+func filterBoth(t *testing.T, fs tracefs.FS, cfg Config, event, expr string, cpu int, execDir string) (ours, theirs []string) {
 	t.Helper()
 	ev, err := tracefs.ParseEvent(event)
 	if err != nil {
@@ -109,7 +111,8 @@ func filterBoth(t *testing.T, fs tracefs.FS, event, expr string, cpu int, execDi
 	if err := os.WriteFile(filepath.Join(inst, "events", ev.System, ev.Name, "filter"), []byte(expr), 0); err != nil {
 		t.Fatalf("the kernel refuses %q: %v", expr, err)
 	}
-	s, dir := newTestSession(t, Config{Events: []string{event}, Filters: []EventFilter{{Event: event, Expr: expr}}})
+	cfg.Events, cfg.Filters = []string{event}, []EventFilter{{Event: event, Expr: expr}}
+	s, dir := newTestSession(t, cfg)
 	if err := enable("1"); err != nil {
 		t.Fatal(err)
 	}
