@@ -45,6 +45,7 @@ type reportFilter struct {
 	resolved     bool
 	json         bool
 	vals         []relayfmt.Value
+	fields       fieldFilters // --filter
 	// prof is the trace's naming profile: an event also matches by its
 	// ftrace name (sched:sched_switch finds lttng's sched_switch).
 	prof *profile.Profile
@@ -61,6 +62,7 @@ func report(args []string, stdout, stderr io.Writer) error {
 	f := reportFilter{}
 	fs.Var(&events, "e", "only events matching this `glob` (repeat or commas)")
 	fs.IntVar(&f.cpu, "cpu", -1, "only this CPU")
+	fs.Var(&f.fields, "filter", "only events whose fields pass this filter, `[EVENT:]EXPR` in ftrace's event filter language (docs/filters.md), for the events EVENT names or all; repeat: all must pass")
 	fs.Int64Var(&f.pid, "pid", 0, "only events whose common_pid (or pid, or tid) field is this `id`")
 	fs.StringVar(&f.since, "since", "", "first `time` to print")
 	fs.StringVar(&f.until, "until", "", "last `time` to print")
@@ -146,7 +148,7 @@ func (f *reportFilter) format(line []byte, it *relayfmt.Item) ([]byte, bool, err
 		return line, false, nil
 	}
 	if it.Kind != relayfmt.EventItem {
-		if len(f.events) > 0 || f.pid != 0 {
+		if len(f.events) > 0 || f.pid != 0 || f.fields.on() {
 			// A loss cannot be matched to an event name or pid: it is
 			// shown only in the unfiltered view.
 			return line, false, nil
@@ -171,6 +173,11 @@ func (f *reportFilter) format(line []byte, it *relayfmt.Item) ([]byte, bool, err
 	}
 	if !f.matchPID(f.vals) {
 		return line, false, nil
+	}
+	if f.fields.on() {
+		if ok, err := f.fields.pass(it.Class, f.names(it.Class.Name), f.vals, it.CPU); err != nil || !ok {
+			return line, false, usageErrorOf(err)
+		}
 	}
 	if f.json {
 		return appendJSONEvent(line, it, f.vals), true, nil
@@ -322,4 +329,22 @@ func appendJSONString(b, s []byte) []byte {
 		s = s[n:]
 	}
 	return append(b, '"')
+}
+
+// names returns whether an event pattern names the events called name,
+// by their name in the trace or, under another profile, their ftrace one.
+func (f *reportFilter) names(name string) func(string) bool {
+	orig := ""
+	if f.prof != nil {
+		orig, _ = f.prof.Original(name)
+	}
+	return func(p string) bool { return matchPattern(p, name, orig) }
+}
+
+// usageErrorOf wraps err, when set, as a usageError.
+func usageErrorOf(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
 }
