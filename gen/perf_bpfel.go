@@ -85,6 +85,7 @@ type PerfKcTpInfo struct {
 const (
 	PerfMapKcCgroup       = "kc_cgroup"
 	PerfMapKcComms        = "kc_comms"
+	PerfMapKcFilterKept   = "kc_filter_kept"
 	PerfMapKcInjectBuf    = "kc_inject_buf"
 	PerfMapKcPerf         = "kc_perf"
 	PerfMapKcPids         = "kc_pids"
@@ -160,6 +161,7 @@ type PerfProgramSpecs struct {
 type PerfMapSpecs struct {
 	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcFilterKept *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
 	KcPerf       *ebpf.MapSpec `ebpf:"kc_perf"`
 	KcPids       *ebpf.MapSpec `ebpf:"kc_pids"`
@@ -209,6 +211,7 @@ func (o *PerfObjects) Close() error {
 type PerfMaps struct {
 	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.Map `ebpf:"kc_comms"`
+	KcFilterKept *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
 	KcPerf       *ebpf.Map `ebpf:"kc_perf"`
 	KcPids       *ebpf.Map `ebpf:"kc_pids"`
@@ -222,6 +225,7 @@ func (m *PerfMaps) Close() error {
 	return _PerfClose(
 		m.KcCgroup,
 		m.KcComms,
+		m.KcFilterKept,
 		m.KcInjectBuf,
 		m.KcPerf,
 		m.KcPids,

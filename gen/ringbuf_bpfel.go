@@ -104,6 +104,7 @@ const (
 	RingbufMapKcCgroup         = "kc_cgroup"
 	RingbufMapKcComms          = "kc_comms"
 	RingbufMapKcCtfMap         = "kc_ctf_map"
+	RingbufMapKcFilterKept     = "kc_filter_kept"
 	RingbufMapKcInjectBuf      = "kc_inject_buf"
 	RingbufMapKcPids           = "kc_pids"
 	RingbufMapKcRings          = "kc_rings"
@@ -234,6 +235,7 @@ type RingbufMapSpecs struct {
 	KcCgroup         *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms          *ebpf.MapSpec `ebpf:"kc_comms"`
 	KcCtfMap         *ebpf.MapSpec `ebpf:"kc_ctf_map"`
+	KcFilterKept     *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.MapSpec `ebpf:"kc_inject_buf"`
 	KcPids           *ebpf.MapSpec `ebpf:"kc_pids"`
 	KcRings          *ebpf.MapSpec `ebpf:"kc_rings"`
@@ -312,6 +314,7 @@ type RingbufMaps struct {
 	KcCgroup         *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms          *ebpf.Map `ebpf:"kc_comms"`
 	KcCtfMap         *ebpf.Map `ebpf:"kc_ctf_map"`
+	KcFilterKept     *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.Map `ebpf:"kc_inject_buf"`
 	KcPids           *ebpf.Map `ebpf:"kc_pids"`
 	KcRings          *ebpf.Map `ebpf:"kc_rings"`
@@ -331,6 +334,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcCgroup,
 		m.KcComms,
 		m.KcCtfMap,
+		m.KcFilterKept,
 		m.KcInjectBuf,
 		m.KcPids,
 		m.KcRings,

@@ -32,13 +32,32 @@ static __noinline int kc_field_filter(__u8 *data, __u32 len)
 	return keep;
 }
 
-/* kc_fields_pass returns whether the event passes its field filter. */
-static __always_inline int kc_fields_pass(__u8 *data, __u32 len)
+/*
+ * kc_filter_kept counts, per CPU and event key, the events their filter
+ * kept, so that a filter that keeps nothing can say so (sized to the
+ * events at load).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} kc_filter_kept SEC(".maps");
+
+/* kc_fields_pass returns whether event key passes its field filter. */
+static __always_inline int kc_fields_pass(__u32 key, __u8 *data, __u32 len)
 {
-	__u64 on;
+	__u64 on, *kept;
 
 	asm volatile("%0 = 0x6b6346494c ll" : "=r"(on));
-	return on != 1 || kc_field_filter(data, len);
+	if (on != 1)
+		return 1;
+	if (!kc_field_filter(data, len))
+		return 0;
+	kept = bpf_map_lookup_elem(&kc_filter_kept, &key);
+	if (kept)
+		(*kept)++;
+	return 1;
 }
 
 #endif /* KC_FIELDS_H */

@@ -84,11 +84,11 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 	bpf_probe_read_kernel(s->data + KC_ENTRY_SIZE, size, ctx + 8);
 #ifndef KC_PERF
 copied:
-	if (!kc_fields_pass(s->data, KC_ENTRY_SIZE + size))
+	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
 		return 0;
 	return kc_record_end(ctx, s, &kc_ctf_map, 0, st, key, info, size, 0);
 #else
-	if (!kc_fields_pass(s->data, KC_ENTRY_SIZE + size))
+	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
 		return 0;
 	return kc_record_end(ctx, s, NULL, 0, st, key, info, size, 0);
 #endif

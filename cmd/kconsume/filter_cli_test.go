@@ -23,6 +23,16 @@ func TestRecordFilter(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d\n%s%s", code, stdout, stderr)
 	}
+	for _, want := range []string{"the filter on task:task_rename kept 2 events", "the filter on sched:sched_process_exec kept "} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("the summary lacks %q:\n%s", want, stdout)
+		}
+	}
+	// A filter that keeps nothing says so.
+	code, stdout, stderr = runCmd("record", "-o", filepath.Join(t.TempDir(), "none"), "-e", "task:task_rename", "-f", `newcomm == "kc-cli-never"`, "--", "sh", "-c", script)
+	if code != 0 || !strings.Contains(stdout, "note: the filter on task:task_rename kept none of its events") {
+		t.Errorf("a filter that keeps nothing: exit %d, summary:\n%s%s", code, stdout, stderr)
+	}
 	code, stdout, stderr = runCmd("report", out)
 	if code != 0 {
 		t.Fatalf("report: exit %d\n%s%s", code, stdout, stderr)

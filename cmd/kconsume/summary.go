@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/kconsume/kconsume/consumer"
@@ -106,6 +108,9 @@ func (r *recordRun) summary(stats []consumer.CPUStats, d consumer.DrainerStats) 
 	if l.over > 0 {
 		fmt.Fprintf(w, "note: overwrite mode kept the newest data; %d older events were overwritten\n", l.over)
 	}
+	if r.s != nil {
+		filterNote(w, r.s.FilterKept())
+	}
 	local := ""
 	if r.relay != nil {
 		local = r.relay.local
@@ -170,3 +175,15 @@ func (r *recordRun) footprint(stats []consumer.CPUStats, used cpuTime) {
 
 // ms formats d in milliseconds with one decimal.
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+// filterNote says how many events each field filter kept, and which
+// kept none: of those events the trace holds nothing.
+func filterNote(w io.Writer, kept map[string]uint64) {
+	for _, ev := range slices.Sorted(maps.Keys(kept)) {
+		if n := kept[ev]; n == 0 {
+			fmt.Fprintf(w, "note: the filter on %s kept none of its events: the trace holds none\n", ev)
+		} else {
+			fmt.Fprintf(w, "the filter on %s kept %d events\n", ev, n)
+		}
+	}
+}

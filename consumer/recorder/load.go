@@ -147,6 +147,9 @@ func (l *loading) baseSpec() error {
 		return nil
 	}
 	m.MaxEntries = uint32(max(l.nevents, 1))
+	if k := l.spec.Maps[gen.RingbufMapKcFilterKept]; k != nil {
+		k.MaxEntries = m.MaxEntries
+	}
 	r.tp.cookie = !Testing.NoCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
 	set[gen.RingbufVarKcUseCookie] = boolU32(r.tp.cookie)
 	set[gen.RingbufVarKcFilterPid] = boolU32(len(cfg.PIDs) > 0)

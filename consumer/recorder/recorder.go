@@ -461,3 +461,21 @@ func (r *Recorder) UserUnread() []uint64 {
 func (r *Recorder) Inject(cpu int, key uint32, payload []byte) error {
 	return r.inj.run(r.coll, r.ncpu, cpu, key, payload)
 }
+
+// FilterKept returns how many events event key's field filter kept so
+// far, and false when the event has no filter.
+func (r *Recorder) FilterKept(key int) (uint64, bool) {
+	m := r.coll.Maps[gen.RingbufMapKcFilterKept]
+	if r.tp.filter(key) == nil || m == nil {
+		return 0, false
+	}
+	var per []uint64
+	if err := m.Lookup(uint32(key), &per); err != nil {
+		return 0, true
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n, true
+}
