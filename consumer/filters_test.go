@@ -55,6 +55,10 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 	cpu := runtime.NumCPU() - 1
 	execDir := filterExecs(t)
 	lseek := fmt.Sprintf("fd >= %d && ", filterFdA)
+	// Not newcomm with a suffix or substring pattern: the kernel copies
+	// it unpadded, and those read the whole array, whose tail is what
+	// the buffer held before, which ftrace's ring and BPF's record need
+	// not share.
 	rename := `oldcomm ~ "kc*" && `
 	cases := []struct{ event, expr string }{
 		{"syscalls:sys_enter_lseek", fmt.Sprintf("fd == %d", filterFdA)},
@@ -69,7 +73,7 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		{"task:task_rename", rename + `newcomm ~ "kcf-alpha*"`},
 		{"task:task_rename", rename + `newcomm != "kcf-beta" && newcomm ~ "kcf*"`},
 		{"task:task_rename", rename + `newcomm ~ "!kcf-*"`},
-		{"task:task_rename", rename + `(newcomm ~ "*bet*" || newcomm == "kcf-gamma9")`},
+		{"task:task_rename", rename + `(oldcomm ~ "*bet*" || newcomm == "kcf-gamma9")`},
 		{"sched:sched_process_exec", `filename ~ "*/kcf-exec-a"`},
 		{"sched:sched_process_exec", `filename ~ "*kcf-exec-b*"`},
 		{"sched:sched_process_exec", `filename == "` + filepath.Join(execDir, "kcf-exec-bb") + `"`},
@@ -148,7 +152,7 @@ func filterBoth(t *testing.T, fs tracefs.FS, cfg Config, event, expr string, cpu
 }
 
 var (
-	reLseek  = regexp.MustCompile(`fd: (0x[0-9a-f]+|[0-9]+), offset: (0x[0-9a-f]+|[0-9]+), whence: (0x[0-9a-f]+|[0-9]+)\)`)
+	reLseek  = regexp.MustCompile(`fd: (?:0x)?([0-9a-f]+), offset: (?:0x)?([0-9a-f]+), whence: (?:0x)?([0-9a-f]+)\)`)
 	reRename = regexp.MustCompile(` newcomm=(\S+) `)
 	reExec   = regexp.MustCompile(` filename=(\S+) pid=`)
 )
@@ -180,7 +184,9 @@ func ftraceKept(t *testing.T, name, text string) []string {
 		}
 		var v [3]uint64
 		for i := range v {
-			n, err := strconv.ParseUint(m[i+1], 0, 64)
+			// Hex, with 0x from 10 on in newer kernels and without
+			// it in older ones (print_syscall_enter).
+			n, err := strconv.ParseUint(m[i+1], 16, 64)
 			if err != nil {
 				t.Fatalf("%q: %v", line, err)
 			}

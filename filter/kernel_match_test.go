@@ -300,7 +300,9 @@ func testLseek(t *testing.T, in *instance, cpus int) {
 		}
 		var v [3]uint64
 		for i := range v {
-			v[i], _ = strconv.ParseUint(m[i+1], 0, 64)
+			// Hex, with 0x from 10 on in newer kernels and
+			// without it in older ones (print_syscall_enter).
+			v[i], _ = strconv.ParseUint(strings.TrimPrefix(m[i+1], "0x"), 16, 64)
 		}
 		return fmt.Sprintf("%d %d %d", v[0], v[1], v[2]), true
 	}
@@ -378,7 +380,6 @@ func testRename(t *testing.T, in *instance, cpus int) {
 		// Not newcomm ~ "*ta" nor "*x*": the kernel copies newcomm with
 		// strscpy, unpadded, and regex_match_end and _middle read the
 		// whole array, whose tail is whatever the ring buffer held.
-		{`oldcomm ~ "*ta"`, ""},
 		{`oldcomm == "kc-0123456789ab"`, ""},
 		{`newcomm == "kc-0123456789abcdef"`, ""},
 		{`COMM == "kc-alpha" || COMM ~ "x"`, ""},
@@ -386,6 +387,13 @@ func testRename(t *testing.T, in *instance, cpus int) {
 		{`newcomm ~ "kc-\\a*"`, ""},
 		{`newcomm ~ "kc-[!ab]*"`, ""},
 		{`CPU == 0 && newcomm ~ "kc-*"`, ""},
+	}
+	// Nor oldcomm ~ "*ta" before 6.1: __set_task_comm copied names
+	// unpadded (strlcpy), so the task's comm keeps a longer earlier
+	// name's tail, which the record copies and regex_match_end reads,
+	// and which the test's calls do not know.
+	if major, minor, _ := testenv.KernelRelease(); major > 6 || major == 6 && minor >= 1 {
+		cases = append(cases, kernelCase{`oldcomm ~ "*ta"`, ""})
 	}
 	runKernelCases(t, in, "task:task_rename", calls, cases, driver{setup: func() error { return setComm(start) }, work: work, parse: parse})
 }
