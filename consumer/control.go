@@ -7,6 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -224,3 +226,53 @@ func (s *Session) Activity() <-chan struct{} { return s.dr.activity }
 // Drainer returns how promptly the drainer ran, so far. It does not wait
 // for the drainer, and works after Close.
 func (s *Session) Drainer() DrainerStats { return s.dr.counts.load() }
+
+// SetFilter gives the recorded events that pattern names (as
+// EventFilter.Event) the field filter expr while recording, in place of
+// any they had; the kernel's "0" removes it. Each event is recorded once
+// across the change. It fails with ErrConfig, naming the event, the
+// position and the reason, for an expression the kernel or the recorder
+// refuses or a pattern that names no recorded event, for an event not
+// recorded through its tracepoint (the raw, function or BTF paths), and
+// with ErrClosed after Close; the events whose filter it did not change
+// keep theirs.
+func (s *Session) SetFilter(pattern, expr string) error {
+	s.gateMu.Lock()
+	defer s.gateMu.Unlock()
+	if s.gateShut {
+		return ErrClosed
+	}
+	fs, err := tracefs.Find()
+	if err != nil {
+		return err
+	}
+	evs, err := fs.Events(pattern)
+	if err != nil {
+		return fmt.Errorf("%w: filter for %s: %w", ErrConfig, pattern, err)
+	}
+	named := map[tracefs.Event]bool{}
+	for _, e := range evs {
+		named[e] = true
+	}
+	var keys []int
+	var flts []*filter.Filter
+	for i, f := range s.events {
+		if !named[tracefs.Event{System: f.System, Name: f.Name}] {
+			continue
+		}
+		flt, err := filter.Parse(expr, f)
+		if err != nil {
+			return fmt.Errorf("%w: event %s: %w", ErrConfig, f.FullName(), err)
+		}
+		keys, flts = append(keys, i), append(flts, flt)
+	}
+	if len(keys) == 0 {
+		return fmt.Errorf("%w: filter for %s: no recorded event matches it", ErrConfig, pattern)
+	}
+	for k, i := range keys {
+		if err := s.rec.ReplaceFilter(i, s.events[i], flts[k]); err != nil {
+			return fmt.Errorf("%w: event %s: %w", ErrConfig, s.events[i].FullName(), err)
+		}
+	}
+	return nil
+}

@@ -278,3 +278,73 @@ func setName(name string) error {
 	}
 	return unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(p)), 0, 0, 0)
 }
+
+// TestSetFilterOnce changes an event's filter a dozen times while a
+// thread renames itself through unique names without pause: every
+// rename is in the trace exactly once, so no change records an event
+// twice (both copies attached) or drops one (neither). The filters all
+// keep the test's renames, "0" (none) among them.
+func TestSetFilterOnce(t *testing.T) {
+	testenv.RequireRoot(t)
+	const changes = 12
+	event := "task:task_rename"
+	exprs := []string{`newcomm ~ "kcs-*"`, `oldcomm ~ "kcs-*" || newcomm ~ "kcs-*"`, "0"}
+	s, dir := newTestSession(t, Config{Events: []string{event}, Filters: []EventFilter{{Event: event, Expr: exprs[0]}}})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread and its name go with the goroutine
+		n := 0
+		for ; ; n++ {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			if err := setName(fmt.Sprintf("kcs-%d", n)); err != nil {
+				done <- -1
+				return
+			}
+		}
+	}()
+	for c := 1; c <= changes; c++ {
+		if err := s.SetFilter(event, exprs[c%len(exprs)]); err != nil {
+			close(stop)
+			<-done
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	n := <-done
+	if n < 0 {
+		t.Fatal("renaming failed")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind == relayfmt.EventItem {
+			if name := string(field(vals, "newcomm").Text()); strings.HasPrefix(name, "kcs-") {
+				seen[name]++
+			}
+		}
+	})
+	bad := 0
+	for i := 0; i < n; i++ {
+		if c := seen[fmt.Sprintf("kcs-%d", i)]; c != 1 {
+			bad++
+			if bad <= 10 {
+				t.Errorf("kcs-%d recorded %d times", i, c)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of %d renames not recorded exactly once across %d filter changes", bad, n, changes)
+	}
+	t.Logf("%d renames each recorded once across %d filter changes", n, changes)
+}

@@ -51,24 +51,28 @@ type PerfKcScratch struct {
 }
 
 type PerfKcTpInfo struct {
-	_       structs.HostLayout
-	Id      uint16
-	Size    uint16
-	Ndyn    uint16
-	Dyn     [8]uint16
-	Flags   uint16
-	PidOff  uint16
-	PrioOff uint16
-	CommOff uint16
-	_       [2]byte
-	AuxKey  uint32
-	Nops    uint16
-	UserN   uint8
-	UserLen int8
-	UserArg [3]uint8
-	UserMax uint8
-	UserLoc uint16
-	Ops     [16]struct {
+	_        structs.HostLayout
+	Id       uint16
+	Size     uint16
+	Ndyn     uint16
+	Dyn      [8]uint16
+	Flags    uint16
+	PidOff   uint16
+	PrioOff  uint16
+	CommOff  uint16
+	_        [2]byte
+	AuxKey   uint32
+	Nops     uint16
+	UserN    uint8
+	UserLen  int8
+	UserArg  [3]uint8
+	UserMax  uint8
+	UserLoc  uint16
+	_        [2]byte
+	Gen      uint32
+	GenNext  uint32
+	SwitchAt uint32
+	Ops      [16]struct {
 		_    structs.HostLayout
 		Off  uint16
 		N    uint16
@@ -76,7 +80,6 @@ type PerfKcTpInfo struct {
 		Rel  uint8
 		Elem uint16
 	}
-	_ [2]byte
 }
 
 // Names of all BPF objects in the ELF.
@@ -85,6 +88,7 @@ type PerfKcTpInfo struct {
 const (
 	PerfMapKcCgroup       = "kc_cgroup"
 	PerfMapKcComms        = "kc_comms"
+	PerfMapKcEpoch        = "kc_epoch"
 	PerfMapKcFilterKept   = "kc_filter_kept"
 	PerfMapKcInjectBuf    = "kc_inject_buf"
 	PerfMapKcPerf         = "kc_perf"
@@ -94,6 +98,7 @@ const (
 	PerfMapKcTpInfoMap    = "kc_tp_info_map"
 	PerfMapKcWakeTs       = "kc_wake_ts"
 	PerfProgKcInject      = "kc_inject"
+	PerfProgKcSetEpoch    = "kc_set_epoch"
 	PerfProgKcTracepoint  = "kc_tracepoint"
 	PerfVarKcClock        = "kc_clock"
 	PerfVarKcFilterCgroup = "kc_filter_cgroup"
@@ -152,6 +157,7 @@ type PerfSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type PerfProgramSpecs struct {
 	KcInject     *ebpf.ProgramSpec `ebpf:"kc_inject"`
+	KcSetEpoch   *ebpf.ProgramSpec `ebpf:"kc_set_epoch"`
 	KcTracepoint *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
 
@@ -161,6 +167,7 @@ type PerfProgramSpecs struct {
 type PerfMapSpecs struct {
 	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcEpoch      *ebpf.MapSpec `ebpf:"kc_epoch"`
 	KcFilterKept *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
 	KcPerf       *ebpf.MapSpec `ebpf:"kc_perf"`
@@ -211,6 +218,7 @@ func (o *PerfObjects) Close() error {
 type PerfMaps struct {
 	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.Map `ebpf:"kc_comms"`
+	KcEpoch      *ebpf.Map `ebpf:"kc_epoch"`
 	KcFilterKept *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
 	KcPerf       *ebpf.Map `ebpf:"kc_perf"`
@@ -225,6 +233,7 @@ func (m *PerfMaps) Close() error {
 	return _PerfClose(
 		m.KcCgroup,
 		m.KcComms,
+		m.KcEpoch,
 		m.KcFilterKept,
 		m.KcInjectBuf,
 		m.KcPerf,
@@ -259,12 +268,14 @@ type PerfVariables struct {
 // It can be passed to LoadPerfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type PerfPrograms struct {
 	KcInject     *ebpf.Program `ebpf:"kc_inject"`
+	KcSetEpoch   *ebpf.Program `ebpf:"kc_set_epoch"`
 	KcTracepoint *ebpf.Program `ebpf:"kc_tracepoint"`
 }
 
 func (p *PerfPrograms) Close() error {
 	return _PerfClose(
 		p.KcInject,
+		p.KcSetEpoch,
 		p.KcTracepoint,
 	)
 }

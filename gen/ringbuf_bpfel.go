@@ -75,25 +75,28 @@ type RingbufKcSysKey struct {
 }
 
 type RingbufKcTpInfo struct {
-	_       structs.HostLayout
-	Id      uint16
-	Size    uint16
-	Ndyn    uint16
-	Dyn     [8]uint16
-	Flags   uint16
-	PidOff  uint16
-	PrioOff uint16
-	CommOff uint16
-	_       [2]byte
-	AuxKey  uint32
-	Nops    uint16
-	UserN   uint8
-	UserLen int8
-	UserArg [3]uint8
-	UserMax uint8
-	UserLoc uint16
-	Ops     [16]RingbufKcOp
-	_       [2]byte
+	_        structs.HostLayout
+	Id       uint16
+	Size     uint16
+	Ndyn     uint16
+	Dyn      [8]uint16
+	Flags    uint16
+	PidOff   uint16
+	PrioOff  uint16
+	CommOff  uint16
+	_        [2]byte
+	AuxKey   uint32
+	Nops     uint16
+	UserN    uint8
+	UserLen  int8
+	UserArg  [3]uint8
+	UserMax  uint8
+	UserLoc  uint16
+	_        [2]byte
+	Gen      uint32
+	GenNext  uint32
+	SwitchAt uint32
+	Ops      [16]RingbufKcOp
 }
 
 // Names of all BPF objects in the ELF.
@@ -104,6 +107,7 @@ const (
 	RingbufMapKcCgroup         = "kc_cgroup"
 	RingbufMapKcComms          = "kc_comms"
 	RingbufMapKcCtfMap         = "kc_ctf_map"
+	RingbufMapKcEpoch          = "kc_epoch"
 	RingbufMapKcFilterKept     = "kc_filter_kept"
 	RingbufMapKcInjectBuf      = "kc_inject_buf"
 	RingbufMapKcPids           = "kc_pids"
@@ -123,6 +127,7 @@ const (
 	RingbufProgKcBtfWaking     = "kc_btf_waking"
 	RingbufProgKcInject        = "kc_inject"
 	RingbufProgKcPktFlush      = "kc_pkt_flush"
+	RingbufProgKcSetEpoch      = "kc_set_epoch"
 	RingbufProgKcSysEnter      = "kc_sys_enter"
 	RingbufProgKcSysEnterTp    = "kc_sys_enter_tp"
 	RingbufProgKcSysExit       = "kc_sys_exit"
@@ -217,6 +222,7 @@ type RingbufProgramSpecs struct {
 	KcBtfWaking    *ebpf.ProgramSpec `ebpf:"kc_btf_waking"`
 	KcInject       *ebpf.ProgramSpec `ebpf:"kc_inject"`
 	KcPktFlush     *ebpf.ProgramSpec `ebpf:"kc_pkt_flush"`
+	KcSetEpoch     *ebpf.ProgramSpec `ebpf:"kc_set_epoch"`
 	KcSysEnter     *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
 	KcSysEnterTp   *ebpf.ProgramSpec `ebpf:"kc_sys_enter_tp"`
 	KcSysExit      *ebpf.ProgramSpec `ebpf:"kc_sys_exit"`
@@ -235,6 +241,7 @@ type RingbufMapSpecs struct {
 	KcCgroup         *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms          *ebpf.MapSpec `ebpf:"kc_comms"`
 	KcCtfMap         *ebpf.MapSpec `ebpf:"kc_ctf_map"`
+	KcEpoch          *ebpf.MapSpec `ebpf:"kc_epoch"`
 	KcFilterKept     *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.MapSpec `ebpf:"kc_inject_buf"`
 	KcPids           *ebpf.MapSpec `ebpf:"kc_pids"`
@@ -314,6 +321,7 @@ type RingbufMaps struct {
 	KcCgroup         *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms          *ebpf.Map `ebpf:"kc_comms"`
 	KcCtfMap         *ebpf.Map `ebpf:"kc_ctf_map"`
+	KcEpoch          *ebpf.Map `ebpf:"kc_epoch"`
 	KcFilterKept     *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.Map `ebpf:"kc_inject_buf"`
 	KcPids           *ebpf.Map `ebpf:"kc_pids"`
@@ -334,6 +342,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcCgroup,
 		m.KcComms,
 		m.KcCtfMap,
+		m.KcEpoch,
 		m.KcFilterKept,
 		m.KcInjectBuf,
 		m.KcPids,
@@ -401,6 +410,7 @@ type RingbufPrograms struct {
 	KcBtfWaking    *ebpf.Program `ebpf:"kc_btf_waking"`
 	KcInject       *ebpf.Program `ebpf:"kc_inject"`
 	KcPktFlush     *ebpf.Program `ebpf:"kc_pkt_flush"`
+	KcSetEpoch     *ebpf.Program `ebpf:"kc_set_epoch"`
 	KcSysEnter     *ebpf.Program `ebpf:"kc_sys_enter"`
 	KcSysEnterTp   *ebpf.Program `ebpf:"kc_sys_enter_tp"`
 	KcSysExit      *ebpf.Program `ebpf:"kc_sys_exit"`
@@ -420,6 +430,7 @@ func (p *RingbufPrograms) Close() error {
 		p.KcBtfWaking,
 		p.KcInject,
 		p.KcPktFlush,
+		p.KcSetEpoch,
 		p.KcSysEnter,
 		p.KcSysEnterTp,
 		p.KcSysExit,

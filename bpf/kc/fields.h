@@ -16,6 +16,28 @@
 #include "kconsume.h"
 
 #define KC_FILTER_PLACEHOLDER 0x6b6346494cULL
+#define KC_GEN_PLACEHOLDER 0x6b6347454eULL
+
+/*
+ * kc_prog_gen returns the generation of this program copy: 0 for the
+ * copies loaded with the recorder, whose placeholder stays, and the
+ * value the loader patches into a copy it loads later to change an
+ * event's filter (kconsume ctl filter). An event is recorded only by the
+ * copy whose generation its kc_tp_info.gen names, so that while the new
+ * copy and the old are both attached, each event is recorded once.
+ */
+static __always_inline __u32 kc_prog_gen(void)
+{
+	__u64 gen;
+
+	/*
+	 * The placeholder is above 32 bits and a patched generation below:
+	 * a compare with the placeholder itself would be a second copy of
+	 * it, which the loader would patch too.
+	 */
+	asm volatile("%0 = 0x6b6347454e ll" : "=r"(gen));
+	return gen >> 32 ? 0 : (__u32)gen;
+}
 
 /*
  * kc_field_filter returns nonzero to keep the event whose ring record
@@ -43,6 +65,35 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } kc_filter_kept SEC(".maps");
+
+/*
+ * kc_epoch is each CPU's epoch of filter changes: a change of an event's
+ * filter names in kc_tp_info the epoch (switch_at) from which a CPU takes
+ * the new program copy (gen_next), then moves every CPU's epoch there one
+ * CPU at a time, by running kc_set_epoch on it. The programs of one
+ * firing of a tracepoint run on one CPU and read the same epoch, so
+ * exactly one of the two copies records it.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} kc_epoch SEC(".maps");
+
+/* kc_gen_ok returns whether this program copy records the event of info. */
+static __always_inline int kc_gen_ok(struct kc_tp_info *info)
+{
+	__u32 gen = info->gen;
+
+	if (info->switch_at) {
+		__u32 zero = 0, *e = bpf_map_lookup_elem(&kc_epoch, &zero);
+
+		if (e && *e >= info->switch_at)
+			gen = info->gen_next;
+	}
+	return gen == kc_prog_gen();
+}
 
 /* kc_fields_pass returns whether event key passes its field filter. */
 static __always_inline int kc_fields_pass(__u32 key, __u8 *data, __u32 len)

@@ -241,7 +241,7 @@ int kc_tracepoint(void *ctx)
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	if (!info)
 		return 0;
-	if ((info->flags & KC_TP_RECORD) && (!kc_hooks || kc_pass())) {
+	if ((info->flags & KC_TP_RECORD) && kc_gen_ok(info) && (!kc_hooks || kc_pass())) {
 #ifndef KC_PERF
 		__u32 small = kc_small_size();
 
@@ -253,6 +253,23 @@ int kc_tracepoint(void *ctx)
 	}
 	if (kc_hooks && (info->flags & (KC_TP_WAKING | KC_TP_SWITCH)))
 		kc_wakeup(ctx, info, ts ? ts : kc_now());
+	return 0;
+}
+
+/*
+ * kc_set_epoch sets this CPU's epoch of filter changes (kc_epoch) to its
+ * argument; the consumer runs it on each CPU in turn with
+ * BPF_PROG_TEST_RUN. It cannot run between two programs of one firing
+ * on its CPU.
+ */
+SEC("raw_tp")
+int kc_set_epoch(struct bpf_raw_tracepoint_args *ctx)
+{
+	__u32 zero = 0, *e = bpf_map_lookup_elem(&kc_epoch, &zero);
+
+	if (!e)
+		return 1;
+	*e = ctx->args[0];
 	return 0;
 }
 

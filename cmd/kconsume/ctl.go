@@ -21,7 +21,7 @@ import (
 var controlRoot = control.DefaultRoot
 
 // ctlCommands are what kconsume ctl and the control socket accept.
-var ctlCommands = []string{"start", "stop", "flush", "snapshot", "rewind", "reset", "status", "statedump"}
+var ctlCommands = []string{"start", "stop", "flush", "snapshot", "rewind", "reset", "status", "statedump", "filter"}
 
 // handler carries out control commands on a recording session.
 type handler struct {
@@ -92,6 +92,15 @@ func (h *handler) Do(cmd string, cpu int, arg string) (string, error) {
 		return emit(s, cpu, arg)
 	case "statedump":
 		return ctlStatedump(s, cpu)
+	case "filter":
+		if !all {
+			return "", errors.New("filter acts on every CPU; drop --cpu")
+		}
+		event, expr, ok := splitFilter(arg)
+		if !ok {
+			return "", fmt.Errorf("filter %q: want EVENT:EXPR (EXPR 0 removes the filter)", arg)
+		}
+		return "", s.SetFilter(event, expr)
 	}
 	return "", fmt.Errorf("unknown command %q: want one of %s", cmd, strings.Join(ctlCommands, ", "))
 }
@@ -185,6 +194,7 @@ func (h *handler) Files() map[string]string {
 }
 
 const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|snapshot|rewind|reset|status|statedump
+ctl [--session NAME] filter EVENT:EXPR
 
 Drives a running kconsume record from another shell. Without --session,
 the one running session. --cpu acts on one CPU's buffer. In overwrite
@@ -192,7 +202,10 @@ mode, snapshot writes the newest data into the trace, and rewind writes
 everything still held, from the oldest, into a new trace DIR.rewind-N
 (SESSION.rewind-N/kernel for a trace laid out as an LTTng session).
 statedump (--profile lttng sessions) writes the processes, open files,
-block devices, IRQs and CPUs into the trace again (--cpu: its stream).`
+block devices, IRQs and CPUs into the trace again (--cpu: its stream).
+filter gives the recorded events EVENT names the field filter EXPR in
+place of theirs (0 removes it), each event recorded once across the
+change; it needs events recorded through their tracepoints.`
 
 func ctl(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("ctl", ctlSynopsis, "kconsume ctl --session web stop", stderr)
@@ -204,10 +217,18 @@ func ctl(args []string, stdout, stderr io.Writer) error {
 		}
 		return usageError{err}
 	}
-	if fs.NArg() != 1 {
+	cmd, arg := fs.Arg(0), ""
+	switch {
+	case cmd == "filter" && fs.NArg() == 2:
+		arg = fs.Arg(1)
+		if _, _, ok := splitFilter(arg); !ok {
+			return usageError{fmt.Errorf("filter %q: want EVENT:EXPR (EXPR 0 removes the filter)", arg)}
+		}
+	case cmd == "filter":
+		return usageError{errors.New("filter takes one argument, EVENT:EXPR")}
+	case fs.NArg() != 1:
 		return usageError{fmt.Errorf("want one command (%s), got %d arguments", strings.Join(ctlCommands, ", "), fs.NArg())}
 	}
-	cmd := fs.Arg(0)
 	known := false
 	for _, c := range ctlCommands {
 		known = known || c == cmd
@@ -232,7 +253,7 @@ func ctl(args []string, stdout, stderr io.Writer) error {
 			return usageError{fmt.Errorf("%d sessions are running (%s): pick one with --session", len(live), strings.Join(live, ", "))}
 		}
 	}
-	out, err := control.Send(controlRoot, *name, cmd, *cpu, "")
+	out, err := control.Send(controlRoot, *name, cmd, *cpu, arg)
 	if err != nil {
 		return err
 	}

@@ -9,8 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
@@ -200,5 +205,74 @@ func TestMetrics(t *testing.T) {
 	}
 	if code, o := end(); code != 0 {
 		t.Fatalf("record: exit %d\n%s", code, o)
+	}
+}
+
+// TestCtlFilter changes a running recording's field filter with ctl
+// filter: the renames before the change pass the first filter, those
+// after it the second, and 0 removes the filter.
+func TestCtlFilter(t *testing.T) {
+	testenv.RequireRoot(t)
+	old := controlRoot
+	controlRoot = t.TempDir()
+	t.Cleanup(func() { controlRoot = old })
+	out := filepath.Join(t.TempDir(), "t")
+	end := recordInProcess(t, "-q", "-o", out, "--session", "flt", "-e", "task:task_rename", "-f", `newcomm ~ "kc-ctl-a*"`)
+	dir := filepath.Join(controlRoot, "flt")
+	waitFor(t, func() bool {
+		b, _ := os.ReadFile(filepath.Join(dir, "state"))
+		return strings.TrimSpace(string(b)) == "running"
+	})
+	rename := func(names ...string) {
+		t.Helper()
+		done := make(chan error)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the renamed thread ends with the goroutine
+			for _, n := range names {
+				p, err := unix.BytePtrFromString(n)
+				if err == nil {
+					err = unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(p)), 0, 0, 0)
+				}
+				if err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	rename("kc-ctl-a1", "kc-ctl-b1")
+	if code, _, stderr := runCmd("ctl", "filter", `task:task_rename:newcomm ~ "kc-ctl-b*"`); code != 0 {
+		t.Fatalf("ctl filter: exit %d: %s", code, stderr)
+	}
+	rename("kc-ctl-a2", "kc-ctl-b2")
+	if code, _, stderr := runCmd("ctl", "filter", "task_rename:0"); code != 0 {
+		t.Fatalf("ctl filter task_rename:0: exit %d: %s", code, stderr)
+	}
+	rename("kc-ctl-a3", "kc-ctl-b3")
+	for _, bad := range [][]string{{"ctl", "filter", `task:task_rename:newcomm < 1`}, {"ctl", "filter", "nocolon"}, {"ctl", "filter"}, {"ctl", "filter", "sched:sched_switch:prev_pid > 0"}} {
+		if code, _, _ := runCmd(bad...); code == 0 {
+			t.Errorf("%v: exit 0, want an error", bad)
+		}
+	}
+	if code, output := end(); code != 0 {
+		t.Fatalf("record: exit %d\n%s", code, output)
+	}
+	code, stdout, stderr := runCmd("report", out)
+	if code != 0 {
+		t.Fatalf("report: exit %d: %s", code, stderr)
+	}
+	var got []string
+	for _, line := range strings.Split(stdout, "\n") {
+		if i := strings.Index(line, `newcomm="kc-ctl-`); i >= 0 {
+			got = append(got, strings.Fields(line[i:])[0])
+		}
+	}
+	want := []string{`newcomm="kc-ctl-a1"`, `newcomm="kc-ctl-b2"`, `newcomm="kc-ctl-a3"`, `newcomm="kc-ctl-b3"`}
+	if !slices.Equal(got, want) {
+		t.Fatalf("renames in the trace %q, want %q", got, want)
 	}
 }

@@ -325,6 +325,7 @@ func (l *loading) load() error {
 	if err != nil {
 		return fmt.Errorf("loading the BPF recorder: %w", err)
 	}
+	r.spec = l.spec
 	return nil
 }
 

@@ -48,6 +48,7 @@ type Recorder struct {
 	running   *ebpf.Variable
 	stateMem  []byte
 	tp        tracepoints // the tracepoints' programs (tracepoint.go)
+	spec      *ebpf.CollectionSpec // what was loaded, for the copies loaded later (ReplaceFilter)
 	plan      Plan        // each optional path: whether taken, and why not (plan.go)
 	preempt   Preemptible // whether tracing programs run preemptibly here (preempt.go)
 	raw       rawPath     // syscall events on the raw syscall programs (syscall.go)
@@ -352,6 +353,7 @@ func (r *Recorder) Detach() []error {
 // idempotent.
 func (r *Recorder) Close() {
 	_ = r.Detach()
+	r.tp.close()
 	for _, m := range r.rings {
 		_ = m.Close()
 	}

@@ -3,6 +3,7 @@ package recorder
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 
 	"github.com/cilium/ebpf"
@@ -25,6 +26,15 @@ type tracepoints struct {
 	// formats of the filtered events, by key.
 	filters []*filter.Filter
 	formats []*tracefs.Format
+	// base is the general program the copies derive from; links holds
+	// each recorded event's tracepoint link, gens the generation of
+	// the copy it runs, and later the collections of the copies loaded
+	// after the recorder (ReplaceFilter).
+	base  *ebpf.ProgramSpec
+	links map[int]link.Link
+	gens  map[int]uint32
+	later map[int]*ebpf.Collection
+	epoch uint32 // the CPUs' epoch of filter changes (kc_epoch)
 }
 
 // filter returns event key i's field filter, or nil when it has none
@@ -81,6 +91,7 @@ func (t *tracepoints) copies(spec *ebpf.CollectionSpec, transport Transport, nev
 		}
 		spec.Programs[base.Name] = base
 	}
+	t.base = base
 	if opts != nil {
 		t.filters, t.formats = opts.filters, opts.formats
 	}
@@ -175,5 +186,155 @@ func (t *tracepoints) attach(r *Recorder, f *tracefs.Format, i int, recorded, as
 	}
 	r.links = append(r.links, lk)
 	r.tpProgs = append(r.tpProgs, name)
+	if recorded {
+		if t.links == nil {
+			t.links = map[int]link.Link{}
+		}
+		t.links[i] = lk
+	}
 	return nil
+}
+
+// genPlaceholder mirrors KC_GEN_PLACEHOLDER (bpf/kc/fields.h).
+const genPlaceholder = 0x6b6347454e
+
+// replace gives event key i, of format f, the filter flt (nil or the
+// kernel's "0": none): it loads a new copy of the general program with
+// flt compiled in and the next generation, attaches it beside the
+// event's current one, switches the event to it (kc_tp_info.gen, which
+// only the copy of that generation records) and detaches the old. No
+// event is recorded twice or by neither while both are attached.
+func (t *tracepoints) replace(r *Recorder, i int, f *tracefs.Format, flt *filter.Filter) error {
+	old := t.links[i]
+	if old == nil {
+		return fmt.Errorf("event %s is not recorded through its tracepoint (record it with --syscalls tracepoint to change its filter while recording)", f.FullName())
+	}
+	if t.gens == nil {
+		t.gens, t.later = map[int]uint32{}, map[int]*ebpf.Collection{}
+	}
+	next := t.gens[i] + 1
+	name := "kc_tpg_" + strconv.Itoa(i)
+	ps, err := patchImm(t.base, name, keyPlaceholder, uint32(i))
+	if err == nil && flt != nil && len(flt.Prog) > 0 {
+		ps, err = filterProg(ps, name, flt, f)
+	}
+	if err == nil {
+		ps, err = patchImm(ps, name, genPlaceholder, next)
+	}
+	if err != nil {
+		return err
+	}
+	coll, err := ebpf.NewCollectionWithOptions(&ebpf.CollectionSpec{Maps: r.spec.Maps, Programs: map[string]*ebpf.ProgramSpec{name: ps}, Types: r.spec.Types},
+		ebpf.CollectionOptions{MapReplacements: r.coll.Maps})
+	if err != nil {
+		return fmt.Errorf("loading the filter of %s: %w", f.FullName(), err)
+	}
+	var opts *link.TracepointOptions
+	if t.cookie {
+		opts = &link.TracepointOptions{Cookie: uint64(i)}
+	}
+	info := r.coll.Maps[gen.RingbufMapKcTpInfoMap]
+	t.epoch++
+	err = setGens(info, i, t.gens[i], next, t.epoch)
+	var lk link.Link
+	if err == nil {
+		lk, err = link.Tracepoint(f.System, f.Name, coll.Programs[name], opts)
+	}
+	if err != nil {
+		coll.Close()
+		return fmt.Errorf("switching %s to its new filter: %w", f.FullName(), err)
+	}
+	t.setEpoch(r, t.epoch)
+	// Closing a tracepoint's link waits for its programs' runs to end
+	// (tracepoint_synchronize_unregister): after it only the new copy
+	// runs, and the switch need not be read any more.
+	_ = old.Close()
+	if err := setGens(info, i, next, 0, 0); err != nil {
+		return fmt.Errorf("switching %s to its new filter: %w", f.FullName(), err)
+	}
+	for k, l := range r.links {
+		if l == old {
+			r.links[k] = lk
+		}
+	}
+	if c := t.later[i]; c != nil {
+		c.Close()
+	}
+	t.links[i], t.later[i], t.gens[i] = lk, coll, next
+	for len(t.filters) <= i {
+		t.filters = append(t.filters, nil)
+	}
+	for len(t.formats) <= i {
+		t.formats = append(t.formats, nil)
+	}
+	t.filters[i], t.formats[i] = flt, f
+	r.tpProgs[i] = name
+	return nil
+}
+
+// setGens writes into kc_tp_info (info) the generations of the program
+// copies that record event key i: cur, and from the epoch switchAt on
+// (when set) next.
+func setGens(info *ebpf.Map, i int, cur, next, switchAt uint32) error {
+	var ti gen.RingbufKcTpInfo
+	if err := info.Lookup(uint32(i), &ti); err != nil {
+		return err
+	}
+	ti.Gen, ti.GenNext, ti.SwitchAt = cur, next, switchAt
+	return info.Put(uint32(i), ti)
+}
+
+// setEpoch moves every CPU's epoch of filter changes to e: by running
+// kc_set_epoch on each online CPU from a thread pinned there, so that it
+// runs in process context, where no firing of a tracepoint on that CPU
+// is under way (run from another CPU it would come as an interrupt,
+// which can fall between two programs of one firing); and for the CPUs
+// it cannot reach, offline ones whose tracepoints do not fire, by
+// writing kc_epoch.
+func (t *tracepoints) setEpoch(r *Recorder, e uint32) {
+	rest := make(chan []int)
+	go func() {
+		// Never unlocked: the thread, pinned, ends with the goroutine.
+		runtime.LockOSThread()
+		rest <- runOnEach(r.ncpu, r.coll.Programs[gen.RingbufProgKcSetEpoch], e)
+	}()
+	left := <-rest
+	if len(left) == 0 {
+		return
+	}
+	m := r.coll.Maps[gen.RingbufMapKcEpoch]
+	epochs := make([]uint32, r.ncpu)
+	if m.Lookup(uint32(0), &epochs) != nil {
+		return
+	}
+	for _, cpu := range left {
+		epochs[cpu] = e
+	}
+	_ = m.Put(uint32(0), epochs)
+}
+
+// runOnEach runs prog with argument e on each of ncpu CPUs from the
+// calling thread, moved there first, and returns the CPUs it could not.
+func runOnEach(ncpu int, prog *ebpf.Program, e uint32) []int {
+	var left []int
+	for cpu := 0; cpu < ncpu; cpu++ {
+		var set unix.CPUSet
+		set.Set(cpu)
+		if prog == nil || unix.SchedSetaffinity(0, &set) != nil {
+			left = append(left, cpu)
+			continue
+		}
+		if _, err := prog.Run(&ebpf.RunOptions{CPU: uint32(cpu), Flags: unix.BPF_F_TEST_RUN_ON_CPU, Context: []uint64{uint64(e)}}); err != nil {
+			left = append(left, cpu)
+		}
+	}
+	return left
+}
+
+// close closes the copies loaded after the recorder.
+func (t *tracepoints) close() {
+	for _, c := range t.later {
+		c.Close()
+	}
+	t.later = nil
 }
