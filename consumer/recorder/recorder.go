@@ -47,21 +47,21 @@ type Recorder struct {
 	links     []link.Link
 	running   *ebpf.Variable
 	stateMem  []byte
-	tp        tracepoints // the tracepoints' programs (tracepoint.go)
+	tp        tracepoints          // the tracepoints' programs (tracepoint.go)
 	spec      *ebpf.CollectionSpec // what was loaded, for the copies loaded later (ReplaceFilter)
-	plan      Plan        // each optional path: whether taken, and why not (plan.go)
-	preempt   Preemptible // whether tracing programs run preemptibly here (preempt.go)
-	raw       rawPath     // syscall events on the raw syscall programs (syscall.go)
-	tpProgs   []string    // the recorder copy attached for each event key
-	sysProgs  []string    // the syscall program that records each event, or ""
-	fentry    fentryPath  // syscall events on fentry/fexit programs (fentry.go)
-	btf       btfPath     // events built from tracepoint arguments (btfevent.go)
-	wake      wakeupHook  // wakeup_latency's sched_switch hook (wakeup.go)
-	user      userPath    // syscall events' user-space fields (sysuser.go)
-	objs      objects     // users' programs (Config.Objects; object.go)
-	areaMem   []byte      // kc_area, mapped (PathOwnRings, area.go)
-	pktElem   int         // the size of its elements in packet mode (PathPackets, packet.go)
-	inj       injector    // the injector's record (inject.go)
+	plan      Plan                 // each optional path: whether taken, and why not (plan.go)
+	preempt   Preemptible          // whether tracing programs run preemptibly here (preempt.go)
+	raw       rawPath              // syscall events on the raw syscall programs (syscall.go)
+	tpProgs   []string             // the recorder copy attached for each event key
+	sysProgs  []string             // the syscall program that records each event, or ""
+	fentry    fentryPath           // syscall events on fentry/fexit programs (fentry.go)
+	btf       btfPath              // events built from tracepoint arguments (btfevent.go)
+	wake      wakeupHook           // wakeup_latency's sched_switch hook (wakeup.go)
+	user      userPath             // syscall events' user-space fields (sysuser.go)
+	objs      objects              // users' programs (Config.Objects; object.go)
+	areaMem   []byte               // kc_area, mapped (PathOwnRings, area.go)
+	pktElem   int                  // the size of its elements in packet mode (PathPackets, packet.go)
+	inj       injector             // the injector's record (inject.go)
 }
 
 // Options replaces the recorder by another object built on kconsume.h
