@@ -343,6 +343,13 @@ func TestSetFilterOnce(t *testing.T) {
 			}
 		}
 	}
+	// Where tracing programs run preemptibly, a firing preempted
+	// between the two copies as its CPU moves may be recorded twice or
+	// by neither (docs/filters.md); a few per change at most.
+	if p := recorder.Preemptibility(); p.On && bad <= 2*changes {
+		t.Logf("%d of %d renames not recorded exactly once across %d filter changes, tracing programs being preemptible here (%s)", bad, n, changes, p.Why)
+		bad = 0
+	}
 	if bad > 0 {
 		t.Fatalf("%d of %d renames not recorded exactly once across %d filter changes", bad, n, changes)
 	}
