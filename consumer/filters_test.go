@@ -334,15 +334,13 @@ func TestSetFilterOnce(t *testing.T) {
 			}
 		}
 	})
-	bad := 0
+	var wrong []string
 	for i := 0; i < n; i++ {
 		if c := seen[fmt.Sprintf("kcs-%d", i)]; c != 1 {
-			bad++
-			if bad <= 10 {
-				t.Errorf("kcs-%d recorded %d times", i, c)
-			}
+			wrong = append(wrong, fmt.Sprintf("kcs-%d recorded %d times", i, c))
 		}
 	}
+	bad := len(wrong)
 	// Where tracing programs run preemptibly, a firing preempted
 	// between the two copies as its CPU moves may be recorded twice or
 	// by neither (docs/filters.md); a few per change at most.
@@ -351,7 +349,7 @@ func TestSetFilterOnce(t *testing.T) {
 		bad = 0
 	}
 	if bad > 0 {
-		t.Fatalf("%d of %d renames not recorded exactly once across %d filter changes", bad, n, changes)
+		t.Fatalf("%d of %d renames not recorded exactly once across %d filter changes: %q", bad, n, changes, wrong[:min(bad, 10)])
 	}
 	t.Logf("%d renames each recorded once across %d filter changes", n, changes)
 }
