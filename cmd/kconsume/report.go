@@ -229,29 +229,19 @@ func parseTraceTime(s string) (uint64, error) {
 	return whole*1e9 + ns, nil
 }
 
+// matchName reports whether one of the -e patterns names the event
+// called name, by that name or, under another profile, its ftrace one.
 func (f *reportFilter) matchName(name string) bool {
 	if len(f.events) == 0 {
 		return true
 	}
+	orig := ""
 	if f.prof != nil {
-		if orig, ok := f.prof.Original(name); ok && f.matchOne(orig) {
-			return true
-		}
+		orig, _ = f.prof.Original(name)
 	}
-	return f.matchOne(name)
-}
-
-// matchOne reports whether one of the -e globs matches name.
-func (f *reportFilter) matchOne(name string) bool {
 	for _, e := range f.events {
-		if ok, _ := path.Match(e, name); ok {
+		if matchPattern(e, name, orig) {
 			return true
-		}
-		// A bare event name matches in any system.
-		if _, short, found := strings.Cut(name, ":"); found && !strings.Contains(e, ":") {
-			if ok, _ := path.Match(e, short); ok {
-				return true
-			}
 		}
 	}
 	return false
