@@ -249,7 +249,14 @@ func (t *tracepoints) replace(r *Recorder, i int, f *tracefs.Format, flt *filter
 	// (tracepoint_synchronize_unregister): after it only the new copy
 	// runs, and the switch need not be read any more.
 	_ = old.Close()
-	if err := setGens(info, i, next, 0, 0); err != nil {
+	// A run may read the entry while it is written, a field before
+	// and another after: one field at a time, each write leaves every
+	// mix of old and new reading next.
+	err = setGens(info, i, next, next, t.epoch)
+	if err == nil {
+		err = setGens(info, i, next, next, 0)
+	}
+	if err != nil {
 		return fmt.Errorf("switching %s to its new filter: %w", f.FullName(), err)
 	}
 	for k, l := range r.links {
