@@ -48,9 +48,15 @@ func ParseOptions(expr string, f *tracefs.Format, opts Options) (*Filter, error)
 	if i := strings.IndexByte(expr, 0); i >= 0 {
 		expr = expr[:i]
 	}
-	// apply_event_filter: strstrip()ed "0" clears the filter.
+	// apply_event_filter: strstrip()ed "0" clears the filter. strstrip
+	// ends the string in place after its last non-space byte, so the
+	// parse, whose positions count from the unmoved start, never sees
+	// trailing spaces.
 	if trimSpace(expr) == "0" {
 		return &Filter{Expr: full}, nil
+	}
+	for expr != "" && isSpace(expr[len(expr)-1]) {
+		expr = expr[:len(expr)-1]
 	}
 	if opts.NrCPUs <= 0 {
 		opts.NrCPUs = possibleCPUs()

@@ -103,7 +103,7 @@ var verdictRows = []row{
 	{sw, "prev_pid == 1 &&", ErrInvalidFilter, 16, FeatIncomplete},
 	{sw, "prev_pid == 1 ||", ErrInvalidFilter, 16, FeatIncomplete},
 	{sw, "prev_pid == 1 && !", ErrInvalidFilter, 18, FeatIncomplete},
-	{sw, "prev_pid == 1 || !! ", ErrInvalidFilter, 20, FeatIncomplete},
+	{sw, "prev_pid == 1 || !! ", ErrInvalidFilter, 19, FeatIncomplete}, // strstrip cut the trailing space
 	{sw, "(prev_pid == 1 &&)", ErrMissingField, 0, ""},
 	{sw, "&& prev_pid == 1", ErrMissingField, 0, ""},
 	{sw, "0", "", 0, ""},
