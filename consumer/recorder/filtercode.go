@@ -421,6 +421,12 @@ func dynStringCode(p *filter.Pred, at string) (asm.Instructions, error) {
 		// memcmp at every start in the first n bytes (at most dynBuf).
 		c = append(c, asm.JEq.Imm(asm.R9, 0, miss), asm.JLE.Imm(asm.R9, dynBuf, at+"_n"), asm.Mov.Imm(asm.R9, dynBuf),
 			nop().WithSymbol(at+"_n"))
+		// Zeroed first: verifiers before 6.2 take a copy of a size
+		// known only by its bounds for a read of the whole buffer.
+		c = append(c, asm.Mov.Imm(asm.R1, 0))
+		for k := 0; k < dynBuf; k += 8 {
+			c = append(c, asm.StoreMem(asm.R10, int16(dynAt+k), asm.R1, asm.DWord))
+		}
 		c = append(c, copyAt("", asm.R0, 0, asm.R9)...)
 		for st := 0; st+len(pat) <= dynBuf; st++ {
 			next := fmt.Sprintf("%s_at%d", at, st+1)

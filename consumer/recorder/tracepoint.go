@@ -224,6 +224,11 @@ func (t *tracepoints) replace(r *Recorder, i int, f *tracefs.Format, flt *filter
 	if err != nil {
 		return err
 	}
+	if !r.plan[PathOwnRings].on {
+		// As the load did to the programs it kept (setupRings):
+		// kernels before 5.12 refuse kc_area's atomics even unreached.
+		stripArea(&ebpf.CollectionSpec{Programs: map[string]*ebpf.ProgramSpec{name: ps}})
+	}
 	coll, err := ebpf.NewCollectionWithOptions(&ebpf.CollectionSpec{Maps: r.spec.Maps, Programs: map[string]*ebpf.ProgramSpec{name: ps}, Types: r.spec.Types},
 		ebpf.CollectionOptions{MapReplacements: r.coll.Maps})
 	if err != nil {
