@@ -69,7 +69,7 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		{"syscalls:sys_enter_lseek", lseek + fmt.Sprintf("common_pid == %d", os.Getpid()) + " && CPU == " + strconv.Itoa(cpu)},
 		{"syscalls:sys_enter_lseek", lseek + `comm ~ "*ilter*"`},
 		{"syscalls:sys_enter_lseek", lseek + `(COMM == "nothing" || offset < 1)`},
-		{"syscalls:sys_enter_lseek", lseek + `comm ~ "kc-f?lter" && COMM ~ "[k]c-*r" && !(comm ~ "*[!a-z-]*")`},
+		{"syscalls:sys_enter_lseek", lseek + `comm ~ "kc-f?lter" && COMM ~ "[k]c-*r"`},
 		{"task:task_rename", rename + `newcomm == "kcf-alpha"`},
 		{"task:task_rename", rename + `newcomm ~ "kcf-alpha*"`},
 		{"task:task_rename", rename + `newcomm != "kcf-beta" && newcomm ~ "kcf*"`},
@@ -82,6 +82,13 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		{"sched:sched_process_exec", `filename == "` + filepath.Join(execDir, "kcf-exec-bb") + `"`},
 		{"sched:sched_process_exec", `filename ~ "` + execDir + `*" && filename != "` + filepath.Join(execDir, "kcf-exec-a") + `"`},
 		{"sched:sched_process_exec", `filename ~ "*kcf-exec-*" && !(filename ~ "*-a")`},
+	}
+	// A glob on COMM stops at the name's NUL from 6.12 on; 6.1 (and
+	// 5.10) matched a negated class against the NULs after it, so that
+	// comm ~ "*[!a-z-]*" kept "kc-filter" there (seen in the 6.1 guest).
+	// The recorder does as the newest kernels do.
+	if major, minor, _ := testenv.KernelRelease(); major > 6 || major == 6 && minor >= 12 {
+		cases = append(cases, struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + `!(comm ~ "*[!a-z-]*")`})
 	}
 	for _, v := range []struct {
 		name            string
