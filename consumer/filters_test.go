@@ -216,7 +216,10 @@ func filterWorkload(t *testing.T, cpu int, execDir string) {
 	done := make(chan error)
 	go func() {
 		runtime.LockOSThread()
-		done <- filterCalls(cpu)
+		restore := keepName()
+		err := filterCalls(cpu)
+		restore() // before the recording ends, so both tracers see it
+		done <- err
 	}()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -277,6 +280,15 @@ func filterCalls(cpu int) error {
 	return nil
 }
 
+// keepName gives the calling thread back the name it has now when the
+// returned function runs: a locked thread that ends with its goroutine
+// takes its name along, but the process's first thread, which Go keeps,
+// would keep it (and /proc/self/comm is that thread's).
+func keepName() func() {
+	orig, _ := os.ReadFile("/proc/thread-self/comm")
+	return func() { _ = setName(strings.TrimSpace(string(orig))) }
+}
+
 // setName names the calling thread.
 func setName(name string) error {
 	p, err := unix.BytePtrFromString(name)
@@ -303,16 +315,19 @@ func TestSetFilterOnce(t *testing.T) {
 	stop := make(chan struct{})
 	done := make(chan int)
 	go func() {
-		runtime.LockOSThread() // never unlocked: the thread and its name go with the goroutine
+		runtime.LockOSThread() // never unlocked: the thread goes with the goroutine
+		restore := keepName()
 		n := 0
 		for ; ; n++ {
 			select {
 			case <-stop:
+				restore()
 				done <- n
 				return
 			default:
 			}
 			if err := setName(fmt.Sprintf("kcs-%d", n)); err != nil {
+				restore()
 				done <- -1
 				return
 			}

@@ -227,7 +227,12 @@ func TestCtlFilter(t *testing.T) {
 		t.Helper()
 		done := make(chan error)
 		go func() {
-			runtime.LockOSThread() // never unlocked: the renamed thread ends with the goroutine
+			// Never unlocked: the renamed thread ends with the
+			// goroutine, but for the process's first thread, which Go
+			// keeps: its name is given back (/proc/self/comm is its).
+			runtime.LockOSThread()
+			orig, _ := os.ReadFile("/proc/thread-self/comm")
+			names := append(names, strings.TrimSpace(string(orig)))
 			for _, n := range names {
 				p, err := unix.BytePtrFromString(n)
 				if err == nil {
