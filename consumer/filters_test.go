@@ -99,6 +99,12 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 			recorder.Testing.NoPackets, recorder.Testing.NoCookie = v.noPkt, v.noCookie
 			defer func() { recorder.Testing.NoPackets, recorder.Testing.NoCookie = false, false }()
 			for i, c := range cases {
+				if v.name != "default" && i%2 == 1 {
+					// The other ways record through the same
+					// generated code: the even-numbered filters
+					// cover it and keep a TCG guest's run short.
+					continue
+				}
 				t.Run(strconv.Itoa(i), func(t *testing.T) {
 					ours, theirs := filterBoth(t, fs, Config{Transport: v.tr}, c.event, c.expr, cpu, execDir)
 					if !slices.Equal(ours, theirs) {
