@@ -246,28 +246,15 @@ func (s *Session) SetFilter(pattern, expr string) error {
 	if err != nil {
 		return err
 	}
-	evs, err := fs.Events(pattern)
+	keys, err := namedEvents(fs, pattern, s.events)
 	if err != nil {
-		return fmt.Errorf("%w: filter for %s: %w", ErrConfig, pattern, err)
+		return err
 	}
-	named := map[tracefs.Event]bool{}
-	for _, e := range evs {
-		named[e] = true
-	}
-	var keys []int
-	var flts []*filter.Filter
-	for i, f := range s.events {
-		if !named[tracefs.Event{System: f.System, Name: f.Name}] {
-			continue
+	flts := make([]*filter.Filter, len(keys))
+	for k, i := range keys {
+		if flts[k], err = filter.Parse(expr, s.events[i]); err != nil {
+			return fmt.Errorf("%w: event %s: %w", ErrConfig, s.events[i].FullName(), err)
 		}
-		flt, err := filter.Parse(expr, f)
-		if err != nil {
-			return fmt.Errorf("%w: event %s: %w", ErrConfig, f.FullName(), err)
-		}
-		keys, flts = append(keys, i), append(flts, flt)
-	}
-	if len(keys) == 0 {
-		return fmt.Errorf("%w: filter for %s: no recorded event matches it", ErrConfig, pattern)
 	}
 	for k, i := range keys {
 		if err := s.rec.ReplaceFilter(i, s.events[i], flts[k]); err != nil {

@@ -23,23 +23,12 @@ func resolveFilters(fs tracefs.FS, flts []EventFilter, formats []*tracefs.Format
 	}
 	exprs := make([][]string, len(formats))
 	for _, flt := range flts {
-		evs, err := fs.Events(flt.Event)
+		keys, err := namedEvents(fs, flt.Event, formats)
 		if err != nil {
-			return nil, fmt.Errorf("%w: filter for %s: %w", ErrConfig, flt.Event, err)
+			return nil, err
 		}
-		named := map[tracefs.Event]bool{}
-		for _, e := range evs {
-			named[e] = true
-		}
-		found := false
-		for i, f := range formats {
-			if named[tracefs.Event{System: f.System, Name: f.Name}] {
-				exprs[i] = append(exprs[i], flt.Expr)
-				found = true
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("%w: filter for %s: no recorded event matches it", ErrConfig, flt.Event)
+		for _, i := range keys {
+			exprs[i] = append(exprs[i], flt.Expr)
 		}
 	}
 	out := make([]*filter.Filter, len(formats))
@@ -64,4 +53,28 @@ func resolveFilters(fs tracefs.FS, flts []EventFilter, formats []*tracefs.Format
 		out[i] = flt
 	}
 	return out, nil
+}
+
+// namedEvents returns the indexes in formats of the recorded events that
+// pattern names, as Config.Events names them. It fails with ErrConfig for
+// a bad pattern or one that names no recorded event.
+func namedEvents(fs tracefs.FS, pattern string, formats []*tracefs.Format) ([]int, error) {
+	evs, err := fs.Events(pattern)
+	if err != nil {
+		return nil, fmt.Errorf("%w: filter for %s: %w", ErrConfig, pattern, err)
+	}
+	named := map[tracefs.Event]bool{}
+	for _, e := range evs {
+		named[e] = true
+	}
+	var keys []int
+	for i, f := range formats {
+		if named[tracefs.Event{System: f.System, Name: f.Name}] {
+			keys = append(keys, i)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("%w: filter for %s: no recorded event matches it", ErrConfig, pattern)
+	}
+	return keys, nil
 }
