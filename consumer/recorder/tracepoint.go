@@ -246,6 +246,9 @@ func (t *tracepoints) replace(r *Recorder, i int, f *tracefs.Format, flt *filter
 		lk, err = link.Tracepoint(f.System, f.Name, coll.Programs[name], opts)
 	}
 	if err != nil {
+		// The old copy records on: the switch is taken back, or a
+		// later change's epoch would hand the event to no copy.
+		_ = setGens(info, i, t.gens[i], t.gens[i], 0)
 		coll.Close()
 		return fmt.Errorf("switching %s to its new filter: %w", f.FullName(), err)
 	}
@@ -254,16 +257,6 @@ func (t *tracepoints) replace(r *Recorder, i int, f *tracefs.Format, flt *filter
 	// (tracepoint_synchronize_unregister): after it only the new copy
 	// runs, and the switch need not be read any more.
 	_ = old.Close()
-	// A run may read the entry while it is written, a field before
-	// and another after: one field at a time, each write leaves every
-	// mix of old and new reading next.
-	err = setGens(info, i, next, next, t.epoch)
-	if err == nil {
-		err = setGens(info, i, next, next, 0)
-	}
-	if err != nil {
-		return fmt.Errorf("switching %s to its new filter: %w", f.FullName(), err)
-	}
 	for k, l := range r.links {
 		if l == old {
 			r.links[k] = lk
@@ -281,6 +274,17 @@ func (t *tracepoints) replace(r *Recorder, i int, f *tracefs.Format, flt *filter
 	}
 	t.filters[i], t.formats[i] = flt, f
 	r.tpProgs[i] = name
+	// A run may read the entry while it is written, a field before
+	// and another after: one field at a time, each write leaves every
+	// mix of old and new reading next. Left undone, the switch stays
+	// read but names next still.
+	err = setGens(info, i, next, next, t.epoch)
+	if err == nil {
+		err = setGens(info, i, next, next, 0)
+	}
+	if err != nil {
+		return fmt.Errorf("switching %s to its new filter: %w", f.FullName(), err)
+	}
 	return nil
 }
 
