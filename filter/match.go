@@ -118,27 +118,11 @@ func (p *Pred) evalInt(e *env) bool {
 		sb := int64(b<<(64-bits)) >> (64 - bits)
 		return compare(p.Op, sa, sb)
 	}
-	switch p.Op {
-	case OpEQ:
-		return a == b
-	case OpNE:
-		return a != b
-	case OpLT:
-		return a < b
-	case OpLE:
-		return a <= b
-	case OpGT:
-		return a > b
-	case OpGE:
-		return a >= b
-	case OpAnd:
-		return a&b != 0
-	}
-	return false
+	return compare(p.Op, a, b)
 }
 
-// compare returns a OP b on signed integers.
-func compare(op Op, a, b int64) bool {
+// compare returns a OP b, signed or unsigned as T is.
+func compare[T int64 | uint64](op Op, a, b T) bool {
 	switch op {
 	case OpEQ:
 		return a == b
