@@ -62,11 +62,7 @@ func (ob *objects) missed() uint64 {
 	defer ob.mu.Unlock()
 	n := ob.gone
 	for _, o := range ob.list {
-		for _, p := range o.coll.Programs {
-			if st, err := p.Stats(); err == nil {
-				n += st.RecursionMisses
-			}
-		}
+		n += programsMissed(o.coll)
 	}
 	return n
 }

@@ -272,10 +272,14 @@ func (r *Recorder) CPUDisabled(cpu int) bool {
 // the CPU: one preempted on a faultable syscall tracepoint (6.13+)
 // leaves every run on that CPU Missed until it resumes.
 func (r *Recorder) Missed() (all, lost uint64) {
-	all = r.objs.missed()
+	// The copies a filter change loaded record events as the others do.
+	lost = r.tp.laterMissed()
+	all = r.objs.missed() + lost
+	// kc_tp* are kc_tracepoint's copies: per event (kc_tp_N), by size
+	// (kc_tp_sN) and filtered (kc_tpf_N).
 	for name, p := range r.coll.Programs {
 		raw := name == gen.RingbufProgKcSysEnter || name == gen.RingbufProgKcSysExit
-		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp_") && !strings.HasPrefix(name, FentryPrefix) && !IsBTFProg(name) {
+		if !raw && name != gen.RingbufProgKcTracepoint && !strings.HasPrefix(name, "kc_tp") && !strings.HasPrefix(name, FentryPrefix) && !IsBTFProg(name) {
 			continue
 		}
 		st, err := p.Stats()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -35,6 +36,32 @@ type tracepoints struct {
 	gens  map[int]uint32
 	later map[int]*ebpf.Collection
 	epoch uint32 // the CPUs' epoch of filter changes (kc_epoch)
+	// laterMu guards later against a change while the drainer reads
+	// its programs' misses; gone keeps those of the copies closed.
+	laterMu sync.Mutex
+	gone    uint64
+}
+
+// laterMissed returns the recursion misses of the copies loaded after
+// the recorder, those closed included: each an event lost.
+func (t *tracepoints) laterMissed() uint64 {
+	t.laterMu.Lock()
+	defer t.laterMu.Unlock()
+	n := t.gone
+	for _, c := range t.later {
+		n += programsMissed(c)
+	}
+	return n
+}
+
+// programsMissed returns the recursion misses of c's programs.
+func programsMissed(c *ebpf.Collection) (n uint64) {
+	for _, p := range c.Programs {
+		if st, err := p.Stats(); err == nil {
+			n += st.RecursionMisses
+		}
+	}
+	return n
 }
 
 // filter returns event key i's field filter, or nil when it has none
@@ -210,7 +237,10 @@ func (t *tracepoints) replace(r *Recorder, i int, f *tracefs.Format, flt *filter
 		return fmt.Errorf("event %s is not recorded through its tracepoint (record it with --syscalls tracepoint to change its filter while recording)", f.FullName())
 	}
 	if t.gens == nil {
-		t.gens, t.later = map[int]uint32{}, map[int]*ebpf.Collection{}
+		t.gens = map[int]uint32{}
+		t.laterMu.Lock()
+		t.later = map[int]*ebpf.Collection{}
+		t.laterMu.Unlock()
 	}
 	next := t.gens[i] + 1
 	name := "kc_tpg_" + strconv.Itoa(i)
@@ -262,10 +292,14 @@ func (t *tracepoints) replace(r *Recorder, i int, f *tracefs.Format, flt *filter
 			r.links[k] = lk
 		}
 	}
+	t.laterMu.Lock()
 	if c := t.later[i]; c != nil {
+		t.gone += programsMissed(c)
 		c.Close()
 	}
-	t.links[i], t.later[i], t.gens[i] = lk, coll, next
+	t.later[i] = coll
+	t.laterMu.Unlock()
+	t.links[i], t.gens[i] = lk, next
 	for len(t.filters) <= i {
 		t.filters = append(t.filters, nil)
 	}
@@ -349,7 +383,10 @@ func runOnEach(ncpu int, prog *ebpf.Program, e uint32) []int {
 
 // close closes the copies loaded after the recorder.
 func (t *tracepoints) close() {
+	t.laterMu.Lock()
+	defer t.laterMu.Unlock()
 	for _, c := range t.later {
+		t.gone += programsMissed(c)
 		c.Close()
 	}
 	t.later = nil
