@@ -175,7 +175,7 @@ func (f *reportFilter) format(line []byte, it *relayfmt.Item) ([]byte, bool, err
 		return line, false, nil
 	}
 	if f.fields.on() {
-		if ok, err := f.fields.pass(it.Class, f.names(it.Class.Name), f.vals, it.CPU); err != nil || !ok {
+		if ok, err := f.fields.pass(it.Class, f.prof, f.vals, it.CPU); err != nil || !ok {
 			return line, false, usageErrorOf(err)
 		}
 	}
@@ -235,10 +235,7 @@ func (f *reportFilter) matchName(name string) bool {
 	if len(f.events) == 0 {
 		return true
 	}
-	orig := ""
-	if f.prof != nil {
-		orig, _ = f.prof.Original(name)
-	}
+	orig := ftraceName(f.prof, name)
 	for _, e := range f.events {
 		if matchPattern(e, name, orig) {
 			return true
@@ -319,16 +316,6 @@ func appendJSONString(b, s []byte) []byte {
 		s = s[n:]
 	}
 	return append(b, '"')
-}
-
-// names returns whether an event pattern names the events called name,
-// by their name in the trace or, under another profile, their ftrace one.
-func (f *reportFilter) names(name string) func(string) bool {
-	orig := ""
-	if f.prof != nil {
-		orig, _ = f.prof.Original(name)
-	}
-	return func(p string) bool { return matchPattern(p, name, orig) }
 }
 
 // usageErrorOf wraps err, when set, as a usageError.

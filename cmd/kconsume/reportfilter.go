@@ -9,6 +9,7 @@ import (
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/filter"
+	"github.com/kconsume/kconsume/profile"
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
@@ -74,8 +75,8 @@ func (f *fieldFilters) on() bool { return len(f.specs) > 0 }
 // pass reports whether the event of class c with values vals, on cpu,
 // passes the filters. It fails when an expression that names c's events
 // does not parse against its fields: the kernel's error, with the event.
-func (f *fieldFilters) pass(c *relayfmt.EventClass, names func(string) bool, vals []relayfmt.Value, cpu uint32) (bool, error) {
-	cf, err := f.class(c, names)
+func (f *fieldFilters) pass(c *relayfmt.EventClass, prof *profile.Profile, vals []relayfmt.Value, cpu uint32) (bool, error) {
+	cf, err := f.class(c, prof)
 	if err != nil || cf.flts == nil {
 		return false, err
 	}
@@ -88,9 +89,10 @@ func (f *fieldFilters) pass(c *relayfmt.EventClass, names func(string) bool, val
 	return true, nil
 }
 
-// class returns c's filters, parsing them the first time; names reports
-// whether an event pattern names c's events.
-func (f *fieldFilters) class(c *relayfmt.EventClass, names func(string) bool) (*classFilters, error) {
+// class returns c's filters, parsing them the first time; an event
+// pattern names c's events by their name or, under prof, their ftrace
+// one.
+func (f *fieldFilters) class(c *relayfmt.EventClass, prof *profile.Profile) (*classFilters, error) {
 	if cf, ok := f.classes[c]; ok {
 		return cf, nil
 	}
@@ -101,7 +103,7 @@ func (f *fieldFilters) class(c *relayfmt.EventClass, names func(string) bool) (*
 	f.classes[c] = cf
 	format := cf.format(c)
 	for _, sp := range f.specs {
-		if sp.event != "" && !names(sp.event) {
+		if sp.event != "" && !matchPattern(sp.event, c.Name, ftraceName(prof, c.Name)) {
 			continue
 		}
 		flt, err := filter.Parse(sp.expr, format)
@@ -189,6 +191,16 @@ func (cf *classFilters) record(rec []byte, vals []relayfmt.Value) []byte {
 		}
 	}
 	return rec
+}
+
+// ftraceName returns the tracefs name of the event called name under
+// prof, or "" where it has none or prof is nil.
+func ftraceName(prof *profile.Profile, name string) string {
+	if prof == nil {
+		return ""
+	}
+	orig, _ := prof.Original(name)
+	return orig
 }
 
 // matchPattern reports whether the event pattern p names the event
