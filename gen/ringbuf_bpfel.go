@@ -68,10 +68,14 @@ type RingbufKcScratch struct {
 }
 
 type RingbufKcSysKey struct {
-	_    structs.HostLayout
-	Key  uint32
-	Id   uint16
-	Size uint16
+	_        structs.HostLayout
+	Key      uint32
+	Id       uint16
+	Size     uint16
+	Flags    uint32
+	Gen      uint32
+	GenNext  uint32
+	SwitchAt uint32
 }
 
 type RingbufKcTpInfo struct {

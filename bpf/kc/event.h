@@ -89,6 +89,7 @@ struct kc_tp_info {
 #define KC_TP_WAKING 2 /* remember when the task in pid_off was woken */
 #define KC_TP_SWITCH 4 /* emit wakeup_latency for the task switched in */
 #define KC_TP_SYSUSER 8 /* a syscall event with user-space fields to fill (kc_sys_user) */
+#define KC_TP_FILTERED 16 /* a syscall event the syscall programs filter (kc_sys_field_filter) */
 
 /* Set when synthetic:wakeup_latency is recorded, so the hooks cost nothing otherwise. */
 const volatile __u32 kc_hooks = 0;

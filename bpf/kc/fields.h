@@ -81,17 +81,21 @@ struct {
 	__type(value, __u32);
 } kc_epoch SEC(".maps");
 
+/* kc_epoch_reached returns whether this CPU's epoch has reached at. */
+static __always_inline int kc_epoch_reached(__u32 at)
+{
+	__u32 zero = 0, *e = bpf_map_lookup_elem(&kc_epoch, &zero);
+
+	return e && *e >= at;
+}
+
 /* kc_gen_ok returns whether this program copy records the event of info. */
 static __always_inline int kc_gen_ok(struct kc_tp_info *info)
 {
 	__u32 gen = info->gen;
 
-	if (info->switch_at) {
-		__u32 zero = 0, *e = bpf_map_lookup_elem(&kc_epoch, &zero);
-
-		if (e && *e >= info->switch_at)
-			gen = info->gen_next;
-	}
+	if (info->switch_at && kc_epoch_reached(info->switch_at))
+		gen = info->gen_next;
 	return gen == kc_prog_gen();
 }
 

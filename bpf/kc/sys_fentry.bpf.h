@@ -7,6 +7,7 @@
 #define KC_SYS_FENTRY_BPF_H
 
 #include "kc/event.h"
+#include "kc/fields.h"
 #include "kc/syscall.h"
 
 #ifndef KC_PERF
@@ -52,9 +53,9 @@ static __always_inline void kc_sys_fn(struct pt_regs *regs, __u32 exit, long ret
 		return;
 	key = kc_patched_key();
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
-	if (!info)
+	if (!info || !kc_gen_ok(info))
 		return;
-	kc_sys_emit(regs, NULL, key, info->id, info->size, kc_sys_nr(), exit, ret, pid);
+	kc_sys_emit(regs, NULL, key, info->id, info->size, kc_sys_nr(), exit, ret, pid, info->flags & KC_TP_FILTERED);
 }
 
 SEC("fentry/__x64_sys_getpid")

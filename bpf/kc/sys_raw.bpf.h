@@ -35,6 +35,16 @@ struct kc_sys_key {
 	__u32 key;  /* the event key + 1, or 0 when the event is not recorded */
 	__u16 id;   /* kc_tp_info.id */
 	__u16 size; /* kc_tp_info.size */
+	__u32 flags; /* KC_TP_FILTERED when the event has a field filter */
+	/*
+	 * The generation of the raw programs that record the event, and
+	 * while a change of filter loads new ones (kconsume ctl filter,
+	 * whose filters they carry), theirs and the epoch from which a CPU
+	 * takes them, as in struct kc_tp_info (kc_gen_ok).
+	 */
+	__u32 gen;
+	__u32 gen_next;
+	__u32 switch_at;
 };
 
 /* kc_sys_keys maps nr (sys_enter) and KC_SYS_MAX + nr (sys_exit) to the event's struct kc_sys_key. */
@@ -52,7 +62,7 @@ struct {
 static __always_inline void kc_sys_record(struct pt_regs *regs, const struct kc_sys_args *a, long nr, __u32 exit, long ret)
 {
 	struct kc_sys_key *k;
-	__u32 slot;
+	__u32 slot, gen;
 	__s32 pid;
 
 	if ((__u64)nr >= KC_SYS_MAX || !kc_running)
@@ -61,10 +71,15 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, const struct kc_
 	k = bpf_map_lookup_elem(&kc_sys_keys, &slot);
 	if (!k || !k->key)
 		return;
+	gen = k->gen;
+	if (k->switch_at && kc_epoch_reached(k->switch_at))
+		gen = k->gen_next;
+	if (gen != kc_prog_gen())
+		return;
 	pid = kc_sys_task();
 	if (pid < 0)
 		return;
-	kc_sys_emit(regs, a, k->key - 1, k->id, k->size, nr, exit, ret, pid);
+	kc_sys_emit(regs, a, k->key - 1, k->id, k->size, nr, exit, ret, pid, k->flags & KC_TP_FILTERED);
 }
 
 SEC("tp_btf/sys_enter")

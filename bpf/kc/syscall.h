@@ -11,6 +11,7 @@
 
 #include "filter.h"
 #include "kc/event.h"
+#include "kc/fields.h"
 #include "kc/reserve.h"
 #include <bpf/bpf_core_read.h>
 
@@ -73,6 +74,29 @@ struct kc_sys_args {
 };
 
 /*
+ * kc_sys_arg returns argument i (a constant at each call) of the syscall:
+ * from a, the perf tracepoint's record, when set, else from regs.
+ */
+static __always_inline __u64 kc_sys_arg(struct pt_regs *regs, const struct kc_sys_args *a, int i)
+{
+	if (a)
+		return a->v[i];
+	switch (i) {
+	case 0:
+		return regs->di;
+	case 1:
+		return regs->si;
+	case 2:
+		return regs->dx;
+	case 3:
+		return regs->r10;
+	case 4:
+		return regs->r8;
+	}
+	return regs->r9;
+}
+
+/*
  * kc_sys_fill writes at data, a syscall record's payload, the part that
  * words (the ring record's size in 8-byte words, a constant at each call)
  * covers: the number, and the arguments on entry or ret on exit. Only stores inside
@@ -86,34 +110,68 @@ static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs 
 			kc_put(__u64, data, KC_SYS_ARG(0), ret);
 		return;
 	}
-	if (a) {
-		/* The perf tracepoint's record: its arguments already read. */
-		if (words > 2)
-			kc_put(__u64, data, KC_SYS_ARG(0), a->v[0]);
-		if (words > 3)
-			kc_put(__u64, data, KC_SYS_ARG(1), a->v[1]);
-		if (words > 4)
-			kc_put(__u64, data, KC_SYS_ARG(2), a->v[2]);
-		if (words > 5)
-			kc_put(__u64, data, KC_SYS_ARG(3), a->v[3]);
-		if (words > 6)
-			kc_put(__u64, data, KC_SYS_ARG(4), a->v[4]);
-		if (words > 7)
-			kc_put(__u64, data, KC_SYS_ARG(5), a->v[5]);
-		return;
-	}
 	if (words > 2)
-		kc_put(__u64, data, KC_SYS_ARG(0), regs->di);
+		kc_put(__u64, data, KC_SYS_ARG(0), kc_sys_arg(regs, a, 0));
 	if (words > 3)
-		kc_put(__u64, data, KC_SYS_ARG(1), regs->si);
+		kc_put(__u64, data, KC_SYS_ARG(1), kc_sys_arg(regs, a, 1));
 	if (words > 4)
-		kc_put(__u64, data, KC_SYS_ARG(2), regs->dx);
+		kc_put(__u64, data, KC_SYS_ARG(2), kc_sys_arg(regs, a, 2));
 	if (words > 5)
-		kc_put(__u64, data, KC_SYS_ARG(3), regs->r10);
+		kc_put(__u64, data, KC_SYS_ARG(3), kc_sys_arg(regs, a, 3));
 	if (words > 6)
-		kc_put(__u64, data, KC_SYS_ARG(4), regs->r8);
+		kc_put(__u64, data, KC_SYS_ARG(4), kc_sys_arg(regs, a, 4));
 	if (words > 7)
-		kc_put(__u64, data, KC_SYS_ARG(5), regs->r9);
+		kc_put(__u64, data, KC_SYS_ARG(5), kc_sys_arg(regs, a, 5));
+}
+
+/*
+ * kc_sys_field_filter returns nonzero to keep syscall event key, whose
+ * record is the KC_SYS_REC bytes at data as the kernel lays it out (struct
+ * syscall_trace_enter or syscall_trace_exit of kernel/trace/
+ * trace_syscalls.c, trace-record offsets; the common fields are left 0).
+ * As built it keeps every event; where a syscall event the syscall
+ * programs record has a field filter, the loader puts in its body those
+ * filters, dispatched on key (consumer/recorder/filtercode.go). The
+ * assembly keeps clang from knowing the result.
+ */
+#define KC_SYS_REC 64
+
+static __noinline int kc_sys_field_filter(__u32 key, __u8 *data)
+{
+	int keep;
+
+	asm volatile("%0 = 1" : "=r"(keep) : "r"(key), "r"(data));
+	return keep;
+}
+
+/*
+ * kc_sys_fields_pass returns whether syscall event key (number nr, its
+ * arguments in regs or a on entry, ret on exit) passes its field filter,
+ * and counts it in kc_filter_kept if it does. It builds the record on the
+ * stack, 8-byte aligned as the kernel's is, before any ring space is
+ * reserved: a rejected event costs no reservation.
+ */
+static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, long nr, __u32 exit, long ret)
+{
+	__u64 rec[KC_SYS_REC / 8] = {}, *kept;
+
+	rec[1] = (__u32)nr;
+	if (exit) {
+		rec[2] = ret;
+	} else {
+		rec[2] = kc_sys_arg(regs, a, 0);
+		rec[3] = kc_sys_arg(regs, a, 1);
+		rec[4] = kc_sys_arg(regs, a, 2);
+		rec[5] = kc_sys_arg(regs, a, 3);
+		rec[6] = kc_sys_arg(regs, a, 4);
+		rec[7] = kc_sys_arg(regs, a, 5);
+	}
+	if (!kc_sys_field_filter(key, (__u8 *)rec))
+		return 0;
+	kept = bpf_map_lookup_elem(&kc_filter_kept, &key);
+	if (kept)
+		__sync_fetch_and_add(kept, 1);
+	return 1;
 }
 
 /*
@@ -130,7 +188,8 @@ static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs 
 /*
  * kc_sys_emit writes the syscall event key, number nr, of the thread pid:
  * on entry (exit 0) with the arguments in regs, on exit with ret, if the
- * filters pass; id and tsize are the event's kc_tp_info.id and .size.
+ * filters pass (its field filter too when filtered is set); id and tsize
+ * are the event's kc_tp_info.id and .size.
  * The record is built in place in the ring, with no copy through the
  * stack. Its callers can nest with kc_tracepoint on one CPU
  * (a raw tracepoint or trampoline guards only against its own program,
@@ -138,7 +197,7 @@ static __always_inline void kc_sys_fill(void *data, __u32 words, struct pt_regs 
  * kernels with faultable syscall tracepoints, so it counts with atomic
  * adds.
  */
-static __always_inline void kc_sys_emit(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, __u16 id, __u32 tsize, long nr, __u32 exit, long ret, __s32 pid)
+static __always_inline void kc_sys_emit(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, __u16 id, __u32 tsize, long nr, __u32 exit, long ret, __s32 pid, __u32 filtered)
 {
 	struct kc_sys_rec *r = NULL;
 	struct kc_cpu_state *st;
@@ -147,6 +206,8 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, const struct kc_sy
 	void *ring;
 
 	if (!kc_pass())
+		return;
+	if (filtered && !kc_sys_fields_pass(regs, a, key, nr, exit, ret))
 		return;
 	st = kc_cpu_ring(&cpu, &ring);
 	if (!st)

@@ -8,7 +8,6 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/kconsume/kconsume/consumer/layout"
 	"github.com/kconsume/kconsume/consumer/tracefs"
-	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/synth"
 )
@@ -92,6 +91,9 @@ func (r *Recorder) tpInfo(es Events, i int, f *tracefs.Format) (gen.RingbufKcTpI
 		l := es.Layouts[i]
 		ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.Dyn)), Flags: tpRecord}
 		copy(ti.Dyn[:], l.Dyn)
+		if _, sys := SysShape(f); sys && r.tp.filter(i) != nil {
+			ti.Flags |= tpFiltered
+		}
 		if u := es.Users[i]; u != nil {
 			if r.transport != Ringbuf {
 				return ti, fmt.Errorf("%w: event %s: its user-space fields need BPF ring buffers, not %s", ErrNotSupported, f.FullName(), r.transport)
@@ -139,19 +141,4 @@ func (r *Recorder) AddObjects(specs []*ebpf.CollectionSpec, declare func(*synth.
 		}
 	}
 	return nil
-}
-
-// ReplaceFilter gives recorded event key i, of format f, the field filter
-// flt (nil or the kernel's "0": none) while it is recorded, each event
-// recorded once across the change. It fails for an event not recorded
-// through its tracepoint (the raw, function or BTF paths), for a filter
-// the recorder cannot evaluate, or with the kernel's error; the event
-// then keeps its filter. Callers serialize it with Detach and Close.
-func (r *Recorder) ReplaceFilter(i int, f *tracefs.Format, flt *filter.Filter) error {
-	if flt != nil && len(flt.Prog) > 0 {
-		if err := CheckFilter(flt, f); err != nil {
-			return err
-		}
-	}
-	return r.tp.replace(r, i, f, flt)
 }

@@ -20,7 +20,8 @@ import (
 // fentryPath holds the function path's program copies by the event they
 // record.
 type fentryPath struct {
-	progs map[int]string // event key → its fentry or fexit program copy
+	progs map[int]string    // event key → its fentry or fexit program copy
+	links map[int]link.Link // event key → its copy's link, once attached
 }
 
 // FentryPrefix starts the names of the function path's program copies.
@@ -170,7 +171,7 @@ func (p *fentryPath) drop(spec *ebpf.CollectionSpec) {
 // progs[key] to each one's name; when one fails, it detaches those it
 // attached, sets none and returns why.
 func (p *fentryPath) attach(r *Recorder, progs []string) error {
-	var links []link.Link
+	links := map[int]link.Link{}
 	for key, name := range p.progs {
 		l, err := link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
 		if err != nil {
@@ -180,9 +181,12 @@ func (p *fentryPath) attach(r *Recorder, progs []string) error {
 			clear(progs)
 			return fmt.Errorf("attaching %s to %s: %w", name, r.coll.Programs[name].String(), err)
 		}
-		links = append(links, l)
+		links[key] = l
 		progs[key] = name
 	}
-	r.links = append(r.links, links...)
+	for _, l := range links {
+		r.links = append(r.links, l)
+	}
+	p.links = links
 	return nil
 }

@@ -3,6 +3,8 @@ package recorder
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 
 	"github.com/cilium/ebpf"
@@ -23,12 +25,36 @@ import (
 // in the scratch record (R1, a map value: the entry, then the trace
 // record from byte 8 on, layout.RingCut bytes before its trace-record
 // offsets) and its length (R2).
+//
+// The syscall programs, which serve every syscall event, get the filters
+// of all their filtered events in kc_sys_field_filter's body
+// (bpf/kc/syscall.h), dispatched on the event key (R1), each on the
+// record as the kernel lays it out (R2, on the stack, sysRecLen bytes).
 
-// fieldFilterFunc is the function the loader replaces; filterPlaceholder
-// mirrors KC_FILTER_PLACEHOLDER (TestMirrorsC).
+// recAt says where compiled filter code finds its event's record: the
+// prefix of its labels, the record's offset of each trace-record offset,
+// and how many bytes the record lacks before those offsets.
+type recAt struct {
+	prefix string
+	off    func(int) int
+	cut    int32
+}
+
+// ringRec is the ring record in the scratch record (kc_field_filter).
+var ringRec = recAt{prefix: "kcf_", off: layout.RingOff, cut: layout.RingCut}
+
+// sysRec is the syscall record of event key (kc_sys_field_filter).
+func sysRec(key int) recAt {
+	return recAt{prefix: "kcs" + strconv.Itoa(key) + "_", off: func(o int) int { return o }}
+}
+
+// fieldFilterFunc and sysFilterFunc are the functions the loader
+// replaces; filterPlaceholder mirrors KC_FILTER_PLACEHOLDER (TestMirrorsC).
 const (
 	fieldFilterFunc   = "kc_field_filter"
+	sysFilterFunc     = "kc_sys_field_filter"
 	filterPlaceholder = 0x6b6346494c
+	sysRecLen         = 64 // KC_SYS_REC
 )
 
 // maxUnrolled bounds the bytes of a fixed string a substring match
@@ -42,14 +68,17 @@ var errFilterUnsupported = errors.New("not evaluated in the recorder yet")
 // CheckFilter returns nil when the recorder can evaluate flt on events of
 // format f, else why not (naming the predicate's position).
 func CheckFilter(flt *filter.Filter, f *tracefs.Format) error {
-	_, err := compileFilter(flt, f)
+	_, err := compileFilter(flt, f, ringRec)
+	if _, ok := SysShape(f); ok && err == nil {
+		_, err = compileFilter(flt, f, sysRec(0))
+	}
 	return err
 }
 
 // filterProg returns a copy of program base named name whose field
 // filter is flt, for events of format f.
 func filterProg(base *ebpf.ProgramSpec, name string, flt *filter.Filter, f *tracefs.Format) (*ebpf.ProgramSpec, error) {
-	code, err := compileFilter(flt, f)
+	code, err := compileFilter(flt, f, ringRec)
 	if err != nil {
 		return nil, err
 	}
@@ -57,15 +86,24 @@ func filterProg(base *ebpf.ProgramSpec, name string, flt *filter.Filter, f *trac
 	if err != nil {
 		return nil, err
 	}
+	if !replaceFunc(ps, fieldFilterFunc, code) {
+		return nil, fmt.Errorf("recorder program %s has no %s", base.Name, fieldFilterFunc)
+	}
+	return ps, nil
+}
+
+// replaceFunc puts code in place of the body of function fn in ps, and
+// returns false when ps has no fn.
+func replaceFunc(ps *ebpf.ProgramSpec, fn string, code asm.Instructions) bool {
 	start := -1
 	for i := range ps.Instructions {
-		if ps.Instructions[i].Symbol() == fieldFilterFunc {
+		if ps.Instructions[i].Symbol() == fn {
 			start = i
 			break
 		}
 	}
 	if start < 0 {
-		return nil, fmt.Errorf("recorder program %s has no %s", base.Name, fieldFilterFunc)
+		return false
 	}
 	end := len(ps.Instructions)
 	for i := start + 1; i < len(ps.Instructions); i++ {
@@ -74,34 +112,84 @@ func filterProg(base *ebpf.ProgramSpec, name string, flt *filter.Filter, f *trac
 			break
 		}
 	}
-	// The first instruction carries the function's symbol and BTF.
+	code = slices.Clone(code)
+	// The first instruction carries the function's symbol and BTF, and
+	// keeps its own jump target.
+	ref := code[0].Reference()
 	code[0].Metadata = ps.Instructions[start].Metadata
-	ins := append(append(ps.Instructions[:start:start], code...), ps.Instructions[end:]...)
-	ps.Instructions = ins
-	return ps, nil
+	if ref != "" {
+		code[0] = code[0].WithReference(ref)
+	}
+	ps.Instructions = append(append(ps.Instructions[:start:start], code...), ps.Instructions[end:]...)
+	return true
+}
+
+// sysFilters puts in every program of spec that calls
+// kc_sys_field_filter the filters of the syscall events keys (by key,
+// of formats), as sysDispatch builds them. It changes nothing when keys
+// is empty.
+func sysFilters(spec *ebpf.CollectionSpec, keys []int, flts []*filter.Filter, formats []*tracefs.Format) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	fm, ff := map[int]*filter.Filter{}, map[int]*tracefs.Format{}
+	for _, k := range keys {
+		fm[k], ff[k] = flts[k], formats[k]
+	}
+	code, err := sysDispatch(fm, ff)
+	if err != nil {
+		return err
+	}
+	for _, ps := range spec.Programs {
+		replaceFunc(ps, sysFilterFunc, code)
+	}
+	return nil
+}
+
+// sysDispatch returns the body of kc_sys_field_filter for the filters
+// flts of syscall events (by key, with their formats): a dispatch on the
+// event key, each to its filter, every other key kept.
+func sysDispatch(flts map[int]*filter.Filter, formats map[int]*tracefs.Format) (asm.Instructions, error) {
+	keys := slices.Sorted(maps.Keys(flts))
+	code := asm.Instructions{}
+	for _, k := range keys {
+		code = append(code, asm.JEq.Imm(asm.R1, int32(k), sysRec(k).prefix+"go"))
+	}
+	code = append(code, asm.Mov.Imm(asm.R0, 1), asm.Return())
+	for _, k := range keys {
+		c, err := compileFilter(flts[k], formats[k], sysRec(k))
+		if err != nil {
+			return nil, fmt.Errorf("event %s: %w", formats[k].FullName(), err)
+		}
+		// Each filter takes the record and its length as
+		// kc_field_filter does.
+		code = append(code, asm.Mov.Reg(asm.R1, asm.R2).WithSymbol(sysRec(k).prefix+"go"), asm.Mov.Imm(asm.R2, sysRecLen))
+		code = append(code, c...)
+	}
+	return code, nil
 }
 
 // compileFilter returns the body of kc_field_filter for flt on events
 // of format f. It fails, naming the predicate, for what the recorder
 // cannot read (common_flags and common_preempt_count, which the kernel
 // hides from BPF) or cannot yet evaluate in BPF.
-func compileFilter(flt *filter.Filter, f *tracefs.Format) (asm.Instructions, error) {
+func compileFilter(flt *filter.Filter, f *tracefs.Format, rec recAt) (asm.Instructions, error) {
 	n := len(flt.Prog)
 	label := func(i int) string {
 		switch i {
 		case n:
-			return "kcf_keep"
+			return rec.prefix + "keep"
 		case n + 1:
-			return "kcf_drop"
+			return rec.prefix + "drop"
 		}
-		return "kcf_" + strconv.Itoa(i)
+		return rec.prefix + strconv.Itoa(i)
 	}
 	code := asm.Instructions{asm.Mov.Reg(asm.R6, asm.R1), asm.Mov.Reg(asm.R7, asm.R2)}
 	for i, in := range flt.Prog {
 		if in.Pred == nil {
 			return nil, errors.New("filter program entry without a predicate")
 		}
-		pc, err := predCode(in.Pred, f, "kcf_"+strconv.Itoa(i))
+		pc, err := predCode(in.Pred, f, rec, label(i))
 		if err != nil {
 			return nil, fmt.Errorf("filter %q: position %d: %w", flt.Expr, in.Pred.Pos, err)
 		}
@@ -114,22 +202,22 @@ func compileFilter(flt *filter.Filter, f *tracefs.Format) (asm.Instructions, err
 		code = append(code, asm.JEq.Imm(asm.R0, want, label(in.Jump)))
 	}
 	code = append(code,
-		asm.Mov.Imm(asm.R0, 1).WithSymbol("kcf_keep"), asm.Return(),
-		asm.Mov.Imm(asm.R0, 0).WithSymbol("kcf_drop"), asm.Return())
+		asm.Mov.Imm(asm.R0, 1).WithSymbol(label(n)), asm.Return(),
+		asm.Mov.Imm(asm.R0, 0).WithSymbol(label(n+1)), asm.Return())
 	return code, nil
 }
 
 // predCode returns the code that leaves predicate p's result, 0 or 1, in
-// R0; its local labels start with at.
-func predCode(p *filter.Pred, f *tracefs.Format, at string) (asm.Instructions, error) {
+// R0, reading the record where rec says; its local labels start with at.
+func predCode(p *filter.Pred, f *tracefs.Format, rec recAt, at string) (asm.Instructions, error) {
 	switch p.Kind {
 	case filter.KindNever, filter.KindPtrString:
 		// The kernel's result for these is false (filter.Match).
 		return asm.Instructions{asm.Mov.Imm(asm.R0, 0)}, nil
 	case filter.KindInt:
-		return intCode(p, f, at)
+		return intCode(p, f, rec, at)
 	case filter.KindString:
-		return stringCode(p, at)
+		return stringCode(p, rec, at)
 	}
 	return nil, fmt.Errorf("%s: %w", p.Field.Name, errFilterUnsupported)
 }
@@ -137,7 +225,7 @@ func predCode(p *filter.Pred, f *tracefs.Format, at string) (asm.Instructions, e
 // intCode compares an integer field, as the kernel's filter_pred_* do:
 // == and != on the field's bytes, the others signed or unsigned of its
 // size, & true when a bit is common.
-func intCode(p *filter.Pred, f *tracefs.Format, at string) (asm.Instructions, error) {
+func intCode(p *filter.Pred, f *tracefs.Format, rec recAt, at string) (asm.Instructions, error) {
 	var c asm.Instructions
 	size := p.Field.Size
 	switch {
@@ -160,7 +248,7 @@ func intCode(p *filter.Pred, f *tracefs.Format, at string) (asm.Instructions, er
 		if !ok {
 			return asm.Instructions{asm.Mov.Imm(asm.R0, 0)}, nil
 		}
-		c = append(c, asm.LoadMem(asm.R1, asm.R6, int16(layout.RingOff(p.Field.Offset)), sz))
+		c = append(c, asm.LoadMem(asm.R1, asm.R6, int16(rec.off(p.Field.Offset)), sz))
 	}
 	bits := uint(size * 8)
 	v := p.Value
@@ -231,7 +319,7 @@ func jumpOp(op filter.Op, signed bool) asm.JumpOp {
 // stringCode matches a fixed string field or the task's comm with the
 // predicate's pattern, byte by byte, as the kernel's regex_match_* do
 // over the field's length (filter.Match); Not inverts the result.
-func stringCode(p *filter.Pred, at string) (asm.Instructions, error) {
+func stringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error) {
 	var c asm.Instructions
 	base, off, n := asm.R6, 0, p.Field.StrLen
 	switch p.Field.Loc {
@@ -243,9 +331,9 @@ func stringCode(p *filter.Pred, at string) (asm.Instructions, error) {
 		if p.Field.Offset < 8 || n == 0 {
 			return nil, fmt.Errorf("%s: %w", p.Field.Name, errFilterUnsupported)
 		}
-		off = layout.RingOff(p.Field.Offset)
+		off = rec.off(p.Field.Offset)
 	default:
-		return dynStringCode(p, at)
+		return dynStringCode(p, rec, at)
 	}
 	miss, done := at+"_miss", at+"_done"
 	// byteIs jumps to miss unless byte k of the string is b.
@@ -327,7 +415,7 @@ const (
 // fails the whole filter, as the kernel's filter_match_preds would not
 // read there (filter.Match's bad record). A substring search looks at
 // the string's first dynBuf bytes.
-func dynStringCode(p *filter.Pred, at string) (asm.Instructions, error) {
+func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error) {
 	pat := p.Pattern
 	if len(pat)+1 > dynBuf {
 		return nil, fmt.Errorf("%s: a pattern of %d bytes: %w", p.Field.Name, len(pat), errFilterUnsupported)
@@ -339,7 +427,7 @@ func dynStringCode(p *filter.Pred, at string) (asm.Instructions, error) {
 	miss, hit, done := at+"_miss", at+"_hit", at+"_done"
 	// R8: the string's offset in the trace record, R9: its length.
 	c := asm.Instructions{
-		asm.LoadMem(asm.R8, asm.R6, int16(layout.RingOff(off)), asm.Word),
+		asm.LoadMem(asm.R8, asm.R6, int16(rec.off(off)), asm.Word),
 		asm.Mov.Reg(asm.R9, asm.R8), asm.RSh.Imm(asm.R9, 16),
 		asm.And.Imm(asm.R8, 0xffff),
 	}
@@ -349,11 +437,11 @@ func dynStringCode(p *filter.Pred, at string) (asm.Instructions, error) {
 	// In the record (R7 + the cut bytes long), and past its common
 	// fields: else the filter fails.
 	c = append(c,
-		asm.JLT.Imm(asm.R8, 8, "kcf_drop"),
+		asm.JLT.Imm(asm.R8, 8, rec.prefix+"drop"),
 		asm.Mov.Reg(asm.R1, asm.R8), asm.Add.Reg(asm.R1, asm.R9),
-		asm.Mov.Reg(asm.R2, asm.R7), asm.Add.Imm(asm.R2, layout.RingCut),
-		asm.JGT.Reg(asm.R1, asm.R2, "kcf_drop"),
-		asm.Sub.Imm(asm.R8, layout.RingCut))
+		asm.Mov.Reg(asm.R2, asm.R7), asm.Add.Imm(asm.R2, rec.cut),
+		asm.JGT.Reg(asm.R1, asm.R2, rec.prefix+"drop"),
+		asm.Sub.Imm(asm.R8, rec.cut))
 	// copyAt copies size bytes (sizeReg's, when size is 0) of the
 	// string from byte from (a register added to R8 when set) to the
 	// stack buffer; its first instruction is labelled label when set.

@@ -93,18 +93,21 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 	opts.pktTP = pktEligible(cfg, formats, synths, wake, false)
 	opts.pktRaw = pktEligible(cfg, formats, synths, wake, true)
 	for i, f := range formats {
-		if i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0 {
-			// A filtered event takes its tracepoint's copy with the
-			// filter compiled in (filtercode.go).
+		filtered := i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0
+		if exit, ok := SysShape(f); ok {
+			// The syscall programs evaluate the filters of their
+			// events (kc_sys_field_filter).
+			opts.sys = true
+			if nr, known := sysNr(f); known {
+				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: f.Syscall(), filtered: filtered})
+			}
+		}
+		if filtered {
+			// Else it takes its tracepoint's copy with the filter
+			// compiled in (filtercode.go).
 			continue
 		}
 		opts.small[i] = smallSize(f)
-		if exit, ok := SysShape(f); ok {
-			opts.sys = true
-			if nr, known := sysNr(f); known {
-				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: f.Syscall()})
-			}
-		}
 		// wakeup_latency's hooks ride on the tracepoint programs.
 		if e, l := btfShape(f); e != nil && !wake && !Testing.NoBTF {
 			opts.btf[e.prog] = btfUse{key: i, id: int(f.ID), layout: l}
@@ -233,6 +236,19 @@ func (l *loading) setupRings() error {
 func (l *loading) setupSyscalls() error {
 	r := l.r
 	spec, set := l.spec, l.set
+	var evs []sysEvent
+	if l.opts != nil {
+		evs = l.opts.sysEvents
+		var keys []int
+		for _, e := range evs {
+			if e.filtered {
+				keys = append(keys, e.key)
+			}
+		}
+		if err := sysFilters(spec, keys, l.opts.filters, l.opts.formats); err != nil {
+			return err
+		}
+	}
 	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
 		if !l.raw || r.plan[PathRawSys].why != nil {
 			dropRawSys(spec)
@@ -245,10 +261,6 @@ func (l *loading) setupSyscalls() error {
 	}
 	if spec.Programs[gen.RingbufProgKcSysFentry] == nil {
 		return nil
-	}
-	var evs []sysEvent
-	if l.opts != nil {
-		evs = l.opts.sysEvents
 	}
 	if err := r.fentry.copies(r, spec, evs); err != nil {
 		return err

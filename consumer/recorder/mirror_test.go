@@ -43,6 +43,8 @@ func TestMirrorsC(t *testing.T) {
 		"KC_TP_WAKING":          tpWaking,
 		"KC_TP_SWITCH":          tpSwitch,
 		"KC_TP_SYSUSER":         tpSysUser,
+		"KC_TP_FILTERED":        tpFiltered,
+		"KC_SYS_REC":            sysRecLen,
 		"KC_PID_WORDS":          pidWords,
 		"KC_INJECT_OK":          injectOK,
 		"KC_INJECT_OFF":         injectOff,

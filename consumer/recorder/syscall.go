@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -71,7 +72,15 @@ func SysShape(f *tracefs.Format) (exit, ok bool) {
 // raw syscall tracepoints record the syscall events, dispatching by
 // syscall number (Config.Syscalls SyscallsRaw).
 type rawPath struct {
-	perf bool // on the perf tracepoints raw_syscalls:* instead (preempt.go)
+	perf  bool           // on the perf tracepoints raw_syscalls:* instead (preempt.go)
+	slots map[int]uint32 // each recorded event key's slot in kc_sys_keys
+	// links are the attached programs' (enter, exit), gen their
+	// generation, and later the collection of those a change of filter
+	// loaded (refilter.go).
+	links [2]link.Link
+	gen   uint32
+	later *ebpf.Collection
+	gone  uint64 // the misses of the later programs closed
 }
 
 // rawSysPossible returns why the raw syscall path cannot run here, or
@@ -147,7 +156,7 @@ func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, erro
 	for i, f := range formats {
 		exit, ok := SysShape(f)
 		nr, known := sysNr(f)
-		if progs[i] != "" || !ok || !known || r.tp.filter(i) != nil {
+		if progs[i] != "" || !ok || !known {
 			continue
 		}
 		slot := uint32(nr)
@@ -158,6 +167,9 @@ func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, erro
 		}
 		rawKeys = append(rawKeys, i)
 		k := gen.RingbufKcSysKey{Key: uint32(i + 1), Id: uint16(f.ID), Size: uint16(f.FixedSize())}
+		if r.tp.filter(i) != nil {
+			k.Flags = tpFiltered
+		}
 		if err := keys.Put(slot, k); err != nil {
 			r.plan.off(PathRawSys, fmt.Errorf("dispatching %s: %w", f.FullName(), err))
 			break
@@ -170,23 +182,19 @@ func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, erro
 		if !used[dir] || r.plan[PathRawSys].why != nil {
 			continue
 		}
-		var l link.Link
-		var err error
-		if p.perf {
-			l, err = link.Tracepoint("raw_syscalls", []string{"sys_enter", "sys_exit"}[dir], r.coll.Programs[name], nil)
-		} else {
-			l, err = link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
-		}
+		l, err := p.attachProg(dir, r.coll.Programs[name])
 		if err != nil {
 			r.plan.off(PathRawSys, fmt.Errorf("attaching %s: %w", name, err))
 			break
 		}
 		links = append(links, l)
+		p.links[dir] = l
 	}
 	if r.plan[PathRawSys].why != nil {
 		for _, l := range links {
 			_ = l.Close()
 		}
+		p.links = [2]link.Link{}
 		for _, slot := range slots {
 			_ = keys.Put(slot, gen.RingbufKcSysKey{})
 		}
@@ -199,16 +207,54 @@ func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, erro
 		return progs, nil
 	}
 	r.links = append(r.links, links...)
+	p.slots = map[int]uint32{}
+	for j, i := range rawKeys {
+		p.slots[i] = slots[j]
+	}
 	return progs, nil
 }
 
+// laterMissed returns the recursion misses of the raw programs a change
+// of filter loaded, those closed included; mu guards them.
+func (p *rawPath) laterMissed(mu *sync.Mutex) uint64 {
+	mu.Lock()
+	defer mu.Unlock()
+	n := p.gone
+	if p.later != nil {
+		n += programsMissed(p.later)
+	}
+	return n
+}
+
+// close closes the raw programs a change of filter loaded.
+func (p *rawPath) close(mu *sync.Mutex) {
+	mu.Lock()
+	defer mu.Unlock()
+	if p.later != nil {
+		p.gone += programsMissed(p.later)
+		p.later.Close()
+		p.later = nil
+	}
+}
+
+// attachProg attaches prog, a copy of kc_sys_enter (dir 0) or
+// kc_sys_exit (dir 1), to its tracepoint.
+func (p *rawPath) attachProg(dir int, prog *ebpf.Program) (link.Link, error) {
+	if p.perf {
+		return link.Tracepoint("raw_syscalls", []string{"sys_enter", "sys_exit"}[dir], prog, nil)
+	}
+	return link.AttachTracing(link.TracingOptions{Program: prog})
+}
+
 // sysEvent is a syscall event the syscall programs can build: its event
-// key, whether it is an exit event, the syscall's number and name.
+// key, whether it is an exit event, the syscall's number and name, and
+// whether it has a field filter.
 type sysEvent struct {
-	key  int
-	exit bool
-	nr   int32
-	name string
+	key      int
+	exit     bool
+	nr       int32
+	name     string
+	filtered bool
 }
 
 // sysNr returns the x86_64 syscall number of the syscall event f, from

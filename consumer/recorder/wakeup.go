@@ -15,6 +15,8 @@ const (
 	tpWaking  = 2 // KC_TP_WAKING
 	tpSwitch  = 4 // KC_TP_SWITCH
 	tpSysUser = 8 // KC_TP_SYSUSER
+	// KC_TP_FILTERED: the syscall programs filter the event.
+	tpFiltered = 16
 )
 
 // The tracepoints synthetic:wakeup_latency is computed from.
