@@ -153,19 +153,25 @@ func rows() []sectionRow {
 		{"switch", "switch", "(b) a byte to a child and back through pipes, `-e sched:sched_switch` (two comm strings; 2 switches a round trip pinned, more unpinned)"},
 		{"pidfilter", "pidfilter", "(c) getpid, sys_enter_getpid rejected by a pid filter (kconsume `--pid 1`; `common_pid == 1` for the others)"},
 		{"untraced", "getpid", "untraced syscall: getppid while sys_enter_getpid is recorded"},
+		{"fieldreject", "fieldreject", "(d) lseek(-1, i, 0), `-e syscalls:sys_enter_lseek -f 'fd == 7'`: every event rejected by a field filter (each tool given it)"},
+		{"fieldaccept", "fieldaccept", "(d) lseek(-1, i, 0), `-e syscalls:sys_enter_lseek -f 'offset < 100000 && whence == 0'`: every event kept by a field filter"},
 	} {
 		for _, pin := range []string{"pinned", "unpinned"} {
 			k := w.name + "-" + pin
 			add(ev, row{what: w.what + ", " + pin + ", untraced ns/call", cmd: evc,
 				fig: m("EventCost", k+"-untraced-ns-chunk"), label: "ns/call",
 				extra: []extra{{m("EventCost", k+"-untraced-ns"), "ns/call whole loop"}}})
-			for _, tool := range []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"} {
-				if tool == "kconsume-tp" && (w.name == "rename" || w.name == "switch") {
+			field := strings.HasPrefix(w.name, "field")
+			for _, tool := range []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd", "perf"} {
+				if tool == "kconsume-tp" && (w.name == "rename" || w.name == "switch") || tool == "kconsume-nf" && !field {
 					continue
 				}
 				name := tool
-				if tool == "kconsume-tp" {
+				switch tool {
+				case "kconsume-tp":
 					name = "kconsume --syscalls tracepoint"
+				case "kconsume-nf":
+					name = "kconsume without the filter"
 				}
 				r := row{what: w.what + ", " + pin + ", " + name, cmd: evc,
 					fig: m("EventCost", k+"-"+tool+"-added-ns-chunk"), label: "ns added",
@@ -175,6 +181,17 @@ func rows() []sectionRow {
 				case tool == "kconsume" && w.name == "untraced":
 					r.target = "≤ 10 ns"
 					r.ok = func(_ results, f, _ stat) bool { return f.med <= 10 }
+				case tool == "kconsume" && w.name == "fieldreject":
+					r.ratioOf, r.baseName = pm("EventCost", k+"-ratio-chunk"), "trace-cmd's added cost (with the filter)"
+					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio"), "× trace-cmd's whole loop"})
+					r.target, r.needRatio = "≤ 0.5 × trace-cmd's (issue 49 item 6)", true
+					r.ok = func(_ results, _, rat stat) bool { return rat.med <= 0.5 }
+				case tool == "kconsume" && w.name == "fieldaccept":
+					r.ratioOf, r.baseName = pm("EventCost", k+"-vs-unfiltered-chunk"), "kconsume's added cost without the filter"
+					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio-chunk"), "× trace-cmd's (with the filter)"},
+						extra{m("EventCost", k+"-vs-unfiltered"), "× unfiltered, whole loop"})
+					r.target, r.needRatio = "≤ 1.1 × kconsume unfiltered (issue 49 item 6)", true
+					r.ok = func(_ results, _, rat stat) bool { return rat.med <= 1.1 }
 				case tool == "kconsume":
 					r.ratioOf, r.baseName = pm("EventCost", k+"-ratio-chunk"), "trace-cmd's added cost"
 					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio"), "× trace-cmd's whole loop"})

@@ -25,7 +25,9 @@ import (
 // machine is shared). C, static: a Go loop would add its scheduler's and
 // runtime's noise.
 // rename changes the thread's name (prctl PR_SET_NAME), which fires
-// task:task_rename, a tracepoint carrying two comm strings.
+// task:task_rename, a tracepoint carrying two comm strings; lseek seeks
+// fd -1 to the call's index (sys_enter_lseek's fields fd, offset,
+// whence; it fails with EBADF).
 const eventLoadC = `#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +60,7 @@ int main(int argc, char **argv)
 	int mode, p1[2], p2[2];
 	pid_t child = -1;
 	if (argc != 3 || (n = atol(argv[2])) < CHUNK) {
-		fprintf(stderr, "usage: %s getpid|getppid|rename|pingpong N (N >= %d)\n", argv[0], CHUNK);
+		fprintf(stderr, "usage: %s getpid|getppid|rename|pingpong|lseek N (N >= %d)\n", argv[0], CHUNK);
 		return 2;
 	}
 	if (!strcmp(argv[1], "getpid"))
@@ -69,6 +71,8 @@ int main(int argc, char **argv)
 		mode = 2;
 	else if (!strcmp(argv[1], "pingpong"))
 		mode = 3;
+	else if (!strcmp(argv[1], "lseek"))
+		mode = 4;
 	else {
 		fprintf(stderr, "unknown workload %s\n", argv[1]);
 		return 2;
@@ -100,6 +104,8 @@ int main(int argc, char **argv)
 				syscall(SYS_getppid);
 			else if (mode == 2)
 				prctl(PR_SET_NAME, (i & 1) ? "kcload-a" : "kcload-b", 0, 0, 0);
+			else if (mode == 4)
+				syscall(SYS_lseek, -1, i, 0);
 			else {
 				char c = 'x';
 				if (write(p1[1], &c, 1) != 1 || read(p2[0], &c, 1) != 1)
@@ -153,7 +159,10 @@ type eventSession struct {
 	event string // the one event recorded
 	// pid filter: record only pid 1's events, which the workload never is.
 	filter bool
-	runs   []eventRun
+	// A field filter every tool applies (kconsume -f, trace-cmd -f,
+	// perf --filter), but kconsume-nf, which records unfiltered.
+	expr string
+	runs []eventRun
 }
 
 var eventSessions = []eventSession{
@@ -176,6 +185,14 @@ var eventSessions = []eventSession{
 	{name: "pidfilter", event: "syscalls:sys_enter_getpid", filter: true, runs: []eventRun{
 		{"pidfilter-pinned", "getpid", true}, {"pidfilter-unpinned", "getpid", false},
 	}},
+	// A field filter that rejects every event (fd is -1), and one that
+	// keeps every event (the offsets are the call's index in a chunk).
+	{name: "fieldreject", event: "syscalls:sys_enter_lseek", expr: "fd == 7", runs: []eventRun{
+		{"fieldreject-pinned", "lseek", true}, {"fieldreject-unpinned", "lseek", false},
+	}},
+	{name: "fieldaccept", event: "syscalls:sys_enter_lseek", expr: "offset < 100000 && whence == 0", runs: []eventRun{
+		{"fieldaccept-pinned", "lseek", true}, {"fieldaccept-unpinned", "lseek", false},
+	}},
 }
 
 // eventTools are the tracers measured, in the order of a round.
@@ -183,7 +200,8 @@ var eventSessions = []eventSession{
 // through its own tracepoint instead of the raw sys_enter path, which
 // untraced syscalls do not pay for (the same as kconsume for a
 // tracepoint that is not a syscall's).
-var eventTools = []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"}
+// kconsume-nf is kconsume without the session's field filter.
+var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd", "perf"}
 
 // BenchmarkEventCost measures what tracing adds per traced event, with C
 // workloads of b.N calls (run with -benchtime Nx; N ≥ 100000, smaller
@@ -198,17 +216,23 @@ var eventTools = []string{"kconsume", "kconsume-tp", "trace-cmd", "perf"}
 // cost). Each workload runs pinned to CPU 0 (taskset -c 0) and unpinned,
 // untraced and under `kconsume record` (and, for syscall events, with
 // --syscalls tracepoint), `trace-cmd record -d --no-filter` and `perf
-// record -a`, the tools alternated in each round, in an order that
+// record -a`; lseek(-1, i, 0) with sys_enter_lseek recorded through a
+// field filter that rejects every event (fieldreject: fd == 7) and one
+// that keeps every event (fieldaccept), each tool given the filter
+// (kconsume -f, trace-cmd -f, perf --filter) and kconsume once without
+// it (kconsume-nf); the tools alternated in each round, in an order that
 // turns from round to round. Reported per workload,
 // for the whole loop and for its median 1000-call chunk: the untraced ns/call, each tool's added ns/call (median of
 // the rounds minus the untraced median), and kconsume's added cost as a
-// ratio of trace-cmd's (median of the rounds' ratios); per session each
+// ratio of trace-cmd's (median of the rounds' ratios), with a field
+// filter also as a ratio of kconsume's unfiltered (vs-unfiltered); per session each
 // tool's losses. The host's tracing state is restored after trace-cmd.
 // KCONSUME_BENCH_BASE_BIN names another kconsume binary, a previous
 // commit's, run in the same rounds as kconsume-base and reported as
 // kconsume is (its ratios as base-ratio): a change measured against it.
 // KCONSUME_BENCH_SESSIONS, a comma-separated list of session names
-// (getpid, rename, switch, pidfilter), runs only those.
+// (getpid, rename, switch, pidfilter, fieldreject, fieldaccept), runs
+// only those.
 func BenchmarkEventCost(b *testing.B) {
 	testenv.RequireRoot(b)
 	if b.N < 100000 {
@@ -216,6 +240,7 @@ func BenchmarkEventCost(b *testing.B) {
 	}
 	tools := map[string]string{"kconsume": testenv.KconsumeBin(b)}
 	tools["kconsume-tp"] = tools["kconsume"]
+	tools["kconsume-nf"] = tools["kconsume"]
 	toolOrder := eventTools
 	if base := os.Getenv("KCONSUME_BENCH_BASE_BIN"); base != "" {
 		tools["kconsume-base"] = base
@@ -282,7 +307,7 @@ func BenchmarkEventCost(b *testing.B) {
 					}
 					continue
 				}
-				if tool == "kconsume-tp" && !strings.HasPrefix(s.event, "syscalls:") {
+				if tool == "kconsume-tp" && !strings.HasPrefix(s.event, "syscalls:") || tool == "kconsume-nf" && s.expr == "" {
 					continue
 				}
 				// A retry is a new recording, whose runs replace the
@@ -343,6 +368,13 @@ func BenchmarkEventCost(b *testing.B) {
 					b.ReportMetric(slices.Min(ratios), name+"-min"+suffix)
 					b.ReportMetric(slices.Max(ratios), name+"-max"+suffix)
 				}
+				if nf := ns[run.name]["kconsume-nf"][i]; len(nf) > 0 {
+					var ratios []float64
+					for r := range un {
+						ratios = append(ratios, (ns[run.name]["kconsume"][i][r]-un[r])/(nf[r]-un[r]))
+					}
+					b.ReportMetric(median(ratios), run.name+"-vs-unfiltered"+suffix)
+				}
 			}
 		}
 		for _, tool := range toolOrder {
@@ -371,8 +403,11 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 	session := fmt.Sprintf("kc-bench-%d", os.Getpid())
 	var args []string
 	switch tool {
-	case "kconsume", "kconsume-tp", "kconsume-base":
+	case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base":
 		args = []string{"record", "-q", "-e", s.event, "-o", filepath.Join(dir, "t"), "--session", session}
+		if s.expr != "" && tool != "kconsume-nf" {
+			args = append(args, "-f", s.expr)
+		}
 		if s.filter {
 			args = append(args, "--pid", "1")
 		}
@@ -387,17 +422,23 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		if s.filter {
 			args = append(args, "-f", "common_pid == 1")
 		}
+		if s.expr != "" {
+			args = append(args, "-f", s.expr)
+		}
 	case "perf":
 		args = []string{"record", "-a", "-e", s.event, "-o", filepath.Join(dir, "perf.data")}
 		if s.filter {
 			args = append(args, "--filter", "common_pid == 1")
+		}
+		if s.expr != "" {
+			args = append(args, "--filter", s.expr)
 		}
 	}
 	cmd := exec.Command(bin, args...)
 	output := startLogged(b, cmd)
 	ready := func() bool { return true }
 	switch tool {
-	case "kconsume", "kconsume-tp", "kconsume-base":
+	case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base":
 		state := filepath.Join(control.DefaultRoot, session, "state")
 		ready = func() bool {
 			st, _ := os.ReadFile(state)
@@ -433,7 +474,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		err := cmd.Wait()
 		var lost uint64
 		switch tool {
-		case "kconsume", "kconsume-tp", "kconsume-base":
+		case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base":
 			if err != nil {
 				return 0, fmt.Errorf("kconsume record: %w\n%s", err, text)
 			}

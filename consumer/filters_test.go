@@ -88,6 +88,9 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		{"sched:sched_process_exec", `filename == "` + filepath.Join(execDir, "kcf-exec-bb") + `"`},
 		{"sched:sched_process_exec", `filename ~ "` + execDir + `*" && filename != "` + filepath.Join(execDir, "kcf-exec-a") + `"`},
 		{"sched:sched_process_exec", `filename ~ "*kcf-exec-*" && !(filename ~ "*-a")`},
+		// The exec'd processes switch out as they end.
+		{"sched:sched_switch", `prev_comm ~ "kcf-exec-*" && prev_pid > 0`},
+		{"sched:sched_switch", `(prev_comm ~ "kcf-exec-b*" || next_comm == "kcf-exec-c") && prev_prio >= 0`},
 	}
 	// A glob on COMM stops at the name's NUL from 6.12 on; 6.1 (and
 	// 5.10) matched a negated class against the NULs after it, so that
@@ -115,6 +118,11 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 				}
 				t.Run(strconv.Itoa(i), func(t *testing.T) {
 					ours, theirs := filterBoth(t, fs, Config{Transport: v.tr, Syscalls: v.sys}, c.event, c.expr, cpu, execDir)
+					// The same events: in the same order but where
+					// two CPUs record at nearly the same time, and
+					// the two tracers' clocks may differ there.
+					slices.Sort(ours)
+					slices.Sort(theirs)
 					if !slices.Equal(ours, theirs) {
 						t.Fatalf("%s: %s: kconsume kept %q, ftrace %q", c.event, c.expr, ours, theirs)
 					}
@@ -141,9 +149,11 @@ func filterBoth(t *testing.T, fs tracefs.FS, cfg Config, event, expr string, cpu
 	}
 	cfg.Events, cfg.Filters = []string{event}, []EventFilter{{Event: event, Expr: expr}}
 	s, dir := newTestSession(t, cfg)
-	if p := s.rec.Progs()[0]; ev.System == "syscalls" && strings.HasPrefix(p, "kc_tp") && (s.rec.On(recorder.PathRawSys) || s.rec.On(recorder.PathFentry)) {
+	p := s.rec.Progs()[0]
+	if ev.System == "syscalls" && strings.HasPrefix(p, "kc_tp") && (s.rec.On(recorder.PathRawSys) || s.rec.On(recorder.PathFentry)) {
 		t.Fatalf("%s is filtered by a copy of its tracepoint's program (%s), not by the syscall path", event, p)
 	}
+	t.Logf("recorded by %s", p)
 	if err := enable("1"); err != nil {
 		t.Fatal(err)
 	}
@@ -171,6 +181,9 @@ func filterBoth(t *testing.T, fs tracefs.FS, cfg Config, event, expr string, cpu
 		case "sys_exit_lseek":
 			ours = append(ours, fmt.Sprintf("%#x", field(vals, "ret").Uint(0)))
 			return
+		case "sched_switch":
+			ours = append(ours, string(field(vals, "prev_comm").Text())+">"+string(field(vals, "next_comm").Text()))
+			return
 		}
 		ours = append(ours, fmt.Sprintf("%d/%d/%d", field(vals, "fd").Uint(0), field(vals, "offset").Uint(0), field(vals, "whence").Uint(0)))
 	})
@@ -186,6 +199,7 @@ var (
 	reRename = regexp.MustCompile(` newcomm=(\S+) `)
 	reExec   = regexp.MustCompile(` filename=(\S+) pid=`)
 	reExit   = regexp.MustCompile(`sys_lseek -> (0x[0-9a-f]+)`)
+	reSwitch = regexp.MustCompile(`prev_comm=(\S+) .* next_comm=(\S+) `)
 )
 
 // ftraceKept returns what an ftrace instance's trace text kept, as
@@ -212,6 +226,11 @@ func ftraceKept(t *testing.T, name, text string) []string {
 			// print_syscall_exit: the return value in hex.
 			if m := reExit.FindStringSubmatch(line); m != nil {
 				out = append(out, m[1])
+			}
+			continue
+		case "sched_switch":
+			if m := reSwitch.FindStringSubmatch(line); m != nil {
+				out = append(out, m[1]+">"+m[2])
 			}
 			continue
 		}

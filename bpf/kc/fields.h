@@ -99,19 +99,36 @@ static __always_inline int kc_gen_ok(struct kc_tp_info *info)
 	return gen == kc_prog_gen();
 }
 
+/*
+ * kc_filter_on returns whether this program copy has a field filter in
+ * kc_field_filter: the loader patches its KC_FILTER_PLACEHOLDER to 1.
+ * A program calls it once (the loader patches one placeholder).
+ */
+static __always_inline int kc_filter_on(void)
+{
+	__u64 on;
+
+	asm volatile("%0 = 0x6b6346494c ll" : "=r"(on));
+	return on == 1;
+}
+
+/* kc_fields_count counts an event of key that its field filter kept. */
+static __always_inline void kc_fields_count(__u32 key)
+{
+	__u64 *kept = bpf_map_lookup_elem(&kc_filter_kept, &key);
+
+	if (kept)
+		__sync_fetch_and_add(kept, 1);
+}
+
 /* kc_fields_pass returns whether event key passes its field filter. */
 static __always_inline int kc_fields_pass(__u32 key, __u8 *data, __u32 len)
 {
-	__u64 on, *kept;
-
-	asm volatile("%0 = 0x6b6346494c ll" : "=r"(on));
-	if (on != 1)
+	if (!kc_filter_on())
 		return 1;
 	if (!kc_field_filter(data, len))
 		return 0;
-	kept = bpf_map_lookup_elem(&kc_filter_kept, &key);
-	if (kept)
-		(*kept)++;
+	kc_fields_count(key);
 	return 1;
 }
 

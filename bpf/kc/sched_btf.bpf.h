@@ -9,6 +9,7 @@
 
 #include "filter.h"
 #include "kc/event.h"
+#include "kc/fields.h"
 #include "kc/reserve.h"
 #include <bpf/bpf_core_read.h>
 
@@ -86,18 +87,46 @@ static __always_inline long kc_switch_state(__u64 *ctx, struct task_struct *prev
 	})
 
 /*
- * kc_btf_begin starts a BTF program's record: it passes the gate and the
- * filters and reserves a record of size payload bytes (a constant) in
- * this CPU's ring. It returns the record, with the ring (as kc_cpu_ring
- * gives it), this CPU and its state in *ring, *cpu and *st, or NULL when
- * there is none to write (a full ring's record counted as lost).
+ * A BTF program's record: kc_btf_gate passes the gate and the task
+ * filters, kc_btf_begin reserves the record. With a field filter
+ * (kc_filter_on), the program first builds the record on the stack at
+ * its trace-record offsets, shifted by 4 bytes where that aligns its
+ * 8-byte stores (task_rename with pid, kc_btf_shift: the verifier takes
+ * only aligned stack accesses), runs the filter on it, and copies it into
+ * the reservation only if it passes (kc_btf_copy): a rejected event
+ * reserves nothing. Without one it builds the record in place, at the
+ * ring record's offsets (KC_CUT less), with the same fill function.
+ */
+
+/* Bytes of the stack record: sched_switch's 64 and a shift's 4, rounded up. */
+#define KC_BTF_REC 72
+
+/*
+ * kc_btf_gate returns whether event key is to be recorded now: recording
+ * on, the task filters passed, and this program copy the generation that
+ * records key (kc_gen_ok: a change of filter loads a new copy).
+ */
+static __always_inline int kc_btf_gate(__u32 key)
+{
+	struct kc_tp_info *info;
+
+	if (!kc_running)
+		return 0;
+	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
+	return info && kc_gen_ok(info) && kc_pass();
+}
+
+/*
+ * kc_btf_begin reserves a record of size payload bytes (a constant) in
+ * this CPU's ring for a BTF program's event key, which kc_btf_gate
+ * passed. It returns the record, with the ring (as kc_cpu_ring gives it),
+ * this CPU and its state in *ring, *cpu and *st, or NULL when there is
+ * none to write (a full ring's record counted as lost).
  */
 static __always_inline struct kc_rec *kc_btf_begin(__u32 size, __u32 key, __u32 len, void **ring, __u32 *cpu, struct kc_cpu_state **st, struct kc_resv *res)
 {
 	struct kc_rec *r;
 
-	if (!kc_running || !kc_pass())
-		return NULL;
 	*st = kc_cpu_ring(cpu, ring);
 	if (!*st)
 		return NULL;
@@ -110,28 +139,65 @@ static __always_inline struct kc_rec *kc_btf_begin(__u32 size, __u32 key, __u32 
 	return r;
 }
 
+/*
+ * kc_btf_copy copies the record a BTF program built at rec (trace-record
+ * offsets plus shift, a constant 0 or 4; size bytes, a multiple of 4 and
+ * a constant) past its common fields to d, a ring record's payload.
+ */
+static __always_inline void kc_btf_copy(void *d, const __u64 *rec, __u32 size, __u32 shift)
+{
+	const __u32 *w = (const __u32 *)rec;
+	int i;
+
+#pragma unroll
+	for (i = 2; i < KC_BTF_REC / 4 - 1; i++)
+		if (i < size / 4)
+			kc_put(__u32, d, 4 * i - KC_CUT, w[i + shift / 4]);
+}
+
+/*
+ * kc_fill_switch writes sched_switch's fields at d, each cut bytes before
+ * its trace-record offset.
+ */
+static __always_inline void kc_fill_switch(void *d, int cut, __u64 *ctx, struct task_struct *prev, struct task_struct *next)
+{
+	kc_put_comm(d, 8 - cut, prev);
+	kc_put(__s32, d, 24 - cut, prev->pid);
+	kc_put(__s32, d, 28 - cut, prev->prio);
+	kc_put(__s64, d, 32 - cut, kc_switch_state(ctx, prev));
+	kc_put_comm(d, 40 - cut, next);
+	kc_put(__s32, d, 56 - cut, next->pid);
+	kc_put(__s32, d, 60 - cut, next->prio);
+}
+
 SEC("tp_btf/sched_switch")
 int kc_btf_switch(__u64 *ctx)
 {
 	struct task_struct *prev = (void *)ctx[1], *next = (void *)ctx[2];
+	__u64 rec[KC_BTF_REC / 8] = {};
+	int filtered = kc_filter_on();
 	struct kc_cpu_state *st;
 	struct kc_rec *r;
 	struct kc_resv res = {};
 	void *ring, *d;
 	__u32 cpu;
 
+	if (!kc_btf_gate(kc_switch_key))
+		return 0;
+	if (filtered) {
+		kc_fill_switch(rec, 0, ctx, prev, next);
+		if (!kc_field_filter((__u8 *)rec, 64))
+			return 0;
+		kc_fields_count(kc_switch_key);
+	}
 	r = kc_btf_begin(64, kc_switch_key, 64 - KC_CUT, &ring, &cpu, &st, &res);
 	if (!r)
 		return 0;
-	/* The ring record: the trace record's offsets less KC_CUT. */
 	d = kc_rec_data(r);
-	kc_put_comm(d, 8 - KC_CUT, prev);
-	kc_put(__s32, d, 24 - KC_CUT, prev->pid);
-	kc_put(__s32, d, 28 - KC_CUT, prev->prio);
-	kc_put(__s64, d, 32 - KC_CUT, kc_switch_state(ctx, prev));
-	kc_put_comm(d, 40 - KC_CUT, next);
-	kc_put(__s32, d, 56 - KC_CUT, next->pid);
-	kc_put(__s32, d, 60 - KC_CUT, next->prio);
+	if (filtered)
+		kc_btf_copy(d, rec, 64, 0);
+	else
+		kc_fill_switch(d, KC_CUT, ctx, prev, next);
 	/* common_pid is current's: the task switched out. */
 	kc_put_entry(d, kc_switch_id, prev->pid);
 	/*
@@ -177,27 +243,45 @@ static __always_inline __s32 kc_task_cpu(struct task_struct *p)
  * can run with interrupts on (try_to_wake_up of the current task), so
  * it counts with atomic adds.
  */
+static __always_inline void kc_fill_wake(void *d, int cut, struct task_struct *p)
+{
+	kc_put_comm(d, 8 - cut, p);
+	kc_put(__s32, d, 24 - cut, p->pid);
+	kc_put(__s32, d, 28 - cut, p->prio);
+	if (kc_wake_success) {
+		kc_put(__s32, d, 32 - cut, 1);
+		kc_put(__s32, d, 36 - cut, kc_task_cpu(p));
+	} else {
+		kc_put(__s32, d, 32 - cut, kc_task_cpu(p));
+	}
+}
+
 static __always_inline void kc_wake(struct task_struct *p, __u32 key, __u32 id)
 {
 	__u32 cpu, len = kc_wake_success ? 40 - KC_CUT : 36 - KC_CUT;
+	__u64 rec[KC_BTF_REC / 8] = {};
+	int filtered = kc_filter_on();
 	struct kc_cpu_state *st;
 	struct kc_rec *r;
 	struct kc_resv res = {};
 	void *ring, *d;
 
+	if (!kc_btf_gate(key))
+		return;
+	if (filtered) {
+		kc_fill_wake(rec, 0, p);
+		if (!kc_field_filter((__u8 *)rec, 40))
+			return;
+		kc_fields_count(key);
+	}
 	r = kc_btf_begin(40, key, len, &ring, &cpu, &st, &res);
 	if (!r)
 		return;
 	d = kc_rec_data(r);
-	kc_put_comm(d, 8 - KC_CUT, p);
-	kc_put(__s32, d, 24 - KC_CUT, p->pid);
-	kc_put(__s32, d, 28 - KC_CUT, p->prio);
-	if (kc_wake_success) {
-		kc_put(__s32, d, 32 - KC_CUT, 1);
-		kc_put(__s32, d, 36 - KC_CUT, kc_task_cpu(p));
-	} else {
-		kc_put(__s32, d, 32 - KC_CUT, kc_task_cpu(p));
-	}
+	if (filtered)
+		kc_btf_copy(d, rec, 40, 0);
+	else
+		kc_fill_wake(d, KC_CUT, p);
 	/* common_pid is current's: the waker. */
 	kc_put_entry(d, id, bpf_get_current_pid_tgid());
 	/* The wakeup of one of the consumer's threads is the consumer's own. */
@@ -304,26 +388,51 @@ static __always_inline void kc_put_str16(void *d, __u32 off, const char *src)
 	kc_put(__u64, d, off + 8, w[1]);
 }
 
+/*
+ * kc_fill_rename writes task_rename's fields at d, each cut bytes before
+ * its trace-record offset (a negative cut: after).
+ */
+static __always_inline void kc_fill_rename(void *d, int cut, struct task_struct *task, const char *comm)
+{
+	__u32 at = (kc_rename_pid ? 12 : 8) - cut;
+
+	if (kc_rename_pid)
+		kc_put(__s32, d, 8 - cut, task->pid);
+	kc_put_comm(d, at, task);
+	kc_put_str16(d, at + 16, comm);
+	kc_put(__s16, d, at + 32, task->signal->oom_score_adj);
+}
+
 SEC("tp_btf/task_rename")
 int kc_btf_rename(__u64 *ctx)
 {
 	struct task_struct *task = (void *)ctx[0];
 	const char *comm = (void *)ctx[1];
 	__u32 cpu, at = kc_rename_pid ? 12 - KC_CUT : 8 - KC_CUT;
+	__u64 rec[KC_BTF_REC / 8] = {};
+	int filtered = kc_filter_on();
 	struct kc_cpu_state *st;
 	struct kc_rec *r;
 	struct kc_resv res = {};
 	void *ring, *d;
 
+	if (!kc_btf_gate(kc_rename_key))
+		return 0;
+	if (filtered) {
+		/* Shifted with pid: the comms at 16 and 32 (kc_btf_shift). */
+		kc_fill_rename(rec, kc_rename_pid ? -4 : 0, task, comm);
+		if (!kc_field_filter((__u8 *)rec, 48))
+			return 0;
+		kc_fields_count(kc_rename_key);
+	}
 	r = kc_btf_begin(48, kc_rename_key, at + 34, &ring, &cpu, &st, &res);
 	if (!r)
 		return 0;
 	d = kc_rec_data(r);
-	if (kc_rename_pid)
-		kc_put(__s32, d, 8 - KC_CUT, task->pid);
-	kc_put_comm(d, at, task);
-	kc_put_str16(d, at + 16, comm);
-	kc_put(__s16, d, at + 32, task->signal->oom_score_adj);
+	if (filtered)
+		kc_btf_copy(d, rec, 48, kc_rename_pid ? 4 : 0);
+	else
+		kc_fill_rename(d, KC_CUT, task, comm);
 	kc_put_entry(d, kc_rename_id, bpf_get_current_pid_tgid());
 	kc_submit(ring, r, st, kc_rename_key, at + 34, cpu, &res, 1, 0);
 	return 0;

@@ -153,7 +153,7 @@ static __noinline int kc_sys_field_filter(__u32 key, __u8 *data)
  */
 static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, long nr, __u32 exit, long ret)
 {
-	__u64 rec[KC_SYS_REC / 8] = {}, *kept;
+	__u64 rec[KC_SYS_REC / 8] = {};
 
 	rec[1] = (__u32)nr;
 	if (exit) {
@@ -168,9 +168,7 @@ static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct
 	}
 	if (!kc_sys_field_filter(key, (__u8 *)rec))
 		return 0;
-	kept = bpf_map_lookup_elem(&kc_filter_kept, &key);
-	if (kept)
-		__sync_fetch_and_add(kept, 1);
+	kc_fields_count(key);
 	return 1;
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
 )
 
@@ -173,6 +174,12 @@ func SwitchStateArg() (bool, error) {
 // record.
 type btfPath struct {
 	keys map[int]string // event key → the BTF program loaded for it
+	// base holds each one's program before a filter was compiled in,
+	// uses its use, links its link once attached (a change of filter
+	// replaces them, refilter.go).
+	base  map[int]*ebpf.ProgramSpec
+	uses  map[int]btfUse
+	links map[int]link.Link
 }
 
 // setup keeps in spec the BTF programs of uses (by program name) and
@@ -201,10 +208,36 @@ func (b *btfPath) setup(r *Recorder, spec *ebpf.CollectionSpec, set map[string]a
 		if e.layoutVar != "" {
 			set[e.layoutVar] = uint32(u.layout)
 		}
+		if b.base == nil {
+			b.base, b.uses = map[int]*ebpf.ProgramSpec{}, map[int]btfUse{}
+		}
+		b.base[u.key], b.uses[u.key] = spec.Programs[e.prog].Copy(), u
+		if flt := r.tp.filter(u.key); flt != nil {
+			ps, err := btfFilterProg(spec.Programs[e.prog], e.prog, u, flt, r.tp.formats[u.key])
+			if err != nil {
+				r.plan[PathBTF].why = err
+				delete(spec.Programs, e.prog)
+				continue
+			}
+			spec.Programs[e.prog] = ps
+		}
 		set[e.keyVar] = uint32(u.key)
 		set[e.idVar] = uint32(u.id)
 		b.keys[u.key] = e.prog
 	}
+}
+
+// btfFilterProg returns a copy of base, the BTF program of e, with the
+// field filter flt of its event (of format f, use u) compiled in, on the
+// record the program builds on the stack (kc_btf_shift in
+// bpf/kc/sched_btf.bpf.h).
+func btfFilterProg(base *ebpf.ProgramSpec, prog string, u btfUse, flt *filter.Filter, f *tracefs.Format) (*ebpf.ProgramSpec, error) {
+	shift := 0
+	if prog == gen.RingbufProgKcBtfRename && u.layout == 1 {
+		shift = 4
+	}
+	rec := recAt{prefix: "kcf_", off: func(o int) int { return o + shift }}
+	return filterProgAt(base, base.Name, flt, f, rec)
 }
 
 // drop removes every BTF program from spec.
@@ -230,6 +263,10 @@ func (b *btfPath) attach(r *Recorder, key int) string {
 		return ""
 	}
 	r.links = append(r.links, l)
+	if b.links == nil {
+		b.links = map[int]link.Link{}
+	}
+	b.links[key] = l
 	return name
 }
 

@@ -76,9 +76,15 @@ func CheckFilter(flt *filter.Filter, f *tracefs.Format) error {
 }
 
 // filterProg returns a copy of program base named name whose field
-// filter is flt, for events of format f.
+// filter is flt, for events of format f, on the ring record in the
+// scratch record.
 func filterProg(base *ebpf.ProgramSpec, name string, flt *filter.Filter, f *tracefs.Format) (*ebpf.ProgramSpec, error) {
-	code, err := compileFilter(flt, f, ringRec)
+	return filterProgAt(base, name, flt, f, ringRec)
+}
+
+// filterProgAt is filterProg on the record rec says.
+func filterProgAt(base *ebpf.ProgramSpec, name string, flt *filter.Filter, f *tracefs.Format, rec recAt) (*ebpf.ProgramSpec, error) {
+	code, err := compileFilter(flt, f, rec)
 	if err != nil {
 		return nil, err
 	}

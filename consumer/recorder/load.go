@@ -102,13 +102,13 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 				opts.sysEvents = append(opts.sysEvents, sysEvent{key: i, exit: exit, nr: nr, name: f.Syscall(), filtered: filtered})
 			}
 		}
-		if filtered {
-			// Else it takes its tracepoint's copy with the filter
-			// compiled in (filtercode.go).
-			continue
+		if !filtered {
+			// A filtered tracepoint's copy has the filter compiled
+			// in (filtercode.go) and its own size.
+			opts.small[i] = smallSize(f)
 		}
-		opts.small[i] = smallSize(f)
-		// wakeup_latency's hooks ride on the tracepoint programs.
+		// wakeup_latency's hooks ride on the tracepoint programs. A
+		// BTF program compiles in its event's filter.
 		if e, l := btfShape(f); e != nil && !wake && !Testing.NoBTF {
 			opts.btf[e.prog] = btfUse{key: i, id: int(f.ID), layout: l}
 		}

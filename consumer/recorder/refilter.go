@@ -46,10 +46,9 @@ type refilter struct {
 
 // ReplaceFilter gives recorded event key i, of format f, the field filter
 // flt (nil or the kernel's "0": none) while it is recorded, each event
-// recorded once across the change. It fails for an event the BTF
-// programs record, for a filter the recorder cannot evaluate, or with
-// the kernel's error; the event then keeps its filter. Callers serialize
-// it with Detach and Close.
+// recorded once across the change. It fails for a filter the recorder
+// cannot evaluate, or with the kernel's error; the event then keeps its
+// filter. Callers serialize it with Detach and Close.
 func (r *Recorder) ReplaceFilter(i int, f *tracefs.Format, flt *filter.Filter) error {
 	if flt != nil && len(flt.Prog) == 0 {
 		flt = nil
@@ -69,8 +68,10 @@ func (r *Recorder) ReplaceFilter(i int, f *tracefs.Format, flt *filter.Filter) e
 		c, err = r.fentry.refilter(r, i, f, flt)
 	case r.raw.recorded(i):
 		c, err = r.raw.refilter(r, i, f, flt)
+	case r.btf.links[i] != nil:
+		c, err = r.btf.refilter(r, i, f, flt)
 	default:
-		return fmt.Errorf("event %s is recorded by %s, whose filter cannot change while it records (record it without BTF programs to change it)", f.FullName(), r.tpProgs[i])
+		return fmt.Errorf("event %s is recorded by %s, whose filter cannot change", f.FullName(), r.tpProgs[i])
 	}
 	if err != nil {
 		return err
@@ -206,6 +207,34 @@ func (p *fentryPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter
 		done: func(next uint32, links []link.Link, coll *ebpf.Collection) {
 			r.tp.keepLater(i, coll)
 			p.links[i] = links[0]
+			r.tp.setGen(i, next)
+		},
+	}, nil
+}
+
+// refilter changes the filter of event key i, which a BTF program
+// records: a new copy of the program.
+func (b *btfPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.Filter) (*refilter, error) {
+	name := b.keys[i]
+	ps := b.base[i].Copy()
+	if flt != nil {
+		var err error
+		if ps, err = btfFilterProg(ps, name, b.uses[i], flt, f); err != nil {
+			return nil, err
+		}
+	}
+	return &refilter{
+		progs: map[string]*ebpf.ProgramSpec{name: ps},
+		cur:   r.tp.gens[i],
+		attach: func(coll *ebpf.Collection) ([]link.Link, error) {
+			l, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs[name]})
+			return []link.Link{l}, err
+		},
+		setSwitch: infoSwitch(r, i, false),
+		old:       []link.Link{b.links[i]},
+		done: func(next uint32, links []link.Link, coll *ebpf.Collection) {
+			r.tp.keepLater(i, coll)
+			b.links[i] = links[0]
 			r.tp.setGen(i, next)
 		},
 	}, nil
