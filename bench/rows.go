@@ -155,6 +155,7 @@ func rows() []sectionRow {
 		{"untraced", "getpid", "untraced syscall: getppid while sys_enter_getpid is recorded"},
 		{"fieldreject", "fieldreject", "(d) lseek(-1, i, 0), `-e syscalls:sys_enter_lseek -f 'fd == 7'`: every event rejected by a field filter (each tool given it)"},
 		{"fieldaccept", "fieldaccept", "(d) lseek(-1, i, 0), `-e syscalls:sys_enter_lseek -f 'offset < 100000 && whence == 0'`: every event kept by a field filter"},
+		{"fieldreject-rename", "fieldreject-rename", "(d) prctl(PR_SET_NAME), `-e task:task_rename -f 'newcomm == \"nothing\"'`: every event rejected by a string filter"},
 	} {
 		for _, pin := range []string{"pinned", "unpinned"} {
 			k := w.name + "-" + pin
@@ -163,7 +164,7 @@ func rows() []sectionRow {
 				extra: []extra{{m("EventCost", k+"-untraced-ns"), "ns/call whole loop"}}})
 			field := strings.HasPrefix(w.name, "field")
 			for _, tool := range []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd", "perf"} {
-				if tool == "kconsume-tp" && (w.name == "rename" || w.name == "switch") || tool == "kconsume-nf" && !field {
+				if tool == "kconsume-tp" && (strings.Contains(w.name, "rename") || w.name == "switch") || tool == "kconsume-nf" && !field {
 					continue
 				}
 				name := tool
@@ -181,7 +182,7 @@ func rows() []sectionRow {
 				case tool == "kconsume" && w.name == "untraced":
 					r.target = "≤ 10 ns"
 					r.ok = func(_ results, f, _ stat) bool { return f.med <= 10 }
-				case tool == "kconsume" && w.name == "fieldreject":
+				case tool == "kconsume" && strings.HasPrefix(w.name, "fieldreject"):
 					r.ratioOf, r.baseName = pm("EventCost", k+"-ratio-chunk"), "trace-cmd's added cost (with the filter)"
 					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio"), "× trace-cmd's whole loop"})
 					r.target, r.needRatio = "≤ 0.5 × trace-cmd's (issue 49 item 6)", true

@@ -193,6 +193,11 @@ var eventSessions = []eventSession{
 	{name: "fieldaccept", event: "syscalls:sys_enter_lseek", expr: "offset < 100000 && whence == 0", runs: []eventRun{
 		{"fieldaccept-pinned", "lseek", true}, {"fieldaccept-unpinned", "lseek", false},
 	}},
+	// A string filter that rejects every rename (a sched-like event
+	// that kconsume builds from the tracepoint's arguments).
+	{name: "fieldreject-rename", event: "task:task_rename", expr: `newcomm == "nothing"`, runs: []eventRun{
+		{"fieldreject-rename-pinned", "rename", true}, {"fieldreject-rename-unpinned", "rename", false},
+	}},
 }
 
 // eventTools are the tracers measured, in the order of a round.
@@ -218,7 +223,9 @@ var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd",
 // --syscalls tracepoint), `trace-cmd record -d --no-filter` and `perf
 // record -a`; lseek(-1, i, 0) with sys_enter_lseek recorded through a
 // field filter that rejects every event (fieldreject: fd == 7) and one
-// that keeps every event (fieldaccept), each tool given the filter
+// that keeps every event (fieldaccept), prctl(PR_SET_NAME) with
+// task_rename recorded through a filter that rejects every event
+// (fieldreject-rename), each tool given the filter
 // (kconsume -f, trace-cmd -f, perf --filter) and kconsume once without
 // it (kconsume-nf); the tools alternated in each round, in an order that
 // turns from round to round. Reported per workload,
@@ -231,8 +238,8 @@ var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd",
 // commit's, run in the same rounds as kconsume-base and reported as
 // kconsume is (its ratios as base-ratio): a change measured against it.
 // KCONSUME_BENCH_SESSIONS, a comma-separated list of session names
-// (getpid, rename, switch, pidfilter, fieldreject, fieldaccept), runs
-// only those.
+// (getpid, rename, switch, pidfilter, fieldreject, fieldaccept,
+// fieldreject-rename), runs only those.
 func BenchmarkEventCost(b *testing.B) {
 	testenv.RequireRoot(b)
 	if b.N < 100000 {

@@ -28,24 +28,6 @@ struct {
 
 extern int bpf_copy_from_user_str(void *dst, __u32 dst__sz, const void *unsafe_ptr__ign, __u64 flags) __ksym;
 
-/* kc_reg_arg returns syscall argument i (0 to 5) from regs (syscall_get_arguments). */
-static __always_inline __u64 kc_reg_arg(struct pt_regs *regs, __u32 i)
-{
-	switch (i) {
-	case 0:
-		return regs->di;
-	case 1:
-		return regs->si;
-	case 2:
-		return regs->dx;
-	case 3:
-		return regs->r10;
-	case 4:
-		return regs->r8;
-	}
-	return regs->r9;
-}
-
 extern void bpf_preempt_disable(void) __ksym;
 extern void bpf_preempt_enable(void) __ksym;
 
@@ -105,7 +87,7 @@ static __always_inline void kc_sys_user_emit(struct pt_regs *regs, long nr, __u3
 	 */
 #pragma unroll
 	for (j = 0; j < 6; j++)
-		kc_put(__u64, s->data, 16 - KC_CUT + 8 * j, kc_reg_arg(regs, j));
+		kc_put(__u64, s->data, 16 - KC_CUT + 8 * j, kc_sys_arg(regs, NULL, j));
 	size = kc_sys_user(s->data, info);
 	if (size < 16)
 		return;
@@ -167,12 +149,12 @@ int kc_sys_user_fault(__u64 *ctx)
 			break;
 		a = info->user_arg[j];
 		if (info->user_len >= 0) {
-			cnt = kc_reg_arg(regs, info->user_len);
+			cnt = kc_sys_arg(regs, NULL, info->user_len);
 			if (cnt > KC_SYS_USER_READ)
 				cnt = KC_SYS_USER_READ;
-			bpf_copy_from_user(buf, cnt, (const void *)kc_reg_arg(regs, a));
+			bpf_copy_from_user(buf, cnt, (const void *)kc_sys_arg(regs, NULL, a));
 		} else {
-			bpf_copy_from_user_str(buf, KC_SYS_USER_READ + 1, (const void *)kc_reg_arg(regs, a), 0);
+			bpf_copy_from_user_str(buf, KC_SYS_USER_READ + 1, (const void *)kc_sys_arg(regs, NULL, a), 0);
 		}
 	}
 	if (kc_sys_user_rec) {

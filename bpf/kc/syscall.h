@@ -74,10 +74,11 @@ struct kc_sys_args {
 };
 
 /*
- * kc_sys_arg returns argument i (a constant at each call) of the syscall:
- * from a, the perf tracepoint's record, when set, else from regs.
+ * kc_sys_arg returns argument i (0 to 5) of the syscall: from a, the
+ * perf tracepoint's record, when set, else from regs as
+ * syscall_get_arguments takes them.
  */
-static __always_inline __u64 kc_sys_arg(struct pt_regs *regs, const struct kc_sys_args *a, int i)
+static __always_inline __u64 kc_sys_arg(struct pt_regs *regs, const struct kc_sys_args *a, __u32 i)
 {
 	if (a)
 		return a->v[i];
