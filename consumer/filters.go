@@ -14,10 +14,8 @@ import (
 // Event names it, joined with &&, parsed against its format. It fails
 // with ErrConfig, naming the event, the position and the reason, for an
 // expression the kernel would refuse, one the recorder cannot yet
-// evaluate, a filter on a syscall event whose user-space fields the
-// recorder fills (users), or a filter whose Event names no recorded
-// event.
-func resolveFilters(fs tracefs.FS, flts []EventFilter, formats []*tracefs.Format, users []*recorder.SysUser) ([]*filter.Filter, error) {
+// evaluate, or a filter whose Event names no recorded event.
+func resolveFilters(fs tracefs.FS, flts []EventFilter, formats []*tracefs.Format) ([]*filter.Filter, error) {
 	if len(flts) == 0 {
 		return nil, nil
 	}
@@ -41,9 +39,6 @@ func resolveFilters(fs tracefs.FS, flts []EventFilter, formats []*tracefs.Format
 			expr = "(" + strings.Join(exprs[i], ") && (") + ")"
 		}
 		flt, err := filter.Parse(expr, f)
-		if err == nil && len(flt.Prog) > 0 && users != nil && users[i] != nil {
-			err = fmt.Errorf("filters on syscall events with user-space fields are not evaluated in the recorder yet")
-		}
 		if err == nil {
 			err = recorder.CheckFilter(flt, f)
 		}

@@ -99,6 +99,13 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 	if major, minor, _ := testenv.KernelRelease(); major > 6 || major == 6 && minor >= 12 {
 		cases = append(cases, struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + `!(comm ~ "*[!a-z-]*")`})
 	}
+	// Linux 6.19+ copies the file name openat reads into its event, a
+	// user-space string the recorder fills too.
+	if name := userStringField(t, fs, "sys_enter_openat"); name != "" {
+		cases = append(cases,
+			struct{ event, expr string }{"syscalls:sys_enter_openat", name + ` ~ "*kcf-exec-b*"`},
+			struct{ event, expr string }{"syscalls:sys_enter_openat", name + ` ~ "` + execDir + `*" && ` + name + ` != "` + filepath.Join(execDir, "kcf-exec-c") + `"`})
+	}
 	for _, v := range []struct {
 		name            string
 		noPkt, noCookie bool
@@ -184,6 +191,9 @@ func filterBoth(t *testing.T, fs tracefs.FS, cfg Config, event, expr string, cpu
 		case "sched_switch":
 			ours = append(ours, string(field(vals, "prev_comm").Text())+">"+string(field(vals, "next_comm").Text()))
 			return
+		case "sys_enter_openat":
+			ours = append(ours, string(field(vals, userStringField(t, fs, ev.Name)).Text()))
+			return
 		}
 		ours = append(ours, fmt.Sprintf("%d/%d/%d", field(vals, "fd").Uint(0), field(vals, "offset").Uint(0), field(vals, "whence").Uint(0)))
 	})
@@ -200,6 +210,7 @@ var (
 	reExec   = regexp.MustCompile(` filename=(\S+) pid=`)
 	reExit   = regexp.MustCompile(`sys_lseek -> (0x[0-9a-f]+)`)
 	reSwitch = regexp.MustCompile(`prev_comm=(\S+) .* next_comm=(\S+) `)
+	reOpen   = regexp.MustCompile(`sys_openat\(.*"([^"]*)"`)
 )
 
 // ftraceKept returns what an ftrace instance's trace text kept, as
@@ -231,6 +242,13 @@ func ftraceKept(t *testing.T, name, text string) []string {
 		case "sched_switch":
 			if m := reSwitch.FindStringSubmatch(line); m != nil {
 				out = append(out, m[1]+">"+m[2])
+			}
+			continue
+		case "sys_enter_openat":
+			// print_syscall_enter shows the user string after the
+			// pointer, quoted.
+			if m := reOpen.FindStringSubmatch(line); m != nil {
+				out = append(out, m[1])
 			}
 			continue
 		}
@@ -274,7 +292,29 @@ func filterWorkload(t *testing.T, cpu int, execDir string) {
 		if out, err := exec.Command(filepath.Join(execDir, name)).CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v: %s", name, err, out)
 		}
+		f, err := os.Open(filepath.Join(execDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
 	}
+}
+
+// userStringField returns the name of the user-space string field that
+// Linux 6.19+ puts in the syscall event syscalls:name, or "" when the
+// kernel has none there.
+func userStringField(t *testing.T, fs tracefs.FS, name string) string {
+	t.Helper()
+	f, err := fs.Format(tracefs.Event{System: "syscalls", Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fl := range f.Fields {
+		if fl.Loc == tracefs.DataLoc {
+			return fl.Name
+		}
+	}
+	return ""
 }
 
 // filterExecNames are the names under which the test runs true(1).

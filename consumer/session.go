@@ -125,7 +125,7 @@ func New(cfg Config) (*Session, error) {
 			return nil, fmt.Errorf("%w: %s already holds a trace", ErrConfig, cfg.Dir)
 		}
 	}
-	filters, err := resolveFilters(fs, cfg.Filters, formats, users)
+	filters, err := resolveFilters(fs, cfg.Filters, formats)
 	if err != nil {
 		return nil, err
 	}

@@ -54,6 +54,22 @@ struct {
 } kc_sys_user_scratch SEC(".maps");
 
 /*
+ * kc_user_field_filter returns nonzero to keep syscall event key, with
+ * user-space fields, whose ring record is the len bytes at data (in the
+ * scratch record, kc_field_filter's layout). As built it keeps every
+ * event; where such an event has a field filter, the loader puts in its
+ * body the filters of the syscall events, dispatched on key
+ * (consumer/recorder/filtercode.go).
+ */
+static __noinline int kc_user_field_filter(__u32 key, __u8 *data, __u32 len)
+{
+	int keep;
+
+	asm volatile("%0 = 1" : "=r"(keep) : "r"(key), "r"(data), "r"(len));
+	return keep;
+}
+
+/*
  * kc_sys_user_emit records the entry event key of syscall nr, with
  * info, from the registers: as kc_record builds it from perf's
  * context (the number, 4 bytes of padding, the arguments before the
@@ -91,6 +107,11 @@ static __always_inline void kc_sys_user_emit(struct pt_regs *regs, long nr, __u3
 	size = kc_sys_user(s->data, info);
 	if (size < 16)
 		return;
+	if (info->flags & KC_TP_FILTERED) {
+		if (!kc_user_field_filter(key, s->data, KC_ENTRY_SIZE + size - 8))
+			return;
+		kc_fields_count(key);
+	}
 	kc_record_end(NULL, s, &kc_sys_user_scratch, 1, st, key, info, size - 8, 1);
 }
 

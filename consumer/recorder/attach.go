@@ -91,7 +91,7 @@ func (r *Recorder) tpInfo(es Events, i int, f *tracefs.Format) (gen.RingbufKcTpI
 		l := es.Layouts[i]
 		ti = gen.RingbufKcTpInfo{Id: uint16(f.ID), Size: uint16(f.FixedSize()), Ndyn: uint16(len(l.Dyn)), Flags: tpRecord}
 		copy(ti.Dyn[:], l.Dyn)
-		if _, sys := SysShape(f); sys && r.tp.filter(i) != nil {
+		if f.System == "syscalls" && r.tp.filter(i) != nil {
 			ti.Flags |= tpFiltered
 		}
 		if u := es.Users[i]; u != nil {

@@ -53,6 +53,7 @@ func sysRec(key int) recAt {
 const (
 	fieldFilterFunc   = "kc_field_filter"
 	sysFilterFunc     = "kc_sys_field_filter"
+	userFilterFunc    = "kc_user_field_filter"
 	filterPlaceholder = 0x6b6346494c
 	sysRecLen         = 64 // KC_SYS_REC
 )
@@ -131,45 +132,64 @@ func replaceFunc(ps *ebpf.ProgramSpec, fn string, code asm.Instructions) bool {
 }
 
 // sysFilters puts in every program of spec that calls
-// kc_sys_field_filter the filters of the syscall events keys (by key,
-// of formats), as sysDispatch builds them. It changes nothing when keys
-// is empty.
-func sysFilters(spec *ebpf.CollectionSpec, keys []int, flts []*filter.Filter, formats []*tracefs.Format) error {
-	if len(keys) == 0 {
-		return nil
-	}
-	fm, ff := map[int]*filter.Filter{}, map[int]*tracefs.Format{}
-	for _, k := range keys {
-		fm[k], ff[k] = flts[k], formats[k]
-	}
-	code, err := sysDispatch(fm, ff)
-	if err != nil {
-		return err
-	}
-	for _, ps := range spec.Programs {
-		replaceFunc(ps, sysFilterFunc, code)
+// kc_sys_field_filter the filters of the syscall events sysKeys (by key,
+// of formats), as sysDispatch builds them, and in those that call
+// kc_user_field_filter (bpf/kc/sys_user.bpf.h) those of the syscall
+// events with user-space fields userKeys, on their ring record. It
+// leaves a function as it is when its keys are none.
+func sysFilters(spec *ebpf.CollectionSpec, sysKeys, userKeys []int, flts []*filter.Filter, formats []*tracefs.Format) error {
+	for _, ring := range []bool{false, true} {
+		keys, fn := sysKeys, sysFilterFunc
+		if ring {
+			keys, fn = userKeys, userFilterFunc
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		fm, ff := map[int]*filter.Filter{}, map[int]*tracefs.Format{}
+		for _, k := range keys {
+			fm[k], ff[k] = flts[k], formats[k]
+		}
+		code, err := sysDispatch(fm, ff, ring)
+		if err != nil {
+			return err
+		}
+		for _, ps := range spec.Programs {
+			replaceFunc(ps, fn, code)
+		}
 	}
 	return nil
 }
 
 // sysDispatch returns the body of kc_sys_field_filter for the filters
 // flts of syscall events (by key, with their formats): a dispatch on the
-// event key, each to its filter, every other key kept.
-func sysDispatch(flts map[int]*filter.Filter, formats map[int]*tracefs.Format) (asm.Instructions, error) {
+// event key, each to its filter, every other key kept. With ring set it
+// returns kc_user_field_filter's, on the ring record and its length.
+func sysDispatch(flts map[int]*filter.Filter, formats map[int]*tracefs.Format, ring bool) (asm.Instructions, error) {
 	keys := slices.Sorted(maps.Keys(flts))
+	rec := sysRec
+	if ring {
+		rec = func(k int) recAt {
+			return recAt{prefix: "kcu" + strconv.Itoa(k) + "_", off: layout.RingOff, cut: layout.RingCut}
+		}
+	}
 	code := asm.Instructions{}
 	for _, k := range keys {
-		code = append(code, asm.JEq.Imm(asm.R1, int32(k), sysRec(k).prefix+"go"))
+		code = append(code, asm.JEq.Imm(asm.R1, int32(k), rec(k).prefix+"go"))
 	}
 	code = append(code, asm.Mov.Imm(asm.R0, 1), asm.Return())
 	for _, k := range keys {
-		c, err := compileFilter(flts[k], formats[k], sysRec(k))
+		c, err := compileFilter(flts[k], formats[k], rec(k))
 		if err != nil {
 			return nil, fmt.Errorf("event %s: %w", formats[k].FullName(), err)
 		}
 		// Each filter takes the record and its length as
 		// kc_field_filter does.
-		code = append(code, asm.Mov.Reg(asm.R1, asm.R2).WithSymbol(sysRec(k).prefix+"go"), asm.Mov.Imm(asm.R2, sysRecLen))
+		length := asm.Mov.Imm(asm.R2, sysRecLen)
+		if ring {
+			length = asm.Mov.Reg(asm.R2, asm.R3)
+		}
+		code = append(code, asm.Mov.Reg(asm.R1, asm.R2).WithSymbol(rec(k).prefix+"go"), length)
 		code = append(code, c...)
 	}
 	return code, nil

@@ -84,6 +84,11 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filters []*filter.Filter, synths int, wake bool) *Options {
 	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}, filters: filters, formats: formats}
 	opts.user = slices.ContainsFunc(users, func(u *SysUser) bool { return u != nil })
+	for i, u := range users {
+		if u != nil && i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0 {
+			opts.userFiltered = append(opts.userFiltered, i)
+		}
+	}
 	opts.userNr = true
 	for i, u := range users {
 		if _, known := sysNr(formats[i]); u != nil && !known {
@@ -245,7 +250,7 @@ func (l *loading) setupSyscalls() error {
 				keys = append(keys, e.key)
 			}
 		}
-		if err := sysFilters(spec, keys, l.opts.filters, l.opts.formats); err != nil {
+		if err := sysFilters(spec, keys, l.opts.userFiltered, l.opts.filters, l.opts.formats); err != nil {
 			return err
 		}
 	}

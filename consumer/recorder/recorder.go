@@ -68,14 +68,16 @@ type Recorder struct {
 // (the bench producer), with values for its own variables, or turns on
 // the recorder's hooks (synthetic:wakeup_latency).
 type Options struct {
-	Spec   *ebpf.CollectionSpec
-	Vars   map[string]any
-	hooks  bool
-	small  []uint32          // per event key: its record size when smallSize allows, or 0
-	sys    bool              // some event may take the raw syscall path (sysShape)
-	user   bool              // some event has user-space fields (sysUserOf)
-	userNr bool              // each such event has a number kc_sys_user_fault dispatches by
-	btf    map[string]btfUse // by BTF program: the event it records (btfShape)
+	Spec  *ebpf.CollectionSpec
+	Vars  map[string]any
+	hooks bool
+	small []uint32 // per event key: its record size when smallSize allows, or 0
+	sys   bool     // some event may take the raw syscall path (sysShape)
+	user  bool     // some event has user-space fields (sysUserOf)
+	// userFiltered are the keys of those with a field filter.
+	userFiltered []int
+	userNr       bool              // each such event has a number kc_sys_user_fault dispatches by
+	btf          map[string]btfUse // by BTF program: the event it records (btfShape)
 	// filters are the events' field filters by key (nil: none), and
 	// formats the events' formats.
 	filters []*filter.Filter

@@ -188,7 +188,7 @@ func (p *fentryPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter
 	if flt != nil {
 		flts[i] = flt
 	}
-	code, err := sysDispatch(flts, map[int]*tracefs.Format{i: f})
+	code, err := sysDispatch(flts, map[int]*tracefs.Format{i: f}, false)
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +260,7 @@ func (p *rawPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.Fi
 	if flt != nil {
 		flts[i], formats[i] = flt, f
 	}
-	code, err := sysDispatch(flts, formats)
+	code, err := sysDispatch(flts, formats, false)
 	if err != nil {
 		return nil, err
 	}
