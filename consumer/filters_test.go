@@ -506,3 +506,58 @@ func setFilterOnce(t *testing.T, event string, exprs []string, act func(int) err
 	}
 	t.Logf("%d events each recorded once across %d filter changes", n, changes)
 }
+
+// TestFilterWithComm records lseeks through a field filter and a comm
+// filter at once, on each syscall path this kernel has: an event is in
+// the trace, and counted as kept by its field filter, only when it passes
+// both.
+func TestFilterWithComm(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, sys := range []Syscalls{SyscallsAuto, SyscallsTracepoint} {
+		t.Run(sys.String(), func(t *testing.T) {
+			event := "syscalls:sys_enter_lseek"
+			s, dir := newTestSession(t, Config{Events: []string{event}, Syscalls: sys, Comms: []string{"kc-comb-in"},
+				Filters: []EventFilter{{Event: event, Expr: fmt.Sprintf("fd == %d && offset < 100", filterFdA)}}})
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error)
+			go func() {
+				runtime.LockOSThread()
+				restore := keepName()
+				defer restore()
+				// In: offsets 1 and 3; out by the comm: 2; out by the
+				// field filter: 200.
+				for _, c := range []struct {
+					name   string
+					offset uintptr
+				}{{"kc-comb-in", 1}, {"kc-comb-out", 2}, {"kc-comb-in", 3}, {"kc-comb-in", 200}} {
+					if err := setName(c.name); err != nil {
+						done <- err
+						return
+					}
+					unix.Syscall(unix.SYS_LSEEK, filterFdA, c.offset, 0)
+				}
+				done <- nil
+			}()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			var got []uint64
+			walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+				if it.Kind == relayfmt.EventItem {
+					got = append(got, field(vals, "offset").Uint(0))
+				}
+			})
+			if !slices.Equal(got, []uint64{1, 3}) {
+				t.Errorf("offsets in the trace %v, want [1 3] (recorded by %s)", got, s.rec.Progs()[0])
+			}
+			if kept := s.FilterKept()[event]; kept != 2 {
+				t.Errorf("the filter kept %d events, want 2 (recorded by %s)", kept, s.rec.Progs()[0])
+			}
+		})
+	}
+}
