@@ -156,22 +156,37 @@ func (t *tracepoints) refilter(r *Recorder, i int, f *tracefs.Format, flt *filte
 	if t.cookie {
 		opts = &link.TracepointOptions{Cookie: uint64(i)}
 	}
+	return copyRefilter(r, i, name, ps, t.links, false, func(p *ebpf.Program) (link.Link, error) {
+		return link.Tracepoint(f.System, f.Name, p, opts)
+	}), nil
+}
+
+// copyRefilter returns the change of event key i's filter where one
+// program copy records it: ps, named name, replaces the copy whose link
+// is links[i], attached by attach; filtered marks a syscall event that
+// its program filters.
+func copyRefilter(r *Recorder, i int, name string, ps *ebpf.ProgramSpec, links map[int]link.Link, filtered bool, attach func(*ebpf.Program) (link.Link, error)) *refilter {
 	return &refilter{
 		progs: map[string]*ebpf.ProgramSpec{name: ps},
-		cur:   t.gens[i],
+		cur:   r.tp.gens[i],
 		attach: func(coll *ebpf.Collection) ([]link.Link, error) {
-			l, err := link.Tracepoint(f.System, f.Name, coll.Programs[name], opts)
+			l, err := attach(coll.Programs[name])
 			return []link.Link{l}, err
 		},
-		setSwitch: infoSwitch(r, i, false),
-		old:       []link.Link{t.links[i]},
-		done: func(next uint32, links []link.Link, coll *ebpf.Collection) {
-			t.keepLater(i, coll)
-			t.links[i] = links[0]
-			t.setGen(i, next)
+		setSwitch: infoSwitch(r, i, filtered),
+		old:       []link.Link{links[i]},
+		done: func(next uint32, nl []link.Link, coll *ebpf.Collection) {
+			r.tp.keepLater(i, coll)
+			links[i] = nl[0]
+			r.tp.setGen(i, next)
 			r.tpProgs[i] = name
 		},
-	}, nil
+	}
+}
+
+// attachTracing attaches a tracing program (fentry, fexit, tp_btf).
+func attachTracing(p *ebpf.Program) (link.Link, error) {
+	return link.AttachTracing(link.TracingOptions{Program: p})
 }
 
 // refilter changes the filter of syscall event key i, which the
@@ -195,21 +210,7 @@ func (p *fentryPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter
 	if !replaceFunc(ps, sysFilterFunc, code) {
 		return nil, fmt.Errorf("recorder program %s has no %s", name, sysFilterFunc)
 	}
-	return &refilter{
-		progs: map[string]*ebpf.ProgramSpec{name: ps},
-		cur:   r.tp.gens[i],
-		attach: func(coll *ebpf.Collection) ([]link.Link, error) {
-			l, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs[name]})
-			return []link.Link{l}, err
-		},
-		setSwitch: infoSwitch(r, i, flt != nil),
-		old:       []link.Link{p.links[i]},
-		done: func(next uint32, links []link.Link, coll *ebpf.Collection) {
-			r.tp.keepLater(i, coll)
-			p.links[i] = links[0]
-			r.tp.setGen(i, next)
-		},
-	}, nil
+	return copyRefilter(r, i, name, ps, p.links, flt != nil, attachTracing), nil
 }
 
 // refilter changes the filter of event key i, which a BTF program
@@ -223,21 +224,7 @@ func (b *btfPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.Fi
 			return nil, err
 		}
 	}
-	return &refilter{
-		progs: map[string]*ebpf.ProgramSpec{name: ps},
-		cur:   r.tp.gens[i],
-		attach: func(coll *ebpf.Collection) ([]link.Link, error) {
-			l, err := link.AttachTracing(link.TracingOptions{Program: coll.Programs[name]})
-			return []link.Link{l}, err
-		},
-		setSwitch: infoSwitch(r, i, false),
-		old:       []link.Link{b.links[i]},
-		done: func(next uint32, links []link.Link, coll *ebpf.Collection) {
-			r.tp.keepLater(i, coll)
-			b.links[i] = links[0]
-			r.tp.setGen(i, next)
-		},
-	}, nil
+	return copyRefilter(r, i, name, ps, b.links, false, attachTracing), nil
 }
 
 // recorded reports whether the raw path records event key i.
