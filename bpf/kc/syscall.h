@@ -154,11 +154,17 @@ static __noinline int kc_sys_field_filter(__u32 key, __u8 *data)
  */
 static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, long nr, __u32 exit, long ret)
 {
-	__u64 rec[KC_SYS_REC / 8] = {};
+	__u64 rec[KC_SYS_REC / 8];
+	int i;
 
+	/* Every word written once: no zeroing first on the hot path. */
+	rec[0] = 0;
 	rec[1] = (__u32)nr;
 	if (exit) {
 		rec[2] = ret;
+#pragma unroll
+		for (i = 3; i < KC_SYS_REC / 8; i++)
+			rec[i] = 0;
 	} else {
 		rec[2] = kc_sys_arg(regs, a, 0);
 		rec[3] = kc_sys_arg(regs, a, 1);
