@@ -252,7 +252,7 @@ func (s *Session) SetFilter(pattern, expr string) error {
 	}
 	flts := make([]*filter.Filter, len(keys))
 	for k, i := range keys {
-		if flts[k], err = filter.Parse(expr, s.events[i]); err != nil {
+		if flts[k], err = parseFilter(expr, s.events[i]); err != nil {
 			return fmt.Errorf("%w: event %s: %w", ErrConfig, s.events[i].FullName(), err)
 		}
 	}

@@ -3,10 +3,12 @@ package consumer
 import (
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/kconsume/kconsume/consumer/recorder"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/filter"
+	"github.com/kconsume/kconsume/internal/kallsyms"
 )
 
 // resolveFilters returns the field filter of each recorded event of
@@ -38,7 +40,7 @@ func resolveFilters(fs tracefs.FS, flts []EventFilter, formats []*tracefs.Format
 		if len(exprs[i]) > 1 {
 			expr = "(" + strings.Join(exprs[i], ") && (") + ")"
 		}
-		flt, err := filter.Parse(expr, f)
+		flt, err := parseFilter(expr, f)
 		if err == nil {
 			err = recorder.CheckFilter(flt, f)
 		}
@@ -72,4 +74,44 @@ func namedEvents(fs tracefs.FS, pattern string, formats []*tracefs.Format) ([]in
 		return nil, fmt.Errorf("%w: filter for %s: no recorded event matches it", ErrConfig, pattern)
 	}
 	return keys, nil
+}
+
+// parseFilter returns expr parsed against the event of format f as the
+// running kernel would parse it: FIELD.function names resolved in its
+// symbol table (read on the first such name).
+func parseFilter(expr string, f *tracefs.Format) (*filter.Filter, error) {
+	return filter.ParseOptions(expr, f, filter.Options{Symbols: &kernelSymbols})
+}
+
+// kernelSymbols is the running kernel's symbol table, read once, when a
+// filter first names a function.
+var kernelSymbols lazySymbols
+
+// lazySymbols is a kallsyms.Table read on its first use; a table that
+// cannot be read has no symbols.
+type lazySymbols struct {
+	once sync.Once
+	tab  *kallsyms.Table
+}
+
+func (l *lazySymbols) table() *kallsyms.Table {
+	l.once.Do(func() { l.tab, _ = kallsyms.Read() })
+	return l.tab
+}
+
+// Lookup returns the start and end of the kernel function name.
+func (l *lazySymbols) Lookup(name string) (start, end uint64, ok bool) {
+	if t := l.table(); t != nil {
+		return t.Lookup(name)
+	}
+	return 0, 0, false
+}
+
+// Containing returns the start and end of the kernel function that
+// holds addr.
+func (l *lazySymbols) Containing(addr uint64) (start, end uint64, ok bool) {
+	if t := l.table(); t != nil {
+		return t.Containing(addr)
+	}
+	return 0, 0, false
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kconsume/kconsume/consumer/recorder"
 	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/internal/kallsyms"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -33,6 +34,22 @@ var lseekCalls = [][3]uint64{
 	{filterFdA, 0, 0}, {filterFdA, 5, 1}, {filterFdA, 100, 2}, {filterFdA, 101, 3},
 	{filterFdA, 1 << 40, 4}, {filterFdA, ^uint64(0), 0}, {filterFdA, ^uint64(4), 1},
 	{filterFdB, 7, 2}, {filterFdB, 1 << 20, 6}, {filterFdB, 1<<20 + 1, 0},
+}
+
+// lseekExtra are more (fd, offset, whence) the test passes to lseek.
+var lseekExtra [][3]uint64
+
+// kernelFunc returns the start and end of the kernel function name.
+func kernelFunc(name string) (start, end uint64, err error) {
+	tab, err := kallsyms.Read()
+	if err != nil {
+		return 0, 0, err
+	}
+	start, end, ok := tab.Lookup(name)
+	if !ok {
+		return 0, 0, fmt.Errorf("no kernel function %s", name)
+	}
+	return start, end, nil
 }
 
 // renameNames are the names the test gives its thread, in turn.
@@ -92,12 +109,29 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		{"sched:sched_switch", `prev_comm ~ "kcf-exec-*" && prev_pid > 0`},
 		{"sched:sched_switch", `(prev_comm ~ "kcf-exec-b*" || next_comm == "kcf-exec-c") && prev_prio >= 0`},
 	}
+	major, minor, _ := testenv.KernelRelease()
+	since := func(ma, mi int) bool { return major > ma || major == ma && minor >= mi }
 	// A glob on COMM stops at the name's NUL from 6.12 on; 6.1 (and
 	// 5.10) matched a negated class against the NULs after it, so that
 	// comm ~ "*[!a-z-]*" kept "kc-filter" there (seen in the 6.1 guest).
 	// The recorder does as the newest kernels do.
-	if major, minor, _ := testenv.KernelRelease(); major > 6 || major == 6 && minor >= 12 {
+	if since(6, 12) {
 		cases = append(cases, struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + `!(comm ~ "*[!a-z-]*")`})
+	}
+	if since(6, 6) {
+		// CPUS{} lists: the CPU, and a scalar field read as a CPU.
+		cases = append(cases,
+			struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + fmt.Sprintf("CPU & CPUS{%d}", cpu)},
+			struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + fmt.Sprintf("((CPU & CPUS{0}) || whence & CPUS{1-%d})", cpu)},
+			struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + fmt.Sprintf("whence & CPUS{0,%d} && cpu != CPUS{0}", cpu)})
+	}
+	if s, e, err := kernelFunc("schedule"); since(6, 2) && err == nil {
+		// Offsets inside schedule, at its start and just past it.
+		lseekExtra = [][3]uint64{{filterFdB, s + 5, 0}, {filterFdB, s, 0}, {filterFdB, e, 0}}
+		defer func() { lseekExtra = nil }()
+		cases = append(cases,
+			struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + "offset.function == schedule"},
+			struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + "offset.function != schedule && fd != " + strconv.Itoa(filterFdA)})
 	}
 	// Linux 6.19+ copies the file name openat reads into its event, a
 	// user-space string the recorder fills too.
@@ -347,7 +381,7 @@ func filterCalls(cpu int) error {
 	if err := setName("kc-filter"); err != nil {
 		return err
 	}
-	for _, c := range lseekCalls {
+	for _, c := range append(slices.Clip(lseekCalls), lseekExtra...) {
 		_, _, errno := unix.Syscall(unix.SYS_LSEEK, uintptr(c[0]), uintptr(c[1]), uintptr(c[2]))
 		if errno != unix.EBADF {
 			return fmt.Errorf("lseek(%d): %v, want EBADF", c[0], errno)

@@ -1,11 +1,8 @@
 package filter
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -44,78 +41,4 @@ func testFormat(t testing.TB, event string) *tracefs.Format {
 		t.Fatal(err)
 	}
 	return f
-}
-
-// kallsyms is /proc/kallsyms as Symbols: a symbol ends where the next
-// one starts, as kallsyms_lookup_size_offset has it.
-type kallsyms struct {
-	addrs []uint64
-	names []string
-	by    map[string]int
-}
-
-// readKallsyms returns the running kernel's symbols, or nil when they
-// are hidden (addresses all zero).
-func readKallsyms(t testing.TB) *kallsyms {
-	t.Helper()
-	f, err := os.Open("/proc/kallsyms")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	type sym struct {
-		addr uint64
-		name string
-	}
-	var syms []sym
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		parts := strings.Fields(sc.Text())
-		if len(parts) < 3 || len(parts) > 3 {
-			continue
-		}
-		a, err := strconv.ParseUint(parts[0], 16, 64)
-		if err != nil || a == 0 {
-			continue
-		}
-		syms = append(syms, sym{a, parts[2]})
-	}
-	if len(syms) == 0 {
-		return nil
-	}
-	sort.Slice(syms, func(i, j int) bool { return syms[i].addr < syms[j].addr })
-	k := &kallsyms{by: map[string]int{}}
-	for i, s := range syms {
-		k.addrs = append(k.addrs, s.addr)
-		k.names = append(k.names, s.name)
-		if _, dup := k.by[s.name]; !dup {
-			k.by[s.name] = i
-		}
-	}
-	return k
-}
-
-func (k *kallsyms) end(i int) uint64 {
-	for j := i + 1; j < len(k.addrs); j++ {
-		if k.addrs[j] > k.addrs[i] {
-			return k.addrs[j]
-		}
-	}
-	return k.addrs[i] + 1
-}
-
-func (k *kallsyms) Lookup(name string) (uint64, uint64, bool) {
-	i, ok := k.by[name]
-	if !ok {
-		return 0, 0, false
-	}
-	return k.addrs[i], k.end(i), true
-}
-
-func (k *kallsyms) Containing(addr uint64) (uint64, uint64, bool) {
-	i := sort.Search(len(k.addrs), func(i int) bool { return k.addrs[i] > addr }) - 1
-	if i < 0 {
-		return 0, 0, false
-	}
-	return k.addrs[i], k.end(i), true
 }

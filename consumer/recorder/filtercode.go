@@ -244,8 +244,84 @@ func predCode(p *filter.Pred, f *tracefs.Format, rec recAt, at string) (asm.Inst
 		return intCode(p, f, rec, at)
 	case filter.KindString:
 		return stringCode(p, rec, at)
+	case filter.KindCPUs:
+		return cpusCode(p, rec, at)
+	case filter.KindFunction:
+		return functionCode(p, rec, at)
 	}
 	return nil, fmt.Errorf("%s: %w", p.Field.Name, errFilterUnsupported)
+}
+
+// cpusCode compares the CPU, or a scalar field read as a CPU number,
+// with a CPUS{} set, as filter.Match's evalCPUs does (the kernel's
+// filter_pred_cpu_cpumask and filter_pred_{8..64}_cpumask): & is true
+// when the CPU is in the set, != always, the others never. Cpumask
+// fields are not evaluated yet.
+func cpusCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error) {
+	switch p.Op {
+	case filter.OpNE:
+		return asm.Instructions{asm.Mov.Imm(asm.R0, 1)}, nil
+	case filter.OpAnd:
+	default:
+		return asm.Instructions{asm.Mov.Imm(asm.R0, 0)}, nil
+	}
+	var c asm.Instructions
+	miss, hit, done := at+"_miss", at+"_hit", at+"_done"
+	switch p.Field.Loc {
+	case filter.LocCPU:
+		c = append(c, asm.FnGetSmpProcessorId.Call(), asm.Mov.Reg32(asm.R3, asm.R0))
+	case filter.LocInline:
+		sz, ok := loadSize(p.Field.Size)
+		if !ok || p.Field.Offset < 8 {
+			return nil, fmt.Errorf("%s: %w", p.Field.Name, errFilterUnsupported)
+		}
+		// Read into an unsigned int: a u64's high half is dropped, and
+		// a number past the kernel's CPUs is in no set.
+		c = append(c, asm.LoadMem(asm.R3, asm.R6, int16(rec.off(p.Field.Offset)), sz), asm.Mov.Reg32(asm.R3, asm.R3),
+			asm.JGE.Imm(asm.R3, int32(p.NrCPUs), miss))
+	default:
+		return nil, fmt.Errorf("%s: a cpumask field: %w", p.Field.Name, errFilterUnsupported)
+	}
+	// The set as ranges of consecutive CPUs; R3 holds the CPU (the
+	// labels' nop writes R1).
+	for i := 0; i < len(p.CPUs); {
+		j := i
+		for j+1 < len(p.CPUs) && p.CPUs[j+1] == p.CPUs[j]+1 {
+			j++
+		}
+		next := fmt.Sprintf("%s_r%d", at, j+1)
+		c = append(c, asm.JLT.Imm(asm.R3, int32(p.CPUs[i]), next), asm.JLE.Imm(asm.R3, int32(p.CPUs[j]), hit), nop().WithSymbol(next))
+		i = j + 1
+	}
+	return append(c,
+		asm.Mov.Imm(asm.R0, 0).WithSymbol(miss), asm.Ja.Label(done),
+		asm.Mov.Imm(asm.R0, 1).WithSymbol(hit),
+		nop().WithSymbol(done)), nil
+}
+
+// functionCode compares an address field with the function the filter
+// names (FIELD.function == SYMBOL): true when the address falls inside
+// it, for ==, or outside, for !=; never when the function was not
+// resolved (the loader resolves it from /proc/kallsyms).
+func functionCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error) {
+	if p.FuncEnd == 0 {
+		return asm.Instructions{asm.Mov.Imm(asm.R0, 0)}, nil
+	}
+	if p.Field.Loc != filter.LocInline || p.Field.Size != 8 || p.Field.Offset < 8 {
+		return nil, fmt.Errorf("%s: %w", p.Field.Name, errFilterUnsupported)
+	}
+	in, out, done := int32(1), int32(0), at+"_done"
+	if p.Op != filter.OpEQ {
+		in, out = 0, 1
+	}
+	return asm.Instructions{
+		asm.LoadMem(asm.R1, asm.R6, int16(rec.off(p.Field.Offset)), asm.DWord),
+		asm.Mov.Imm(asm.R0, out),
+		asm.LoadImm(asm.R2, int64(p.FuncStart), asm.DWord), asm.JLT.Reg(asm.R1, asm.R2, done),
+		asm.LoadImm(asm.R2, int64(p.FuncEnd), asm.DWord), asm.JGE.Reg(asm.R1, asm.R2, done),
+		asm.Mov.Imm(asm.R0, in),
+		nop().WithSymbol(done),
+	}, nil
 }
 
 // intCode compares an integer field, as the kernel's filter_pred_* do:
