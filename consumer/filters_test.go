@@ -151,6 +151,11 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 			recorder.Testing.NoPackets, recorder.Testing.NoCookie = v.noPkt, v.noCookie
 			defer func() { recorder.Testing.NoPackets, recorder.Testing.NoCookie = false, false }()
 			for i, c := range cases {
+				if v.tr == Perf && c.event == "syscalls:sys_enter_openat" {
+					// User-space fields need BPF ring buffers
+					// (record says so and stops).
+					continue
+				}
 				if v.name != "default" && i%2 == 1 || v.sys == SyscallsTracepoint && !strings.HasPrefix(c.event, "syscalls:") {
 					// The other ways record through the same
 					// generated code: the even-numbered filters
