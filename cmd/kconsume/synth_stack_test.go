@@ -1,17 +1,15 @@
 package main
 
 import (
-	"bufio"
-	"os"
 	"os/exec"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/internal/kallsyms"
 	"github.com/kconsume/kconsume/internal/testenv"
 )
 
@@ -40,7 +38,10 @@ func TestRecordBPFStack(t *testing.T) {
 	}
 	line := regexp.MustCompile(`synthetic:getpid_stack: .*\{ pid = -?\d+, traced = 0, c = 75, _stack_length = (\d+), stack = \[ (.*) \] \}`)
 	elem := regexp.MustCompile(`\[\d+\] = (\d+)`)
-	syms := kallsyms(t)
+	syms, err := kallsyms.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var events, onPath int
 	for _, l := range strings.Split(string(b), "\n") {
 		m := line.FindStringSubmatch(l)
@@ -58,7 +59,11 @@ func TestRecordBPFStack(t *testing.T) {
 			if u < 0xffff800000000000 {
 				t.Fatalf("%#x is not a kernel address: %s", u, l)
 			}
-			names = append(names, syms.name(u))
+			n, _, ok := syms.Name(u)
+			if !ok {
+				n = "?"
+			}
+			names = append(names, n)
 		}
 		if strings.Contains(strings.Join(names, " "), "do_syscall_64") {
 			if onPath++; onPath == 1 {
@@ -69,54 +74,4 @@ func TestRecordBPFStack(t *testing.T) {
 	if events < 50 || onPath < events {
 		t.Fatalf("%d getpid_stack events of ours, %d with do_syscall_64 on the stack; babeltrace2 said:\n%.3000s", events, onPath, b)
 	}
-}
-
-// symbols are the kernel's text symbols, by address.
-type symbols struct {
-	addr  []uint64
-	names []string
-}
-
-// kallsyms reads /proc/kallsyms (root sees the addresses).
-func kallsyms(t *testing.T) symbols {
-	t.Helper()
-	f, err := os.Open("/proc/kallsyms")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	type sym struct {
-		a uint64
-		n string
-	}
-	var all []sym
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		parts := strings.Fields(sc.Text())
-		if len(parts) < 3 || (parts[1] != "t" && parts[1] != "T") {
-			continue
-		}
-		a, err := strconv.ParseUint(parts[0], 16, 64)
-		if err == nil && a != 0 {
-			all = append(all, sym{a, parts[2]})
-		}
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].a < all[j].a })
-	var s symbols
-	for _, x := range all {
-		s.addr, s.names = append(s.addr, x.a), append(s.names, x.n)
-	}
-	if len(s.addr) == 0 {
-		t.Fatal("/proc/kallsyms shows no addresses")
-	}
-	return s
-}
-
-// name returns the text symbol at or before a.
-func (s symbols) name(a uint64) string {
-	i := sort.Search(len(s.addr), func(i int) bool { return s.addr[i] > a })
-	if i == 0 {
-		return "?"
-	}
-	return s.names[i-1]
 }
