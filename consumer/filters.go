@@ -9,6 +9,7 @@ import (
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/internal/kallsyms"
+	"golang.org/x/sys/unix"
 )
 
 // resolveFilters returns the field filter of each recorded event of
@@ -77,11 +78,26 @@ func namedEvents(fs tracefs.FS, pattern string, formats []*tracefs.Format) ([]in
 }
 
 // parseFilter returns expr parsed against the event of format f as the
-// running kernel would parse it: FIELD.function names resolved in its
-// symbol table (read on the first such name).
+// running kernel would parse it: the syntax its release has, and
+// FIELD.function names resolved in its symbol table (read on the first
+// such name).
 func parseFilter(expr string, f *tracefs.Format) (*filter.Filter, error) {
-	return filter.ParseOptions(expr, f, filter.Options{Symbols: &kernelSymbols})
+	return filter.ParseOptions(expr, f, filter.Options{Symbols: &kernelSymbols, Kernel: runningRelease()})
 }
+
+// runningRelease returns the running kernel's release, or the zero
+// Release (the newest kernel) when uname's cannot be read.
+var runningRelease = sync.OnceValue(func() filter.Release {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return filter.Release{}
+	}
+	r, ok := filter.ParseRelease(unix.ByteSliceToString(u.Release[:]))
+	if !ok {
+		return filter.Release{}
+	}
+	return r
+})
 
 // kernelSymbols is the running kernel's symbol table, read once, when a
 // filter first names a function.

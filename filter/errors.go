@@ -61,10 +61,17 @@ type Error struct {
 	// right of the offending token: it is the kernel's number, kept so.
 	Pos    int
 	Reason Reason
+	// Note says why, where the kernel's reason alone does not: the
+	// syntax or field came with a later kernel than the one parsed for.
+	Note string
 }
 
-// Error returns `filter "EXPR": position N: REASON`.
+// Error returns `filter "EXPR": position N: REASON`, and `(NOTE)` after
+// it when there is a note.
 func (e *Error) Error() string {
+	if e.Note != "" {
+		return fmt.Sprintf("filter %q: position %d: %s (%s)", e.Expr, e.Pos, e.Reason, e.Note)
+	}
 	return fmt.Sprintf("filter %q: position %d: %s", e.Expr, e.Pos, e.Reason)
 }
 

@@ -40,7 +40,10 @@ type kfield struct {
 
 // fieldSet is the fields a filter of one event can name.
 type fieldSet struct {
-	own, common []kfield
+	own, generic, common []kfield
+	// lacks are the newest kernel's pseudo fields the parsed-for
+	// kernel does not have.
+	lacks []string
 }
 
 // commLen is TASK_COMM_LEN, the bytes of a task's comm.
@@ -59,9 +62,17 @@ var generic = []kfield{
 	{Field{Name: "STACKTRACE", Loc: LocNone}, clStacktrace},
 }
 
-// newFieldSet returns f's fields as the kernel classifies them.
-func newFieldSet(f *tracefs.Format) fieldSet {
+// newFieldSet returns f's fields as the kernel of opts classifies them,
+// with the pseudo fields it has.
+func newFieldSet(f *tracefs.Format, opts Options) fieldSet {
 	var fs fieldSet
+	for _, k := range generic {
+		if k.class == clStacktrace && !opts.has(FeatStacktrace) {
+			fs.lacks = append(fs.lacks, k.Name)
+			continue
+		}
+		fs.generic = append(fs.generic, k)
+	}
 	if f == nil {
 		return fs
 	}
@@ -108,7 +119,7 @@ func classify(fl tracefs.Field) kfield {
 // trace_find_event_field looks it up: the event's own fields, then the
 // pseudo fields, then the common fields.
 func (fs fieldSet) find(name string) (kfield, bool) {
-	for _, list := range [][]kfield{fs.own, generic, fs.common} {
+	for _, list := range [][]kfield{fs.own, fs.generic, fs.common} {
 		// The kernel adds fields at the head of its list: of two with one
 		// name the last defined is found first.
 		for i := len(list) - 1; i >= 0; i-- {

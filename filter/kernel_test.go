@@ -152,7 +152,7 @@ func runningRelease(t *testing.T) Release {
 func TestKernelVerdicts(t *testing.T) {
 	in := newInstance(t)
 	rel := runningRelease(t)
-	var opts Options
+	opts := Options{Kernel: rel}
 	syms, err := kallsyms.Read()
 	if err == nil {
 		opts.Symbols = syms
@@ -181,15 +181,26 @@ func TestKernelVerdicts(t *testing.T) {
 		in.clearFilter(r.event)
 		_, err := ParseOptions(r.expr, f, opts)
 		want := r.reason == ""
-		if r.feat != "" && !Has(rel, r.feat) {
-			// This kernel predates the change: it is held to the older
-			// verdict, Parse (the newest kernel) is not.
-			if older := olderVerdict(r.feat); kv.accepted != older {
+		if r.feat != "" && !Has(rel, r.feat) && olderVerdict(r.feat) {
+			// This kernel predates a change that refuses what it accepts
+			// (a trailing && or ||, which it reads with a meaning of its
+			// own): it is held to the older verdict, Parse refuses on
+			// every kernel.
+			if kv.accepted != true {
 				t.Errorf("%s: %q: kernel %s (without %s): accepted=%v (%v %q)", r.event, r.expr, rel, r.feat, kv.accepted, kv.errno, kv.text)
 			} else {
 				agree++
 			}
 			continue
+		}
+		var pe *Error
+		if r.feat != "" && !Has(rel, r.feat) {
+			// This kernel predates the row's syntax: it refuses, and so
+			// must Parse for it, saying which release has it.
+			want = false
+			if errors.As(err, &pe) && pe.Note == "" {
+				t.Errorf("%s: %q: kernel %s (without %s): Parse refuses without a note: %v", r.event, r.expr, rel, r.feat, err)
+			}
 		}
 		if msg := compareVerdict(kv, err, want); msg != "" {
 			t.Errorf("%s: %q: kernel %s: %s", r.event, r.expr, rel, msg)

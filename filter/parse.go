@@ -1,6 +1,7 @@
 package filter
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -19,6 +20,29 @@ type Options struct {
 	// Symbols resolves FIELD.function values; nil leaves them unresolved
 	// and accepts any name, where the kernel refuses one kallsyms lacks.
 	Symbols Symbols
+	// Kernel is the release whose parser to follow: the syntax and
+	// pseudo fields that Changes says came later than it are refused as
+	// that kernel refuses them, with a note naming the release that has
+	// them. The zero Release is the newest kernel. A trailing && or ||
+	// is refused on every kernel (FeatIncomplete): older ones accept it
+	// with a meaning of their own.
+	Kernel Release
+}
+
+// has reports whether the kernel of o has feature f.
+func (o Options) has(f Feature) bool {
+	return o.Kernel == (Release{}) || Has(o.Kernel, f)
+}
+
+// needs returns the note of an Error refused because o's kernel lacks
+// feature f: what f is and the first release with it.
+func (o Options) needs(f Feature, what string) string {
+	for _, c := range Changes {
+		if c.Feature == f {
+			return fmt.Sprintf("%s needs Linux %d.%d or later; this kernel is %s", what, c.Mainline.Major, c.Mainline.Minor, o.Kernel)
+		}
+	}
+	return ""
 }
 
 // Symbols is the kernel's symbol table as .function needs it.
@@ -68,7 +92,7 @@ func ParseOptions(expr string, f *tracefs.Format, opts Options) (*Filter, error)
 	if sc.preds == 0 {
 		return nil, &Error{Expr: full, Pos: 0, Reason: ErrEmpty}
 	}
-	p := &parser{expr: expr, fields: newFieldSet(f), opts: opts, scan: sc}
+	p := &parser{expr: expr, fields: newFieldSet(f, opts), opts: opts, scan: sc}
 	prog, perr := p.program()
 	if perr != nil {
 		return nil, withExpr(perr, full)

@@ -1,6 +1,9 @@
 package filter
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
 // maxStrVal is MAX_FILTER_STR_VAL: a quoted value must be shorter.
 const maxStrVal = 256
@@ -44,7 +47,11 @@ func (p *parser) parsePred(next, pos int) (*Pred, int, *Error) {
 	}
 	f, ok := p.fields.find(s[start:i])
 	if !ok {
-		return nil, 0, c.errAt(i, ErrFieldNotFound)
+		e := c.errAt(i, ErrFieldNotFound)
+		if slices.Contains(p.fields.lacks, s[start:i]) {
+			e.Note = p.opts.needs(FeatStacktrace, "the pseudo field "+s[start:i])
+		}
+		return nil, 0, e
 	}
 	c.field = f
 	function := false
@@ -53,6 +60,13 @@ func (p *parser) parsePred(next, pos int) (*Pred, int, *Error) {
 		i += len(".ustring")
 	}
 	if strings.HasPrefix(s[i:], ".function") {
+		if !p.opts.has(FeatFunction) {
+			// The older parse_pred ends the name at the '.' and finds no
+			// operator there.
+			e := c.errAt(i, ErrInvalidOp)
+			e.Note = p.opts.needs(FeatFunction, "FIELD.function")
+			return nil, 0, e
+		}
 		function = true
 		i += len(".function")
 	}
@@ -94,8 +108,12 @@ func (c *predCtx) value(i int, function bool) (int, *Error) {
 	switch {
 	case function:
 		return c.function(i)
-	case strings.HasPrefix(s[i:], "CPUS"):
+	case strings.HasPrefix(s[i:], "CPUS") && c.p.opts.has(FeatCPUS):
 		return c.cpus(i)
+	case strings.HasPrefix(s[i:], "CPUS"):
+		e := c.errAt(i, ErrInvalidValue)
+		e.Note = c.p.opts.needs(FeatCPUS, "CPUS{list}")
+		return 0, e
 	case at(s, i) == '\'' || at(s, i) == '"':
 		return c.quoted(i)
 	case isDigit(at(s, i)) || at(s, i) == '-':
