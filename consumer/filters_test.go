@@ -105,6 +105,12 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		{"sched:sched_process_exec", `filename == "` + filepath.Join(execDir, "kcf-exec-bb") + `"`},
 		{"sched:sched_process_exec", `filename ~ "` + execDir + `*" && filename != "` + filepath.Join(execDir, "kcf-exec-a") + `"`},
 		{"sched:sched_process_exec", `filename ~ "*kcf-exec-*" && !(filename ~ "*-a")`},
+		// Globs on a __data_loc string that need the automaton.
+		{"sched:sched_process_exec", `filename ~ "*/kcf-exec-[ab]"`},
+		{"sched:sched_process_exec", `filename ~ "*kcf-exec-b?*"`},
+		{"sched:sched_process_exec", `filename ~ "` + execDir + `/kcf-?xec-*[!a]"`},
+		{"sched:sched_process_exec", `filename ~ "*[!/]*-exec-*-a" || filename ~ "*/kcf-*c"`},
+		{"sched:sched_process_exec", `filename ~ "*kcf-exec-*" && !(filename ~ "*exec-[a-b]")`},
 		// The exec'd processes switch out as they end.
 		{"sched:sched_switch", `prev_comm ~ "kcf-exec-*" && prev_pid > 0`},
 		{"sched:sched_switch", `(prev_comm ~ "kcf-exec-b*" || next_comm == "kcf-exec-c") && prev_prio >= 0`},
@@ -138,6 +144,7 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 	if name := userStringField(t, fs, "sys_enter_openat"); name != "" {
 		cases = append(cases,
 			struct{ event, expr string }{"syscalls:sys_enter_openat", name + ` ~ "*kcf-exec-b*"`},
+			struct{ event, expr string }{"syscalls:sys_enter_openat", name + ` ~ "*/kcf-exec-[bc]" || ` + name + ` ~ "*/kcf-exec-b?*"`},
 			struct{ event, expr string }{"syscalls:sys_enter_openat", name + ` ~ "` + execDir + `*" && ` + name + ` != "` + filepath.Join(execDir, "kcf-exec-c") + `"`})
 	}
 	for _, v := range []struct {

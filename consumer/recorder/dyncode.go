@@ -73,9 +73,11 @@ func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, erro
 	L := int32(len(pat))
 	switch p.Match {
 	case filter.MatchGlob:
-		// Unrolled over every byte the string may have, the automaton
-		// would outgrow a program's jumps.
-		return nil, fmt.Errorf("%s: a glob on a dynamic string: %w", p.Field.Name, errFilterUnsupported)
+		g, err := dynGlobCode(p, rec, at)
+		if err != nil {
+			return nil, err
+		}
+		return append(c, g...), nil
 	case filter.MatchFull:
 		// strcmp when n is 0, else strncmp over n, n at least L.
 		c = append(c, copyAt("", asm.R0, L+1, 0)...)

@@ -1,10 +1,15 @@
 package recorder
 
 import (
+	"encoding/binary"
+	"encoding/hex"
 	"fmt"
+	"strings"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/kconsume/kconsume/filter"
+	"golang.org/x/sys/unix"
 )
 
 // Globs (~ with *, ?, [...]) on fixed strings and COMM, compiled into
@@ -157,4 +162,198 @@ func classHas(e globElem) asm.Instructions {
 		c = append(c, asm.Xor.Imm(asm.R3, 1))
 	}
 	return c
+}
+
+// Globs on dynamic strings run the same automaton, as shift-and over a
+// table: entry b (globEntry bytes at b*globEntry) holds, for byte b,
+// the mask T of the states a non-* element matching b leads to, the
+// mask U of the * states b keeps (every * but on NUL), the mask V of the
+// accepting state (on NUL only), and S, the * states. The table is a
+// read-only array map the loader creates from the pattern named in the
+// reference (globTableRef).
+const (
+	globEntry = 32
+	globChunk = 64 // bytes copied and matched per loop round
+	// globMaxBytes bounds the bytes of a string a glob reads: the
+	// verifier walks every round of the loop, once for each way the
+	// program reaches the filter, and a program must stay under its
+	// million instructions with several globs.
+	globMaxBytes = 1024
+	globRefPfx   = "kc_glob:"
+	// The loop's spill slots, in dynStringCode's buffer above the chunk.
+	globMask, globRes, globPos, globOff, globLen = -24, -32, -40, -48, -56
+)
+
+// globTableRef returns the map reference of pattern pat's table.
+func globTableRef(pat string) string { return globRefPfx + hex.EncodeToString([]byte(pat)) }
+
+// dynGlobElems returns pat's elements with runs of * made one, which
+// then needs one closure step.
+func dynGlobElems(pat string) ([]globElem, error) {
+	elems, err := parseGlob(pat)
+	if err != nil {
+		return nil, err
+	}
+	out := elems[:0:0]
+	for _, e := range elems {
+		if e.kind == '*' && len(out) > 0 && out[len(out)-1].kind == '*' {
+			continue
+		}
+		out = append(out, e)
+	}
+	if len(out) > 62 {
+		return nil, fmt.Errorf("a glob of %d elements: %w", len(out), errFilterUnsupported)
+	}
+	return out, nil
+}
+
+// matches reports whether element e (not a *) takes byte b.
+func (e globElem) matches(b byte) bool {
+	switch e.kind {
+	case '?':
+		return true
+	case 'c':
+		return e.b == b
+	}
+	in := false
+	for _, r := range e.ranges {
+		in = in || r[0] <= b && b <= r[1]
+	}
+	return in != e.not
+}
+
+// globTable returns the table of pattern pat, as the map value the
+// reference names.
+func globTable(pat string) ([]byte, error) {
+	elems, err := dynGlobElems(pat)
+	if err != nil {
+		return nil, err
+	}
+	var S uint64
+	for j, e := range elems {
+		if e.kind == '*' {
+			S |= 1 << j
+		}
+	}
+	tab := make([]byte, 256*globEntry)
+	for b := range 256 {
+		var T, U, V uint64
+		for j, e := range elems {
+			if b != 0 && e.kind != '*' && e.matches(byte(b)) {
+				T |= 1 << (j + 1)
+			}
+		}
+		if b == 0 {
+			V = 1 << len(elems)
+		} else {
+			U = S
+		}
+		for k, v := range []uint64{T, U, V, S} {
+			binary.NativeEndian.PutUint64(tab[b*globEntry+8*k:], v)
+		}
+	}
+	return tab, nil
+}
+
+// globTables adds to spec the table map of every glob reference its
+// programs make. It fails for a reference whose pattern has no table.
+func globTables(spec *ebpf.CollectionSpec) error {
+	for _, ps := range spec.Programs {
+		for _, ins := range ps.Instructions {
+			ref := ins.Reference()
+			if !strings.HasPrefix(ref, globRefPfx) || spec.Maps[ref] != nil {
+				continue
+			}
+			pat, err := hex.DecodeString(ref[len(globRefPfx):])
+			if err != nil {
+				return fmt.Errorf("glob table %q: %w", ref, err)
+			}
+			tab, err := globTable(string(pat))
+			if err != nil {
+				return fmt.Errorf("glob table for %q: %w", pat, err)
+			}
+			spec.Maps[ref] = &ebpf.MapSpec{
+				Name: "kc_glob", Type: ebpf.Array, KeySize: 4, ValueSize: uint32(len(tab)), MaxEntries: 1,
+				Flags:    unix.BPF_F_RDONLY_PROG,
+				Contents: []ebpf.MapKV{{Key: uint32(0), Value: tab}},
+			}
+		}
+	}
+	return nil
+}
+
+// dynGlobCode matches the dynamic string of R9 bytes at offset R8 of the
+// record (dynStringCode's registers, checked to lie in it) with p's glob,
+// leaving the result in R0: it copies the string globChunk bytes at a
+// time to the stack, zero past its end, and steps the automaton a byte
+// at a time, branch-free, until the string ends or no state is left.
+// The string ends at its first NUL or after its n bytes, as filter.Match
+// (glob_match over the field's length) has it; a longer string than
+// globMaxBytes is taken to end there.
+func dynGlobCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error) {
+	elems, err := dynGlobElems(p.Pattern)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.Field.Name, err)
+	}
+	m := len(elems)
+	var start uint64 = 1
+	for j, e := range elems {
+		if e.kind == '*' && start&(1<<j) != 0 {
+			start |= 1 << (j + 1)
+		}
+	}
+	loop, fin, res := at+"_gloop", at+"_gfin", at+"_gres"
+	spill := func(off int16, r asm.Register) asm.Instruction { return asm.StoreMem(asm.R10, off, r, asm.DWord) }
+	fill := func(r asm.Register, off int16) asm.Instruction { return asm.LoadMem(r, asm.R10, off, asm.DWord) }
+	c := asm.Instructions{
+		spill(globOff, asm.R8), spill(globLen, asm.R9),
+		asm.LoadImm(asm.R1, int64(start), asm.DWord), spill(globMask, asm.R1),
+		asm.Mov.Imm(asm.R1, 0), spill(globRes, asm.R1), spill(globPos, asm.R1),
+		// R2: the bytes left, at most a chunk.
+		fill(asm.R4, globPos).WithSymbol(loop), fill(asm.R2, globLen), asm.Sub.Reg(asm.R2, asm.R4),
+		asm.JSLE.Imm(asm.R2, 0, fin),
+		// min(R2, globChunk) without a branch, which would have the
+		// verifier walk the chunk twice: R2 + ((R2-C) & (R2-C)>>63).
+		// The mask tells it the size is below 2C.
+		asm.Sub.Imm(asm.R2, globChunk), asm.Mov.Reg(asm.R1, asm.R2), asm.ArSh.Imm(asm.R1, 63),
+		asm.And.Reg(asm.R2, asm.R1), asm.Add.Imm(asm.R2, globChunk), asm.And.Imm(asm.R2, 2*globChunk-1),
+		asm.Mov.Imm(asm.R1, 0),
+	}
+	for k := 0; k < globChunk; k += 8 {
+		c = append(c, asm.StoreMem(asm.R10, int16(dynAt+k), asm.R1, asm.DWord))
+	}
+	c = append(c,
+		fill(asm.R3, globOff), asm.Add.Reg(asm.R3, asm.R4), asm.And.Imm(asm.R3, 0x1ffff), asm.Add.Reg(asm.R3, asm.R6),
+		asm.Mov.Reg(asm.R1, asm.R10), asm.Add.Imm(asm.R1, dynAt), asm.FnProbeReadKernel.Call(),
+		// A jump to the next instruction makes it a point where the
+		// verifier prunes: the two sizes above walk the chunk once.
+		asm.Ja.Label(at+"_gread"),
+		fill(asm.R8, globMask).WithSymbol(at+"_gread"), fill(asm.R9, globRes),
+		asm.LoadMapValue(asm.R5, 0, 0).WithReference(globTableRef(p.Pattern)),
+		asm.LoadMem(asm.R0, asm.R5, 24, asm.DWord))
+	for k := 0; k < globChunk; k++ {
+		c = append(c,
+			asm.LoadMem(asm.R1, asm.R10, int16(dynAt+k), asm.Byte), asm.LSh.Imm(asm.R1, 5),
+			asm.Mov.Reg(asm.R2, asm.R5), asm.Add.Reg(asm.R2, asm.R1),
+			// The string ended before this byte where it is NUL: keep
+			// whether the accepting state was reached.
+			asm.LoadMem(asm.R1, asm.R2, 16, asm.DWord), asm.And.Reg(asm.R1, asm.R8), asm.Or.Reg(asm.R9, asm.R1),
+			asm.LoadMem(asm.R4, asm.R2, 8, asm.DWord), asm.And.Reg(asm.R4, asm.R8),
+			asm.LoadMem(asm.R3, asm.R2, 0, asm.DWord),
+			asm.LSh.Imm(asm.R8, 1), asm.And.Reg(asm.R8, asm.R3), asm.Or.Reg(asm.R8, asm.R4),
+			asm.Mov.Reg(asm.R3, asm.R8), asm.And.Reg(asm.R3, asm.R0), asm.LSh.Imm(asm.R3, 1), asm.Or.Reg(asm.R8, asm.R3))
+	}
+	c = append(c,
+		spill(globMask, asm.R8), spill(globRes, asm.R9),
+		fill(asm.R4, globPos), asm.Add.Imm(asm.R4, globChunk), spill(globPos, asm.R4),
+		asm.JEq.Imm(asm.R8, 0, res),
+		asm.JLT.Imm(asm.R4, globMaxBytes, loop),
+		// The string's n bytes read without a NUL: it ends here.
+		fill(asm.R8, globMask).WithSymbol(fin), fill(asm.R9, globRes),
+		asm.LoadImm(asm.R1, int64(1)<<m, asm.DWord), asm.And.Reg(asm.R8, asm.R1), asm.Or.Reg(asm.R9, asm.R8),
+		asm.Mov.Reg(asm.R0, asm.R9).WithSymbol(res), asm.RSh.Imm(asm.R0, int32(m)), asm.And.Imm(asm.R0, 1))
+	if p.Not {
+		c = append(c, asm.Xor.Imm(asm.R0, 1))
+	}
+	return c, nil
 }

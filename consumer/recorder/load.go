@@ -319,6 +319,9 @@ func setVars(spec *ebpf.CollectionSpec, set map[string]any) error {
 // path that would go.
 func (l *loading) load() error {
 	r := l.r
+	if err := globTables(l.spec); err != nil {
+		return err
+	}
 	var err error
 	r.coll, err = Testing.NewCollection(l.spec)
 	for _, f := range fallbacks {

@@ -2,6 +2,7 @@ package recorder
 
 import (
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"strconv"
@@ -82,7 +83,10 @@ func (r *Recorder) ReplaceFilter(i int, f *tracefs.Format, flt *filter.Filter) e
 			return err
 		}
 	}
-	spec := &ebpf.CollectionSpec{Maps: r.spec.Maps, Programs: c.progs, Types: r.spec.Types}
+	spec := &ebpf.CollectionSpec{Maps: maps.Clone(r.spec.Maps), Programs: c.progs, Types: r.spec.Types}
+	if err := globTables(spec); err != nil {
+		return err
+	}
 	if !r.plan[PathOwnRings].on {
 		// As the load did to the programs it kept (setupRings):
 		// kernels before 5.12 refuse kc_area's atomics even unreached.
