@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"unsafe"
 
@@ -131,6 +132,23 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 			struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + fmt.Sprintf("((CPU & CPUS{0}) || whence & CPUS{1-%d})", cpu)},
 			struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + fmt.Sprintf("whence & CPUS{0,%d} && cpu != CPUS{0}", cpu)})
 	}
+	if since(6, 6) && runtime.NumCPU() < 3 {
+		t.Logf("%d CPUs: the cpumask filters need 3 (an IPI to one CPU is ipi_send_cpu, smp_call_function_many_cond); TestMaskMatchesMatch holds them to filter.Match", runtime.NumCPU())
+	}
+	if since(6, 6) && runtime.NumCPU() >= 3 {
+		// cpumask fields: the workload's membarrier IPIs to a thread
+		// of its own spinning on another CPU, while a third one runs
+		// one more (an IPI to a single CPU is ipi_send_cpu).
+		other := ipiTarget(cpu)
+		ipiCalls = 20
+		defer func() { ipiCalls = 0 }()
+		ipi := `comm == "kc-filter" && `
+		cases = append(cases,
+			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("cpumask & CPUS{%d}", other)},
+			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("cpumask == CPUS{%d}", other)},
+			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("cpumask != CPUS{%d}", other)},
+			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("(cpumask & CPUS{%d} || cpumask == CPUS{0-%d})", cpu, runtime.NumCPU()-1)})
+	}
 	if s, e, err := kernelFunc("schedule"); since(6, 2) && err == nil {
 		// Offsets inside schedule, at its start and just past it.
 		lseekExtra = [][3]uint64{{filterFdB, s + 5, 0}, {filterFdB, s, 0}, {filterFdB, e, 0}}
@@ -178,6 +196,9 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 					slices.Sort(theirs)
 					if !slices.Equal(ours, theirs) {
 						t.Fatalf("%s: %s: kconsume kept %q, ftrace %q", c.event, c.expr, ours, theirs)
+					}
+					if strings.Contains(c.expr, "cpumask & CPUS") && len(theirs) == 0 {
+						t.Fatalf("%s: %s: the workload's IPIs reached neither tracer", c.event, c.expr)
 					}
 					t.Logf("%s: %s: kept %q", c.event, c.expr, ours)
 				})
@@ -240,6 +261,9 @@ func filterBoth(t *testing.T, fs tracefs.FS, cfg Config, event, expr string, cpu
 		case "sys_enter_openat":
 			ours = append(ours, string(field(vals, userStringField(t, fs, ev.Name)).Text()))
 			return
+		case "ipi_send_cpumask":
+			ours = append(ours, cpuList(field(vals, "cpumask").Raw()))
+			return
 		}
 		ours = append(ours, fmt.Sprintf("%d/%d/%d", field(vals, "fd").Uint(0), field(vals, "offset").Uint(0), field(vals, "whence").Uint(0)))
 	})
@@ -257,6 +281,7 @@ var (
 	reExit   = regexp.MustCompile(`sys_lseek -> (0x[0-9a-f]+)`)
 	reSwitch = regexp.MustCompile(`prev_comm=(\S+) .* next_comm=(\S+) `)
 	reOpen   = regexp.MustCompile(`sys_openat\(.*"([^"]*)"`)
+	reIPI    = regexp.MustCompile(` cpumask=(\S+) callsite=`)
 )
 
 // ftraceKept returns what an ftrace instance's trace text kept, as
@@ -294,6 +319,11 @@ func ftraceKept(t *testing.T, name, text string) []string {
 			// print_syscall_enter shows the user string after the
 			// pointer, quoted.
 			if m := reOpen.FindStringSubmatch(line); m != nil {
+				out = append(out, m[1])
+			}
+			continue
+		case "ipi_send_cpumask":
+			if m := reIPI.FindStringSubmatch(line); m != nil {
 				out = append(out, m[1])
 			}
 			continue
@@ -409,7 +439,89 @@ func filterCalls(cpu int) error {
 			return err
 		}
 	}
-	return nil
+	return sendIPIs(cpu, ipiCalls)
+}
+
+// ipiCalls is how many membarrier IPIs filterCalls sends.
+var ipiCalls int
+
+// ipiTarget returns a CPU sendIPIs interrupts from cpu.
+func ipiTarget(cpu int) int { return (cpu + 1) % runtime.NumCPU() }
+
+// sendIPIs has n private expedited membarriers interrupt threads of the
+// process spinning on every CPU but cpu: each sends an IPI to the CPUs
+// where the process's threads run (membarrier_private_expedited), as
+// one ipi_send_cpumask event where they are two or more.
+func sendIPIs(cpu, n int) error {
+	const (
+		cmdPrivateExpedited         = 1 << 3
+		cmdRegisterPrivateExpedited = 1 << 4
+	)
+	if n == 0 {
+		return nil
+	}
+	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, cmdRegisterPrivateExpedited, 0, 0); errno != 0 {
+		return fmt.Errorf("membarrier register: %w", errno)
+	}
+	var spinning atomic.Int32
+	var stop atomic.Bool
+	others := runtime.NumCPU() - 1
+	done := make(chan error, others)
+	for k := range others {
+		go func() {
+			runtime.LockOSThread()
+			var set unix.CPUSet
+			set.Set((cpu + 1 + k) % runtime.NumCPU())
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				spinning.Add(1)
+				done <- err
+				return
+			}
+			spinning.Add(1)
+			for !stop.Load() {
+			}
+			done <- nil
+		}()
+	}
+	for spinning.Load() < int32(others) {
+		runtime.Gosched()
+	}
+	var err error
+	for range n {
+		if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, cmdPrivateExpedited, 0, 0); errno != 0 {
+			err = fmt.Errorf("membarrier: %w", errno)
+			break
+		}
+	}
+	stop.Store(true)
+	for range others {
+		if serr := <-done; serr != nil && err == nil {
+			err = serr
+		}
+	}
+	return err
+}
+
+// cpuList returns bitmap bits (bytes of a cpumask, CPU 0 first) as the
+// kernel prints a cpumask (%*pbl): ranges such as "0-2,5".
+func cpuList(bits []byte) string {
+	var parts []string
+	for cpu := 0; cpu < 8*len(bits); cpu++ {
+		if bits[cpu/8]&(1<<(cpu%8)) == 0 {
+			continue
+		}
+		end := cpu
+		for end+1 < 8*len(bits) && bits[(end+1)/8]&(1<<((end+1)%8)) != 0 {
+			end++
+		}
+		if end == cpu {
+			parts = append(parts, strconv.Itoa(cpu))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", cpu, end))
+		}
+		cpu = end
+	}
+	return strings.Join(parts, ",")
 }
 
 // keepName gives the calling thread back the name it has now when the

@@ -255,9 +255,12 @@ func predCode(p *filter.Pred, f *tracefs.Format, rec recAt, at string) (asm.Inst
 // cpusCode compares the CPU, or a scalar field read as a CPU number,
 // with a CPUS{} set, as filter.Match's evalCPUs does (the kernel's
 // filter_pred_cpu_cpumask and filter_pred_{8..64}_cpumask): & is true
-// when the CPU is in the set, != always, the others never. Cpumask
-// fields are not evaluated yet.
+// when the CPU is in the set, != always, the others never. A cpumask
+// field is maskCode's.
 func cpusCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error) {
+	if p.Field.Loc == filter.LocDataLoc || p.Field.Loc == filter.LocRelLoc {
+		return maskCode(p, rec, at)
+	}
 	switch p.Op {
 	case filter.OpNE:
 		return asm.Instructions{asm.Mov.Imm(asm.R0, 1)}, nil

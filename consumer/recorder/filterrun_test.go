@@ -30,12 +30,13 @@ func globRecord(str string, n int) []byte {
 	return rec
 }
 
-// globProg loads flt's compiled code (kc_field_filter's body) in a raw
-// tracepoint program that runs it on the ring record in a map and
-// returns its verdict, and the map.
-func globProg(t *testing.T, flt *filter.Filter) (*ebpf.Program, *ebpf.Map) {
+// filterRunner loads flt's compiled code for events of format f
+// (kc_field_filter's body) in a raw tracepoint program that runs it on
+// the ring record in a map, and returns a function that runs it on a
+// trace record and returns its verdict.
+func filterRunner(t *testing.T, f *tracefs.Format, flt *filter.Filter) func(rec []byte) bool {
 	t.Helper()
-	code, err := compileFilter(flt, globFormat, ringRec)
+	code, err := compileFilter(flt, f, ringRec)
 	if err != nil {
 		t.Fatalf("%s: %v", flt.Expr, err)
 	}
@@ -60,11 +61,12 @@ func globProg(t *testing.T, flt *filter.Filter) (*ebpf.Program, *ebpf.Map) {
 		t.Fatalf("%s: %v", flt.Expr, err)
 	}
 	t.Cleanup(coll.Close)
-	return coll.Programs["glob"], coll.Maps["rec"]
+	prog, m := coll.Programs["glob"], coll.Maps["rec"]
+	return func(rec []byte) bool { return runFilter(t, prog, m, rec) }
 }
 
-// runGlob returns the verdict of prog on trace record rec.
-func runGlob(t *testing.T, prog *ebpf.Program, m *ebpf.Map, rec []byte) bool {
+// runFilter returns the verdict of prog on trace record rec.
+func runFilter(t *testing.T, prog *ebpf.Program, m *ebpf.Map, rec []byte) bool {
 	t.Helper()
 	// The ring record lacks the trace record's bytes 2 and 3
 	// (layout.RingOff).
@@ -108,7 +110,7 @@ func TestDynGlobMatchesMatch(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", expr, err)
 			}
-			prog, m := globProg(t, flt)
+			run := filterRunner(t, globFormat, flt)
 			for k := range 60 {
 				l := rng.IntN(8)
 				if k%4 == 0 {
@@ -130,8 +132,53 @@ func TestDynGlobMatchesMatch(t *testing.T) {
 				}
 				rec := globRecord(str, n)
 				want := flt.Match(rec, "", 0)
-				if got := runGlob(t, prog, m, rec); got != want {
+				if got := run(rec); got != want {
 					t.Errorf("%s on %q (%d bytes): recorder %v, filter.Match %v", expr, str, n, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestMaskMatchesMatch runs CPUS{} predicates on a cpumask field
+// compiled into BPF over bitmaps of every length up to the kernel's
+// CPUs and past it, and holds each verdict to filter.Match.
+func TestMaskMatchesMatch(t *testing.T) {
+	testenv.RequireRoot(t)
+	f := &tracefs.Format{System: "ipi", Name: "ipi_send_cpumask", Fields: []tracefs.Field{
+		{Name: "cpumask", Type: "cpumask_t", Offset: 8, Size: 4, ArrayLen: -1, Loc: tracefs.DataLoc},
+	}}
+	rng := rand.New(rand.NewPCG(49, 2))
+	for _, nr := range []int{2, 8, 65, 130} {
+		for _, expr := range []string{"cpumask & CPUS{0}", "cpumask == CPUS{0}", "cpumask != CPUS{1}", "cpumask & CPUS{1,%d}",
+			"cpumask == CPUS{0-%d}", "cpumask != CPUS{0-%d}", "cpumask & CPUS{%d}"} {
+			if strings.Contains(expr, "%d") {
+				expr = fmt.Sprintf(expr, nr-1)
+			}
+			flt, err := filter.ParseOptions(expr, f, filter.Options{NrCPUs: nr})
+			if err != nil {
+				t.Fatalf("%s: %v", expr, err)
+			}
+			run := filterRunner(t, f, flt)
+			for k := range 40 {
+				n := rng.IntN(2 + nr/4)
+				bits := make([]byte, n)
+				for i := range bits {
+					switch k % 3 {
+					case 0:
+						bits[i] = byte(rng.Uint32())
+					case 1:
+						bits[i] = 0xff
+					}
+				}
+				if k%3 == 2 && n > 0 {
+					bits[0] = 1 << rng.IntN(2)
+				}
+				rec := make([]byte, 12+n)
+				binary.NativeEndian.PutUint32(rec[8:], uint32(n)<<16|12)
+				copy(rec[12:], bits)
+				if got, want := run(rec), flt.Match(rec, "", 0); got != want {
+					t.Errorf("%d CPUs: %s on %x: recorder %v, filter.Match %v", nr, expr, bits, got, want)
 				}
 			}
 		}
