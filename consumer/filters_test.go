@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -147,7 +148,7 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("cpumask & CPUS{%d}", other)},
 			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("cpumask == CPUS{%d}", other)},
 			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("cpumask != CPUS{%d}", other)},
-			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("(cpumask & CPUS{%d} || cpumask == CPUS{0-%d})", cpu, runtime.NumCPU()-1)})
+			struct{ event, expr string }{"ipi:ipi_send_cpumask", ipi + fmt.Sprintf("(cpumask & CPUS{%d} || !(cpumask == CPUS{%d}))", cpu, other)})
 	}
 	if s, e, err := kernelFunc("schedule"); since(6, 2) && err == nil {
 		// Offsets inside schedule, at its start and just past it.
@@ -323,8 +324,19 @@ func ftraceKept(t *testing.T, name, text string) []string {
 			}
 			continue
 		case "ipi_send_cpumask":
+			// A bitmask prints as hex words of 32 bits, the highest
+			// first (trace_print_bitmask_seq).
 			if m := reIPI.FindStringSubmatch(line); m != nil {
-				out = append(out, m[1])
+				words := strings.Split(m[1], ",")
+				var bits []byte
+				for k := len(words) - 1; k >= 0; k-- {
+					w, err := strconv.ParseUint(words[k], 16, 32)
+					if err != nil {
+						t.Fatalf("%q: %v", line, err)
+					}
+					bits = binary.LittleEndian.AppendUint32(bits, uint32(w))
+				}
+				out = append(out, cpuList(bits))
 			}
 			continue
 		}
