@@ -9,6 +9,7 @@
 
 #include "filter.h"
 #include "kc/event.h"
+#include "kc/fields.h"
 #include "kc/record.h"
 #include "kc/sys_user.h"
 #include "kc/syscall.h"
@@ -179,8 +180,13 @@ int kc_sys_user_fault(__u64 *ctx)
 		}
 	}
 	if (kc_sys_user_rec) {
+		/*
+		 * The generation is read with preemption off: the epoch that
+		 * moves it (kc_epoch_reached) is the CPU's.
+		 */
 		bpf_preempt_disable();
-		kc_sys_user_emit(regs, nr, key, info);
+		if (kc_gen_ok(info))
+			kc_sys_user_emit(regs, nr, key, info);
 		bpf_preempt_enable();
 	}
 	return 0;
