@@ -102,6 +102,10 @@ type row struct {
 	target    string
 	ok        func(res results, fig, ratio stat) bool // nil: no target
 	needRatio bool                                    // ok reads the ratio
+	// losses are counts of lost, dropped or skipped work in the
+	// measured run: the target is met only where each was 0 in every
+	// round, and its text says so.
+	losses []metric
 }
 
 type extra struct {
@@ -178,12 +182,41 @@ func (r row) line(res results) string {
 		ratio = fmt.Sprintf("%s × %s", rat, r.baseName)
 	}
 	verdict := r.target
+	if len(r.losses) > 0 {
+		verdict += ", nothing lost"
+	}
 	if r.ok != nil && (!r.needRatio || rat.n > 0) {
-		if r.ok(res, fig, rat) {
+		lost := r.lost(res)
+		switch {
+		case lost != "":
+			verdict += ": **missed** (" + lost + ")"
+		case r.ok(res, fig, rat):
 			verdict += ": met"
-		} else {
+		default:
 			verdict += ": **missed**"
 		}
 	}
 	return fmt.Sprintf("| %s | %s | %s | %s | `%s` |\n", r.what, text, ratio, verdict, r.cmd)
+}
+
+// lost returns what r's losses say was lost, "" when nothing was: the
+// rounds with a loss, or a count not reported at all.
+func (r row) lost(res results) string {
+	var out []string
+	for _, l := range r.losses {
+		v := res.get(l)
+		n := 0
+		for _, x := range v {
+			if x != 0 {
+				n++
+			}
+		}
+		switch {
+		case len(v) == 0:
+			out = append(out, l.unit+" not reported")
+		case n > 0:
+			out = append(out, fmt.Sprintf("%s in %d of %d rounds", l.unit, n, len(v)))
+		}
+	}
+	return strings.Join(out, ", ")
 }

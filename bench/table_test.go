@@ -31,3 +31,25 @@ func TestParseAndRender(t *testing.T) {
 		}
 	}
 }
+
+// TestLossesJudged holds a row with a loss count to missed wherever a
+// round lost work, whatever its figure, and to met only where none did.
+func TestLossesJudged(t *testing.T) {
+	res := results{}
+	for r, lost := range []string{"0", "3"} {
+		res.parse(r, strings.NewReader("BenchmarkTracepointCost-2 100 1 ns/op 50 kconsume-added-ns 0.5 added-cost-ratio "+lost+" kconsume-lost\n"))
+	}
+	if table := render(res, 2, 0); !strings.Contains(table, "≤ 0.85 × trace-cmd's, nothing lost: **missed** (kconsume-lost in 1 of 2 rounds)") {
+		t.Errorf("a lossy round is not judged:\n%s", table)
+	}
+	res = results{}
+	res.parse(0, strings.NewReader("BenchmarkTracepointCost-2 100 1 ns/op 50 kconsume-added-ns 0.5 added-cost-ratio 0 kconsume-lost\n"))
+	if table := render(res, 1, 0); !strings.Contains(table, "≤ 0.85 × trace-cmd's, nothing lost: met") {
+		t.Errorf("a round without loss is not met:\n%s", table)
+	}
+	res = results{}
+	res.parse(0, strings.NewReader("BenchmarkTracepointCost-2 100 1 ns/op 50 kconsume-added-ns 0.5 added-cost-ratio\n"))
+	if table := render(res, 1, 0); !strings.Contains(table, "**missed** (kconsume-lost not reported)") {
+		t.Errorf("a missing loss count is not judged:\n%s", table)
+	}
+}
