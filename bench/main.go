@@ -44,6 +44,7 @@ var families = []family{
 	{"./cmd/kconsume", "^BenchmarkIdle$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkSaturation$", "1x"},
 	{"./relayd", "^BenchmarkStream$", "4000000x"},
+	{"./relayd", "^BenchmarkStream(Paced|Lossless)$", "4000000x"},
 	{"./statedump", "^BenchmarkStatedump1000$", "3x"},
 }
 

@@ -2,6 +2,10 @@ package relayd
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -71,3 +75,192 @@ func benchStream(b *testing.B, sink relayfmt.Sink) {
 	b.ReportMetric(float64(st.Records)*float64(size+relayfmt.CompactHeaderSize)/el.Seconds()/1e9, "GB/s")
 	b.ReportMetric(float64(st.Dropped)/float64(b.N), "dropped/op")
 }
+
+// streamTargets are where the paced benchmarks stream to: a local
+// directory and a real lttng-relayd on loopback.
+var streamTargets = []string{"disk", "relayd"}
+
+// streamOpener returns a function that makes the sink of one run to
+// target, named run, and a function that counts the events in the files
+// the run wrote and removes them; for relayd it starts one lttng-relayd
+// for all the runs of b.
+func streamOpener(b *testing.B, target string) func(run string) (relayfmt.Sink, func() uint64) {
+	if target == "disk" {
+		return func(string) (relayfmt.Sink, func() uint64) {
+			dir, err := os.MkdirTemp(b.TempDir(), "run")
+			if err != nil {
+				b.Fatal(err)
+			}
+			s, err := relayfmt.NewDirSink(dir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return s, func() uint64 { return countEvents(b, dir, dir) }
+		}
+	}
+	r := testenv.StartRelayd(b)
+	u, err := ParseURL(r.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return func(run string) (relayfmt.Sink, func() uint64) {
+		s, err := NewSink(context.Background(), Config{URL: u, Session: Session{Host: "bench", Name: run}, Streams: []string{"trace0"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s, func() uint64 {
+			sess := r.SessionDir(b, "bench", run)
+			return countEvents(b, filepath.Join(sess, DomainPath), sess)
+		}
+	}
+}
+
+// pacedStream offers n 64-byte records at rate records a second (in
+// bursts of 1000) to a channel of 16 × 1 MiB sub-buffers whose packets
+// go to sink, and returns how many the channel dropped, every sub-buffer
+// still waiting for the sink, and the rate it wrote at (below rate
+// where the writer cannot go faster).
+func pacedStream(b *testing.B, sink relayfmt.Sink, n int, rate float64) (dropped uint64, wrote float64) {
+	const size, burst = 64, 1000
+	c, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 1 << 20, NSubbufs: 16, CPUs: 1}, sink)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cls, err := c.AddEventClass("rec", []relayfmt.Field{relayfmt.ArrayField("data", relayfmt.U8, size)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, size)
+	start := time.Now()
+	ts := uint64(1)
+	for i := 0; i < n; i += burst {
+		for k := 0; k < burst && i+k < n; k++ {
+			_ = c.Write(0, ts, cls.ID, payload) // drops are counted below
+			ts += 7
+		}
+		if d := time.Until(start.Add(time.Duration(float64(i+burst) / rate * 1e9))); d > 0 {
+			time.Sleep(d)
+		}
+	}
+	wrote = float64(n) / time.Since(start).Seconds()
+	if err := c.Close(); err != nil {
+		b.Fatal(err)
+	}
+	st, _ := c.StatsCPU(0)
+	return st.Dropped, wrote
+}
+
+// countEvents returns the events of the trace in dir, as its reader
+// finds them, and removes the directory gone (the trace's or above).
+func countEvents(b *testing.B, dir, gone string) uint64 {
+	defer os.RemoveAll(gone)
+	t, err := relayfmt.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := t.Merge()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	var n uint64
+	for m.Next() {
+		if m.Item().Kind == relayfmt.EventItem {
+			n++
+		}
+	}
+	if err := m.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// streamRate is the offered rate of BenchmarkStreamPaced, records a
+// second: KCONSUME_STREAM_RATE, or 4 M (a quarter of the channel's
+// full-speed rate into a local directory on the 2-core VMs of
+// BENCHMARKS.md).
+func streamRate(b *testing.B) float64 {
+	if s := os.Getenv("KCONSUME_STREAM_RATE"); s != "" {
+		r, err := strconv.ParseFloat(s, 64)
+		if err != nil || r <= 0 {
+			b.Fatalf("KCONSUME_STREAM_RATE=%q: want records a second", s)
+		}
+		return r
+	}
+	return 4e6
+}
+
+// BenchmarkStreamPaced offers b.N 64-byte records at streamRate to a
+// local directory and to a real lttng-relayd on loopback, and reports
+// the share of them in the files each wrote (delivered-%, counted by
+// reading the trace back) and the share the channel dropped: whether
+// streaming delivers what writing locally does at one rate.
+func BenchmarkStreamPaced(b *testing.B) {
+	rate := streamRate(b)
+	for _, target := range streamTargets {
+		b.Run(target, func(b *testing.B) {
+			open := streamOpener(b, target)
+			sink, count := open(fmt.Sprintf("paced-%d", time.Now().UnixNano()))
+			dropped, wrote := pacedStream(b, sink, b.N, rate)
+			got := count()
+			b.ReportMetric(100*float64(got)/float64(b.N), "delivered-%")
+			b.ReportMetric(100*float64(dropped)/float64(b.N), "dropped-%")
+			b.ReportMetric(wrote/1e6, "offered-Mrec/s")
+		})
+	}
+}
+
+// BenchmarkStreamLossless finds, for a local directory and a real
+// lttng-relayd on loopback, the highest rate at which every one of
+// 1.5 M records lands in the files: offered from 0.5 M records a second,
+// doubled to the first loss (or until the writer cannot go faster),
+// then the gap halved six times. It reports the rate written at in the
+// fastest lossless run (lossless-Mrec/s); b.N is ignored.
+func BenchmarkStreamLossless(b *testing.B) {
+	const n = 1_500_000
+	for _, target := range streamTargets {
+		b.Run(target, func(b *testing.B) {
+			open := streamOpener(b, target)
+			trial := 0
+			best := 0.0
+			// lossless runs a trial at rate: whether nothing was lost,
+			// and whether the writer kept the pace.
+			lossless := func(rate float64) (ok, paced bool) {
+				trial++
+				sink, count := open(fmt.Sprintf("lossless-%d-%d", time.Now().UnixNano(), trial))
+				dropped, wrote := pacedStream(b, sink, n, rate)
+				ok = dropped == 0 && count() == n
+				if ok && wrote > best {
+					best = wrote
+				}
+				return ok, wrote >= 0.9*rate
+			}
+			lo, hi := 0.0, 0.5e6
+			for {
+				ok, paced := lossless(hi)
+				if !ok {
+					break
+				}
+				lo = hi
+				if !paced {
+					// Writer-bound: no faster offer is lossless or not.
+					hi = lo
+					break
+				}
+				hi *= 2
+			}
+			for i := 0; i < 6 && hi > lo; i++ {
+				if mid := (lo + hi) / 2; must(lossless(mid)) {
+					lo = mid
+				} else {
+					hi = mid
+				}
+			}
+			b.ReportMetric(best/1e6, "lossless-Mrec/s")
+			b.ReportMetric(float64(trial), "trials")
+		})
+	}
+}
+
+// must returns a trial's first result.
+func must(ok, _ bool) bool { return ok }
