@@ -110,7 +110,6 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 		// Globs on a __data_loc string that need the automaton.
 		{"sched:sched_process_exec", `filename ~ "*/kcf-exec-[ab]"`},
 		{"sched:sched_process_exec", `filename ~ "*kcf-exec-b?*"`},
-		{"sched:sched_process_exec", `filename ~ "` + execDir + `/kcf-?xec-*[!a]"`},
 		{"sched:sched_process_exec", `filename ~ "*[!/]*-exec-*-a" || filename ~ "*/kcf-*c"`},
 		{"sched:sched_process_exec", `filename ~ "*kcf-exec-*" && !(filename ~ "*exec-[a-b]")`},
 		// The exec'd processes switch out as they end.
@@ -124,7 +123,12 @@ func TestFieldFilterMatchesFtrace(t *testing.T) {
 	// comm ~ "*[!a-z-]*" kept "kc-filter" there (seen in the 6.1 guest).
 	// The recorder does as the newest kernels do.
 	if since(6, 12) {
-		cases = append(cases, struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + `!(comm ~ "*[!a-z-]*")`})
+		// The same on a __data_loc string: 5.10's glob_match let
+		// "*[!a]" match the NUL that ends "…-a" (seen in the 5.10
+		// guest, where it kept all four execs).
+		cases = append(cases,
+			struct{ event, expr string }{"syscalls:sys_enter_lseek", lseek + `!(comm ~ "*[!a-z-]*")`},
+			struct{ event, expr string }{"sched:sched_process_exec", `filename ~ "` + execDir + `/kcf-?xec-*[!a]"`})
 	}
 	if since(6, 6) {
 		// CPUS{} lists: the CPU, and a scalar field read as a CPU.
