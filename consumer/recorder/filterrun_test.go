@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/rlimit"
 
 	"github.com/kconsume/kconsume/consumer/layout"
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -36,6 +37,10 @@ func globRecord(str string, n int) []byte {
 // trace record and returns its verdict.
 func filterRunner(t *testing.T, f *tracefs.Format, flt *filter.Filter) func(rec []byte) bool {
 	t.Helper()
+	// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatal(err)
+	}
 	code, err := compileFilter(flt, f, ringRec)
 	if err != nil {
 		t.Fatalf("%s: %v", flt.Expr, err)
