@@ -44,8 +44,10 @@ func BenchmarkStream(b *testing.B) {
 	})
 }
 
-func benchStream(b *testing.B, sink relayfmt.Sink) {
-	const size = 64
+// streamChannel returns a channel of 16 × 1 MiB sub-buffers on one CPU
+// whose packets go to sink, the id of its one event class (size bytes),
+// and a payload.
+func streamChannel(b *testing.B, sink relayfmt.Sink, size int) (*relayfmt.Channel, uint32, []byte) {
 	c, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 1 << 20, NSubbufs: 16, CPUs: 1}, sink)
 	if err != nil {
 		b.Fatal(err)
@@ -54,13 +56,18 @@ func benchStream(b *testing.B, sink relayfmt.Sink) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	payload := make([]byte, size)
+	return c, cls.ID, make([]byte, size)
+}
+
+func benchStream(b *testing.B, sink relayfmt.Sink) {
+	const size = 64
+	c, id, payload := streamChannel(b, sink, size)
 	b.SetBytes(size + relayfmt.CompactHeaderSize)
 	b.ResetTimer()
 	start := time.Now()
 	ts := uint64(1)
 	for range b.N {
-		_ = c.Write(0, ts, cls.ID, payload) // drops are counted below
+		_ = c.Write(0, ts, id, payload) // drops are counted below
 		ts += 7
 	}
 	// Flushed and written out: the time includes getting every packet
@@ -122,20 +129,12 @@ func streamOpener(b *testing.B, target string) func(run string) (relayfmt.Sink, 
 // where the writer cannot go faster).
 func pacedStream(b *testing.B, sink relayfmt.Sink, n int, rate float64) (dropped uint64, wrote float64) {
 	const size, burst = 64, 1000
-	c, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 1 << 20, NSubbufs: 16, CPUs: 1}, sink)
-	if err != nil {
-		b.Fatal(err)
-	}
-	cls, err := c.AddEventClass("rec", []relayfmt.Field{relayfmt.ArrayField("data", relayfmt.U8, size)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	payload := make([]byte, size)
+	c, id, payload := streamChannel(b, sink, size)
 	start := time.Now()
 	ts := uint64(1)
 	for i := 0; i < n; i += burst {
 		for k := 0; k < burst && i+k < n; k++ {
-			_ = c.Write(0, ts, cls.ID, payload) // drops are counted below
+			_ = c.Write(0, ts, id, payload) // drops are counted below
 			ts += 7
 		}
 		if d := time.Until(start.Add(time.Duration(float64(i+burst) / rate * 1e9))); d > 0 {

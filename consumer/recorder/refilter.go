@@ -244,15 +244,7 @@ func (p *rawPath) recorded(i int) bool {
 // filters of all the raw path's events, i's new one among them, which
 // take over every raw-path event at once.
 func (p *rawPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.Filter) (*refilter, error) {
-	flts, formats := map[int]*filter.Filter{}, map[int]*tracefs.Format{}
-	for k := range p.slots {
-		if kf := r.tp.filter(k); kf != nil && k != i {
-			flts[k], formats[k] = kf, r.tp.formats[k]
-		}
-	}
-	if flt != nil {
-		flts[i], formats[i] = flt, f
-	}
+	flts, formats := sharedFilters(r, slices.Collect(maps.Keys(p.slots)), i, f, flt)
 	code, err := sysDispatch(flts, formats, false)
 	if err != nil {
 		return nil, err
@@ -324,18 +316,42 @@ func (p *rawPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.Fi
 func infoSwitch(r *Recorder, i int, filtered bool) func(cur, next, at uint32) error {
 	info := r.coll.Maps[gen.RingbufMapKcTpInfoMap]
 	return func(cur, next, at uint32) error {
-		var ti gen.RingbufKcTpInfo
-		if err := info.Lookup(uint32(i), &ti); err != nil {
-			return err
-		}
-		ti.Gen, ti.GenNext, ti.SwitchAt = cur, next, at
-		if filtered {
-			ti.Flags |= tpFiltered
-		} else if cur == next && at == 0 {
-			ti.Flags &^= tpFiltered
-		}
-		return info.Put(uint32(i), ti)
+		return putSwitch(info, i, cur, next, at, true, filtered)
 	}
+}
+
+// putSwitch writes the generations cur and next and the epoch at into
+// event key i's kc_tp_info entry; where changed says its filter is the
+// one changing, it marks the entry filtered while either generation may
+// run, and after as filtered says.
+func putSwitch(info *ebpf.Map, i int, cur, next, at uint32, changed, filtered bool) error {
+	var ti gen.RingbufKcTpInfo
+	if err := info.Lookup(uint32(i), &ti); err != nil {
+		return err
+	}
+	ti.Gen, ti.GenNext, ti.SwitchAt = cur, next, at
+	if changed && filtered {
+		ti.Flags |= tpFiltered
+	} else if changed && cur == next && at == 0 {
+		ti.Flags &^= tpFiltered
+	}
+	return info.Put(uint32(i), ti)
+}
+
+// sharedFilters returns the filters and formats of the events keys that
+// one program serves, with event i's filter flt (of format f) in place
+// of its own.
+func sharedFilters(r *Recorder, keys []int, i int, f *tracefs.Format, flt *filter.Filter) (map[int]*filter.Filter, map[int]*tracefs.Format) {
+	flts, formats := map[int]*filter.Filter{}, map[int]*tracefs.Format{}
+	for _, k := range keys {
+		if kf := r.tp.filter(k); kf != nil && k != i {
+			flts[k], formats[k] = kf, r.tp.formats[k]
+		}
+	}
+	if flt != nil {
+		flts[i], formats[i] = flt, f
+	}
+	return flts, formats
 }
 
 // keepLater keeps coll, the copy a change loaded for event key i, whose

@@ -302,15 +302,7 @@ func (u *userPath) recorded(i int) bool { return u.link != nil && slices.Contain
 // the events it records, i's new one among them, which takes over every
 // one of those events at the switch.
 func (u *userPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.Filter) (*refilter, error) {
-	flts, formats := map[int]*filter.Filter{}, map[int]*tracefs.Format{}
-	for _, k := range u.keys {
-		if kf := r.tp.filter(k); kf != nil && k != i {
-			flts[k], formats[k] = kf, r.tp.formats[k]
-		}
-	}
-	if flt != nil {
-		flts[i], formats[i] = flt, f
-	}
+	flts, formats := sharedFilters(r, u.keys, i, f, flt)
 	code, err := sysDispatch(flts, formats, true)
 	if err != nil {
 		return nil, err
@@ -330,19 +322,7 @@ func (u *userPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.F
 		setSwitch: func(cur, next, at uint32) error {
 			info := r.coll.Maps[gen.RingbufMapKcTpInfoMap]
 			for _, k := range u.keys {
-				var ti gen.RingbufKcTpInfo
-				if err := info.Lookup(uint32(k), &ti); err != nil {
-					return err
-				}
-				ti.Gen, ti.GenNext, ti.SwitchAt = cur, next, at
-				// Filtered while either generation may run; after,
-				// as the new one's filter says.
-				if k == i && flt != nil {
-					ti.Flags |= tpFiltered
-				} else if k == i && cur == next && at == 0 {
-					ti.Flags &^= tpFiltered
-				}
-				if err := info.Put(uint32(k), ti); err != nil {
+				if err := putSwitch(info, k, cur, next, at, k == i, flt != nil); err != nil {
 					return err
 				}
 			}
