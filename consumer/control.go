@@ -233,9 +233,10 @@ func (s *Session) Drainer() DrainerStats { return s.dr.counts.load() }
 // across the change. It fails with ErrConfig, naming the event, the
 // position and the reason, for an expression the kernel or the recorder
 // refuses or a pattern that names no recorded event, for an event
-// recorded by a program whose filter cannot change (a user's object),
-// and with ErrClosed after Close; the events whose filter it did not
-// change keep theirs.
+// recorded by a program whose filter cannot change (a user's object, or
+// the page-in program of syscall events with user-space strings), and
+// with ErrClosed after Close; the events whose filter it did not change
+// keep theirs.
 func (s *Session) SetFilter(pattern, expr string) error {
 	s.gateMu.Lock()
 	defer s.gateMu.Unlock()

@@ -9,7 +9,6 @@
 
 #include "filter.h"
 #include "kc/event.h"
-#include "kc/fields.h"
 #include "kc/record.h"
 #include "kc/sys_user.h"
 #include "kc/syscall.h"
@@ -180,13 +179,8 @@ int kc_sys_user_fault(__u64 *ctx)
 		}
 	}
 	if (kc_sys_user_rec) {
-		/*
-		 * The generation is read with preemption off: the epoch that
-		 * moves it (kc_epoch_reached) is the CPU's.
-		 */
 		bpf_preempt_disable();
-		if (kc_gen_ok(info))
-			kc_sys_user_emit(regs, nr, key, info);
+		kc_sys_user_emit(regs, nr, key, info);
 		bpf_preempt_enable();
 	}
 	return 0;

@@ -276,7 +276,7 @@ func (r *Recorder) CPUDisabled(cpu int) bool {
 func (r *Recorder) Missed() (all, lost uint64) {
 	// The copies a filter change loaded record events as the others do.
 	lost = r.tp.laterMissed()
-	all = r.objs.missed() + lost + r.raw.later.missed(&r.tp.laterMu) + r.user.later.missed(&r.tp.laterMu)
+	all = r.objs.missed() + lost + r.raw.laterMissed(&r.tp.laterMu)
 	// kc_tp* are kc_tracepoint's copies: per event (kc_tp_N), by size
 	// (kc_tp_sN) and filtered (kc_tpf_N).
 	for name, p := range r.coll.Programs {
@@ -360,8 +360,7 @@ func (r *Recorder) Detach() []error {
 func (r *Recorder) Close() {
 	_ = r.Detach()
 	r.tp.close()
-	r.raw.later.close(&r.tp.laterMu)
-	r.user.later.close(&r.tp.laterMu)
+	r.raw.close(&r.tp.laterMu)
 	for _, m := range r.rings {
 		_ = m.Close()
 	}

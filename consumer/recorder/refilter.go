@@ -71,8 +71,6 @@ func (r *Recorder) ReplaceFilter(i int, f *tracefs.Format, flt *filter.Filter) e
 		c, err = r.raw.refilter(r, i, f, flt)
 	case r.btf.links[i] != nil:
 		c, err = r.btf.refilter(r, i, f, flt)
-	case r.user.recorded(i):
-		c, err = r.user.refilter(r, i, f, flt)
 	default:
 		return fmt.Errorf("event %s is recorded by %s, whose filter cannot change", f.FullName(), r.tpProgs[i])
 	}
@@ -301,7 +299,13 @@ func (p *rawPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.Fi
 		},
 		old: old,
 		done: func(next uint32, links []link.Link, coll *ebpf.Collection) {
-			p.later.keep(&r.tp.laterMu, coll)
+			r.tp.laterMu.Lock()
+			if p.later != nil {
+				p.gone += programsMissed(p.later)
+				p.later.Close()
+			}
+			p.later = coll
+			r.tp.laterMu.Unlock()
 			for k, dir := range dirs {
 				p.links[dir] = links[k]
 			}

@@ -75,11 +75,12 @@ type rawPath struct {
 	perf  bool           // on the perf tracepoints raw_syscalls:* instead (preempt.go)
 	slots map[int]uint32 // each recorded event key's slot in kc_sys_keys
 	// links are the attached programs' (enter, exit), gen their
-	// generation, and later the programs a change of filter loaded
-	// (refilter.go).
+	// generation, and later the collection of those a change of filter
+	// loaded (refilter.go).
 	links [2]link.Link
 	gen   uint32
-	later laterCopies
+	later *ebpf.Collection
+	gone  uint64 // the misses of the later programs closed
 }
 
 // rawSysPossible returns why the raw syscall path cannot run here, or
@@ -213,40 +214,28 @@ func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, erro
 	return progs, nil
 }
 
-// laterCopies is the collection of the programs the last change of
-// filter loaded for a path whose programs serve many events, and the
-// recursion misses of those it replaced.
-type laterCopies struct {
-	coll *ebpf.Collection
-	gone uint64
-}
-
-// keep makes coll the later copies, closing those before; mu guards
-// them against the drainer's missed.
-func (l *laterCopies) keep(mu *sync.Mutex, coll *ebpf.Collection) {
+// laterMissed returns the recursion misses of the raw programs a change
+// of filter loaded, those closed included; mu guards them.
+func (p *rawPath) laterMissed(mu *sync.Mutex) uint64 {
 	mu.Lock()
 	defer mu.Unlock()
-	if l.coll != nil {
-		l.gone += programsMissed(l.coll)
-		l.coll.Close()
-	}
-	l.coll = coll
-}
-
-// missed returns the recursion misses of the later copies, those closed
-// included.
-func (l *laterCopies) missed(mu *sync.Mutex) uint64 {
-	mu.Lock()
-	defer mu.Unlock()
-	n := l.gone
-	if l.coll != nil {
-		n += programsMissed(l.coll)
+	n := p.gone
+	if p.later != nil {
+		n += programsMissed(p.later)
 	}
 	return n
 }
 
-// close closes the later copies.
-func (l *laterCopies) close(mu *sync.Mutex) { l.keep(mu, nil) }
+// close closes the raw programs a change of filter loaded.
+func (p *rawPath) close(mu *sync.Mutex) {
+	mu.Lock()
+	defer mu.Unlock()
+	if p.later != nil {
+		p.gone += programsMissed(p.later)
+		p.later.Close()
+		p.later = nil
+	}
+}
 
 // attachProg attaches prog, a copy of kc_sys_enter (dir 0) or
 // kc_sys_exit (dir 1), to its tracepoint.

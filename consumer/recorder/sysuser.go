@@ -3,7 +3,6 @@ package recorder
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -12,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
-	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
 )
 
@@ -187,13 +185,6 @@ type userPath struct {
 	// tp when kc_tracepoint fills user-space fields, for the others.
 	rec bool
 	tp  bool
-	// link is kc_sys_user_fault's, keys the events it records, gen the
-	// generation of the copy attached, and later the copies a change of
-	// filter loaded (refilter).
-	link  link.Link
-	keys  []int
-	gen   uint32
-	later laterCopies
 }
 
 // setup readies spec for the recorded events with user-space
@@ -270,7 +261,6 @@ func (u *userPath) attach(r *Recorder, formats []*tracefs.Format, users []*SysUs
 		}
 		if u.rec {
 			progs[i] = gen.RingbufProgKcSysUserFault
-			u.keys = append(u.keys, i)
 		}
 	}
 	l, err := link.AttachTracing(link.TracingOptions{Program: prog})
@@ -279,7 +269,6 @@ func (u *userPath) attach(r *Recorder, formats []*tracefs.Format, users []*SysUs
 		return u.failed(r, formats)
 	}
 	r.links = append(r.links, l)
-	u.link = l
 	r.plan[PathUserFault].on = true
 	return progs, nil
 }
@@ -292,47 +281,4 @@ func (u *userPath) failed(r *Recorder, formats []*tracefs.Format) ([]string, err
 		return nil, fmt.Errorf("%w: syscall events with user-space fields: %w (--syscalls tracepoint records them without paging memory in)", ErrNotSupported, r.plan[PathUserFault].why)
 	}
 	return make([]string, len(formats)), nil
-}
-
-// recorded reports whether kc_sys_user_fault records event key i.
-func (u *userPath) recorded(i int) bool { return u.link != nil && slices.Contains(u.keys, i) }
-
-// refilter changes the filter of syscall event key i, which
-// kc_sys_user_fault records: a new copy of it with the filters of all
-// the events it records, i's new one among them, which takes over every
-// one of those events at the switch.
-func (u *userPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter.Filter) (*refilter, error) {
-	flts, formats := sharedFilters(r, u.keys, i, f, flt)
-	code, err := sysDispatch(flts, formats, true)
-	if err != nil {
-		return nil, err
-	}
-	name := gen.RingbufProgKcSysUserFault
-	ps := r.spec.Programs[name].Copy()
-	if !replaceFunc(ps, userFilterFunc, code) {
-		return nil, fmt.Errorf("recorder program %s has no %s", name, userFilterFunc)
-	}
-	return &refilter{
-		progs: map[string]*ebpf.ProgramSpec{name: ps},
-		cur:   u.gen,
-		attach: func(coll *ebpf.Collection) ([]link.Link, error) {
-			l, err := attachTracing(coll.Programs[name])
-			return []link.Link{l}, err
-		},
-		setSwitch: func(cur, next, at uint32) error {
-			info := r.coll.Maps[gen.RingbufMapKcTpInfoMap]
-			for _, k := range u.keys {
-				if err := putSwitch(info, k, cur, next, at, k == i, flt != nil); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-		old: []link.Link{u.link},
-		done: func(next uint32, links []link.Link, coll *ebpf.Collection) {
-			u.later.keep(&r.tp.laterMu, coll)
-			u.link = links[0]
-			u.gen = next
-		},
-	}, nil
 }
