@@ -186,7 +186,7 @@ func TestKernelVerdicts(t *testing.T) {
 			// (a trailing && or ||, which it reads with a meaning of its
 			// own): it is held to the older verdict, Parse refuses on
 			// every kernel.
-			if kv.accepted != true {
+			if !kv.accepted {
 				t.Errorf("%s: %q: kernel %s (without %s): accepted=%v (%v %q)", r.event, r.expr, rel, r.feat, kv.accepted, kv.errno, kv.text)
 			} else {
 				agree++

@@ -249,7 +249,8 @@ func BenchmarkStreamLossless(b *testing.B) {
 				hi *= 2
 			}
 			for i := 0; i < 6 && hi > lo; i++ {
-				if mid := (lo + hi) / 2; must(lossless(mid)) {
+				mid := (lo + hi) / 2
+				if ok, _ := lossless(mid); ok {
 					lo = mid
 				} else {
 					hi = mid
@@ -260,6 +261,3 @@ func BenchmarkStreamLossless(b *testing.B) {
 		})
 	}
 }
-
-// must returns a trial's first result.
-func must(ok, _ bool) bool { return ok }

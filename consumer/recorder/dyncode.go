@@ -15,11 +15,9 @@ const (
 	dynAt  = -16 - dynBuf
 )
 
-// dynStringCode matches a __data_loc or __rel_loc string: its location
-// word gives where its n bytes are, and a location outside the record
-// fails the whole filter, as the kernel's filter_match_preds would not
-// read there (filter.Match's bad record). A substring search looks at
-// the string's first dynBuf bytes.
+// dynStringCode matches a __data_loc or __rel_loc string, found by
+// dynLocCode. A substring search looks at the string's first dynBuf
+// bytes.
 func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error) {
 	pat := p.Pattern
 	if len(pat)+1 > dynBuf {
@@ -30,27 +28,6 @@ func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, erro
 		return nil, err
 	}
 	miss, hit, done := at+"_miss", at+"_hit", at+"_done"
-	// copyAt copies size bytes (sizeReg's, when size is 0) of the
-	// string from byte from (a register added to R8 when set) to the
-	// stack buffer; its first instruction is labelled label when set.
-	copyAt := func(label string, from asm.Register, size int32, sizeReg asm.Register) asm.Instructions {
-		cc := asm.Instructions{asm.Mov.Reg(asm.R3, asm.R8)}
-		if from != asm.R0 {
-			cc = append(cc, asm.Add.Reg(asm.R3, from))
-		}
-		cc = append(cc, asm.And.Imm(asm.R3, 0x1ffff), asm.Add.Reg(asm.R3, asm.R6),
-			asm.Mov.Reg(asm.R1, asm.R10), asm.Add.Imm(asm.R1, dynAt))
-		if size > 0 {
-			cc = append(cc, asm.Mov.Imm(asm.R2, size))
-		} else {
-			cc = append(cc, asm.Mov.Reg(asm.R2, sizeReg))
-		}
-		cc = append(cc, asm.FnProbeReadKernel.Call())
-		if label != "" {
-			cc[0] = cc[0].WithSymbol(label)
-		}
-		return cc
-	}
 	byteIs := func(k int, b byte) asm.Instructions {
 		return asm.Instructions{asm.LoadMem(asm.R1, asm.R10, int16(dynAt+k), asm.Byte), asm.JNE.Imm(asm.R1, int32(b), miss)}
 	}
@@ -64,7 +41,7 @@ func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, erro
 		return append(c, g...), nil
 	case filter.MatchFull:
 		// strcmp when n is 0, else strncmp over n, n at least L.
-		c = append(c, copyAt("", asm.R0, L+1, 0)...)
+		c = append(c, dynCopy("", asm.R0, L+1, 0)...)
 		c = append(c, asm.JEq.Imm(asm.R9, 0, at+"_nul"), asm.JLT.Imm(asm.R9, L, miss))
 		for k := range len(pat) {
 			c = append(c, byteIs(k, pat[k])...)
@@ -81,7 +58,7 @@ func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, erro
 		c = append(c, byteIs(len(pat), 0)[0].WithSymbol(at+"_end"), byteIs(len(pat), 0)[1], asm.Ja.Label(hit))
 	case filter.MatchFront:
 		c = append(c, asm.JEq.Imm(asm.R9, 0, at+"_cmp"), asm.JLT.Imm(asm.R9, L, miss))
-		c = append(c, copyAt(at+"_cmp", asm.R0, max(L, 1), 0)...)
+		c = append(c, dynCopy(at+"_cmp", asm.R0, max(L, 1), 0)...)
 		for k := range len(pat) {
 			c = append(c, byteIs(k, pat[k])...)
 		}
@@ -90,7 +67,7 @@ func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, erro
 		// The last L bytes of the n-1 the kernel takes the string to be.
 		c = append(c, asm.Mov.Reg(asm.R4, asm.R9), asm.Sub.Imm(asm.R4, L+1), asm.JSLT.Imm(asm.R4, 0, miss),
 			asm.Mov.Reg(asm.R9, asm.R4))
-		c = append(c, copyAt("", asm.R9, max(L, 1), 0)...)
+		c = append(c, dynCopy("", asm.R9, max(L, 1), 0)...)
 		for k := range len(pat) {
 			c = append(c, byteIs(k, pat[k])...)
 		}
@@ -105,7 +82,7 @@ func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, erro
 		for k := 0; k < dynBuf; k += 8 {
 			c = append(c, asm.StoreMem(asm.R10, int16(dynAt+k), asm.R1, asm.DWord))
 		}
-		c = append(c, copyAt("", asm.R0, 0, asm.R9)...)
+		c = append(c, dynCopy("", asm.R0, 0, asm.R9)...)
 		for st := 0; st+len(pat) <= dynBuf; st++ {
 			next := fmt.Sprintf("%s_at%d", at, st+1)
 			c = append(c, asm.JLT.Imm(asm.R9, int32(st+len(pat)), miss))
@@ -124,6 +101,29 @@ func dynStringCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, erro
 		asm.Mov.Imm(asm.R0, no).WithSymbol(miss), asm.Ja.Label(done),
 		asm.Mov.Imm(asm.R0, yes).WithSymbol(hit),
 		nop().WithSymbol(done)), nil
+}
+
+// dynCopy copies size bytes (sizeReg's, when size is 0) of the dynamic
+// data at offset R8 of the record (plus register from, unless it is R0)
+// to the stack buffer at dynAt; its first instruction is labelled label
+// when set.
+func dynCopy(label string, from asm.Register, size int32, sizeReg asm.Register) asm.Instructions {
+	c := asm.Instructions{asm.Mov.Reg(asm.R3, asm.R8)}
+	if from != asm.R0 {
+		c = append(c, asm.Add.Reg(asm.R3, from))
+	}
+	c = append(c, asm.And.Imm(asm.R3, 0x1ffff), asm.Add.Reg(asm.R3, asm.R6),
+		asm.Mov.Reg(asm.R1, asm.R10), asm.Add.Imm(asm.R1, dynAt))
+	if size > 0 {
+		c = append(c, asm.Mov.Imm(asm.R2, size))
+	} else {
+		c = append(c, asm.Mov.Reg(asm.R2, sizeReg))
+	}
+	c = append(c, asm.FnProbeReadKernel.Call())
+	if label != "" {
+		c[0] = c[0].WithSymbol(label)
+	}
+	return c
 }
 
 // dynLocCode reads the location word of p's __data_loc or __rel_loc
@@ -174,11 +174,8 @@ func maskCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error) {
 	for w := range words {
 		c = append(c, asm.StoreMem(asm.R10, int16(dynAt+8*w), asm.R1, asm.DWord))
 	}
-	c = append(c,
-		asm.JLE.Imm(asm.R9, int32(8*words), at+"_n"), asm.Mov.Imm(asm.R9, int32(8*words)),
-		asm.Mov.Reg(asm.R3, asm.R8).WithSymbol(at+"_n"), asm.And.Imm(asm.R3, 0x1ffff), asm.Add.Reg(asm.R3, asm.R6),
-		asm.Mov.Reg(asm.R1, asm.R10), asm.Add.Imm(asm.R1, dynAt), asm.Mov.Reg(asm.R2, asm.R9),
-		asm.FnProbeReadKernel.Call())
+	c = append(c, asm.JLE.Imm(asm.R9, int32(8*words), at+"_n"), asm.Mov.Imm(asm.R9, int32(8*words)))
+	c = append(c, dynCopy(at+"_n", asm.R0, 0, asm.R9)...)
 	for w := range words {
 		var want, valid uint64
 		for b := range 64 {

@@ -322,13 +322,10 @@ func dynGlobCode(p *filter.Pred, rec recAt, at string) (asm.Instructions, error)
 	for k := 0; k < globChunk; k += 8 {
 		c = append(c, asm.StoreMem(asm.R10, int16(dynAt+k), asm.R1, asm.DWord))
 	}
+	c = append(c, fill(asm.R8, globOff))
+	c = append(c, dynCopy("", asm.R4, 0, asm.R2)...)
 	c = append(c,
-		fill(asm.R3, globOff), asm.Add.Reg(asm.R3, asm.R4), asm.And.Imm(asm.R3, 0x1ffff), asm.Add.Reg(asm.R3, asm.R6),
-		asm.Mov.Reg(asm.R1, asm.R10), asm.Add.Imm(asm.R1, dynAt), asm.FnProbeReadKernel.Call(),
-		// A jump to the next instruction makes it a point where the
-		// verifier prunes: the two sizes above walk the chunk once.
-		asm.Ja.Label(at+"_gread"),
-		fill(asm.R8, globMask).WithSymbol(at+"_gread"), fill(asm.R9, globRes),
+		fill(asm.R8, globMask), fill(asm.R9, globRes),
 		asm.LoadMapValue(asm.R5, 0, 0).WithReference(globTableRef(p.Pattern)),
 		asm.LoadMem(asm.R0, asm.R5, 24, asm.DWord))
 	for k := 0; k < globChunk; k++ {

@@ -6,6 +6,7 @@ package elfsym
 
 import (
 	"bytes"
+	"cmp"
 	"debug/elf"
 	"encoding/binary"
 	"encoding/hex"
@@ -109,7 +110,7 @@ func rank(s elf.Symbol) int {
 func sorted(out []Symbol) []Symbol {
 	slices.SortFunc(out, func(a, b Symbol) int {
 		if a.Value != b.Value {
-			return compare(a.Value, b.Value)
+			return cmp.Compare(a.Value, b.Value)
 		}
 		if a.rank != b.rank {
 			return a.rank - b.rank
@@ -126,16 +127,6 @@ func sorted(out []Symbol) []Symbol {
 		}
 	}
 	return out
-}
-
-func compare(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // buildID returns the hex of f's NT_GNU_BUILD_ID note, or "".
@@ -228,7 +219,7 @@ func (o *Object) Vaddr(off uint64) (uint64, bool) {
 // Lookup returns the function holding virtual address vaddr and vaddr's
 // offset into it; ok is false where no function holds it.
 func (o *Object) Lookup(vaddr uint64) (s Symbol, off uint64, ok bool) {
-	i, found := slices.BinarySearchFunc(o.syms, vaddr, func(s Symbol, v uint64) int { return compare(s.Value, v) })
+	i, found := slices.BinarySearchFunc(o.syms, vaddr, func(s Symbol, v uint64) int { return cmp.Compare(s.Value, v) })
 	if !found {
 		i--
 	}

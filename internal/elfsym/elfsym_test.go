@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -107,10 +108,10 @@ func TestSymbolsMatchNm(t *testing.T) {
 			for a, names := range want {
 				for _, n := range names {
 					s, off, ok := o.Lookup(a)
-					if !ok || off != 0 || !contains(names, s.Name) {
+					if !ok || off != 0 || !slices.Contains(names, s.Name) {
 						t.Errorf("Lookup(%#x) = %q+%#x %v; nm names it %q", a, s.Name, off, ok, names)
 					}
-					if !contains(got[a], n) {
+					if !slices.Contains(got[a], n) {
 						t.Errorf("%s at %#x, which nm lists, is missing", n, a)
 					}
 				}
@@ -120,15 +121,6 @@ func TestSymbolsMatchNm(t *testing.T) {
 			}
 		})
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // TestResolveRunning names the runtime addresses a running PIE prints
