@@ -98,6 +98,13 @@ type Config struct {
 	// takes ring space. An event several filters name must pass all.
 	Filters []EventFilter
 
+	// Stacks record call chains with the events they name (docs/stacks.md):
+	// the kernel's, the user's or both, each a sequence of return
+	// addresses behind the event's fields. StackDepth bounds their
+	// frames (0: the kernel's limit, kernel.perf_event_max_stack).
+	Stacks     []EventStack
+	StackDepth int
+
 	// Dir receives the trace (metadata and trace<N> files); it must exist.
 	// Sink, when set, is used instead (tests, benchmarks).
 	Dir  string
@@ -150,6 +157,24 @@ type EventFilter struct {
 	Event string
 	Expr  string
 }
+
+// EventStack asks for call chains: Stack with the recorded tracepoints
+// that Event, a pattern as Config.Events takes them, names; "" names
+// them all.
+type EventStack struct {
+	Event string
+	Stack Stack
+}
+
+// Stack says which call chains an event records.
+type Stack = layout.Stack
+
+// The call chains.
+const (
+	StackKernel = layout.StackKernel
+	StackUser   = layout.StackUser
+	MaxStack    = layout.MaxStack
+)
 
 // Adjust is how the consumer writes one field of a tracepoint otherwise
 // than the kernel wrote it (layout.Adjust).
@@ -222,6 +247,14 @@ func (c *Config) Check() error {
 	}
 	if c.Syscalls > SyscallsFentry {
 		return fmt.Errorf("%w: unknown syscall path %d", ErrConfig, c.Syscalls)
+	}
+	if c.StackDepth < 0 || c.StackDepth > MaxStack {
+		return fmt.Errorf("%w: stack depth %d: want 1 to %d frames", ErrConfig, c.StackDepth, MaxStack)
+	}
+	for _, st := range c.Stacks {
+		if st.Stack == 0 || st.Stack&^(StackKernel|StackUser) != 0 {
+			return fmt.Errorf("%w: stack for %q: want the kernel's, the user's or both", ErrConfig, st.Event)
+		}
 	}
 	if c.Syscalls == SyscallsRaw && c.Transport == Perf {
 		return fmt.Errorf("%w: the raw syscall path needs the ringbuf transport", ErrConfig)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/kconsume/kconsume/consumer/layout"
 	"github.com/kconsume/kconsume/consumer/recorder"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/filter"
@@ -49,6 +50,33 @@ func resolveFilters(fs tracefs.FS, flts []EventFilter, formats []*tracefs.Format
 			return nil, fmt.Errorf("%w: event %s: %w", ErrConfig, f.FullName(), err)
 		}
 		out[i] = flt
+	}
+	return out, nil
+}
+
+// resolveStacks returns the call chains each recorded event of formats
+// records (nil when none does): the union of those of the stacks that
+// name it. It fails with ErrConfig for a pattern that names no recorded
+// event.
+func resolveStacks(fs tracefs.FS, stacks []EventStack, formats []*tracefs.Format) ([]layout.Stack, error) {
+	if len(stacks) == 0 {
+		return nil, nil
+	}
+	out := make([]layout.Stack, len(formats))
+	for _, st := range stacks {
+		if st.Event == "" {
+			for i := range out {
+				out[i] |= st.Stack
+			}
+			continue
+		}
+		keys, err := namedEvents(fs, st.Event, formats)
+		if err != nil {
+			return nil, fmt.Errorf("stack: %w", err)
+		}
+		for _, i := range keys {
+			out[i] |= st.Stack
+		}
 	}
 	return out, nil
 }

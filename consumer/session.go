@@ -61,6 +61,7 @@ type Session struct {
 	w      *writer
 	ch     *relayfmt.Channel
 	events []*tracefs.Format
+	stacks []layout.Stack // the call chains each event records (nil: none)
 
 	synthMu sync.Mutex // guards synth after New
 	synth   map[string]synthClass
@@ -129,11 +130,16 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, len(synthDefs), wake)
+	stacks, err := resolveStacks(fs, cfg.Stacks, formats)
+	if err != nil {
+		return nil, err
+	}
+	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, stacks, len(synthDefs), wake)
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
 		return nil, err
 	}
+	s.stacks = stacks
 	err = s.addTracepoints(formats, hooks, wake, users, userBuf)
 	if err == nil {
 		err = s.addSynth(synthDefs)
@@ -352,6 +358,9 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 		if layouts[i], err = layout.NewAt(f, s.cfg.Adjust[f.FullName()], at[i]); err != nil {
 			return err
 		}
+		if i < len(s.stacks) {
+			layouts[i].AddStack(s.stacks[i])
+		}
 		names[i] = f.FullName()
 	}
 	ids, err := s.w.declareAll(names, layouts)
@@ -363,7 +372,7 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 			return fmt.Errorf("event %s: class id %d, want %d", names[i], id, i)
 		}
 	}
-	if err := s.rec.AttachEvents(recorder.Events{Formats: formats, Hooks: hooks, Layouts: layouts, Users: users, UserBuf: userBuf, Wake: wake}); err != nil {
+	if err := s.rec.AttachEvents(recorder.Events{Formats: formats, Hooks: hooks, Layouts: layouts, Users: users, UserBuf: userBuf, Wake: wake, StackDepth: s.cfg.StackDepth}); err != nil {
 		return err
 	}
 	s.events = formats
@@ -531,6 +540,11 @@ type Preemptible = recorder.Preemptible
 // LoadObject reads a BPF object built on bpf/kc_synth.h for
 // Config.Objects (recorder.LoadObject).
 func LoadObject(path string) (*ebpf.CollectionSpec, error) { return recorder.LoadObject(path) }
+
+// StackCounts returns the call chains recorded cut at their depth and
+// those recorded empty (recorder.StackCounts), zero when no event
+// records any. It fails when the counters cannot be read.
+func (s *Session) StackCounts() (recorder.StackCounts, error) { return s.rec.StackCounts() }
 
 // FilterKept returns, for each recorded event with a field filter
 // (Config.Filters), how many of its events the filter kept so far; after

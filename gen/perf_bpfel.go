@@ -47,32 +47,39 @@ type PerfKcScratch struct {
 		Len uint16
 		Cpu uint16
 	}
-	Data [8200]uint8
+	Data [10264]uint8
+}
+
+type PerfKcStackCount struct {
+	_         structs.HostLayout
+	Truncated uint64
+	Failed    uint64
 }
 
 type PerfKcTpInfo struct {
-	_        structs.HostLayout
-	Id       uint16
-	Size     uint16
-	Ndyn     uint16
-	Dyn      [8]uint16
-	Flags    uint16
-	PidOff   uint16
-	PrioOff  uint16
-	CommOff  uint16
-	_        [2]byte
-	AuxKey   uint32
-	Nops     uint16
-	UserN    uint8
-	UserLen  int8
-	UserArg  [3]uint8
-	UserMax  uint8
-	UserLoc  uint16
-	_        [2]byte
-	Gen      uint32
-	GenNext  uint32
-	SwitchAt uint32
-	Ops      [16]struct {
+	_          structs.HostLayout
+	Id         uint16
+	Size       uint16
+	Ndyn       uint16
+	Dyn        [8]uint16
+	Flags      uint16
+	PidOff     uint16
+	PrioOff    uint16
+	CommOff    uint16
+	_          [2]byte
+	AuxKey     uint32
+	Nops       uint16
+	UserN      uint8
+	UserLen    int8
+	UserArg    [3]uint8
+	UserMax    uint8
+	UserLoc    uint16
+	Stack      uint8
+	StackDepth uint8
+	Gen        uint32
+	GenNext    uint32
+	SwitchAt   uint32
+	Ops        [16]struct {
 		_    structs.HostLayout
 		Off  uint16
 		N    uint16
@@ -94,6 +101,7 @@ const (
 	PerfMapKcPerf         = "kc_perf"
 	PerfMapKcPids         = "kc_pids"
 	PerfMapKcScratchMap   = "kc_scratch_map"
+	PerfMapKcStackStats   = "kc_stack_stats"
 	PerfMapKcState        = "kc_state"
 	PerfMapKcTpInfoMap    = "kc_tp_info_map"
 	PerfMapKcWakeTs       = "kc_wake_ts"
@@ -173,6 +181,7 @@ type PerfMapSpecs struct {
 	KcPerf       *ebpf.MapSpec `ebpf:"kc_perf"`
 	KcPids       *ebpf.MapSpec `ebpf:"kc_pids"`
 	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
+	KcStackStats *ebpf.MapSpec `ebpf:"kc_stack_stats"`
 	KcState      *ebpf.MapSpec `ebpf:"kc_state"`
 	KcTpInfoMap  *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
 	KcWakeTs     *ebpf.MapSpec `ebpf:"kc_wake_ts"`
@@ -224,6 +233,7 @@ type PerfMaps struct {
 	KcPerf       *ebpf.Map `ebpf:"kc_perf"`
 	KcPids       *ebpf.Map `ebpf:"kc_pids"`
 	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
+	KcStackStats *ebpf.Map `ebpf:"kc_stack_stats"`
 	KcState      *ebpf.Map `ebpf:"kc_state"`
 	KcTpInfoMap  *ebpf.Map `ebpf:"kc_tp_info_map"`
 	KcWakeTs     *ebpf.Map `ebpf:"kc_wake_ts"`
@@ -239,6 +249,7 @@ func (m *PerfMaps) Close() error {
 		m.KcPerf,
 		m.KcPids,
 		m.KcScratchMap,
+		m.KcStackStats,
 		m.KcState,
 		m.KcTpInfoMap,
 		m.KcWakeTs,

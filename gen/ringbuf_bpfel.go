@@ -64,7 +64,13 @@ type RingbufKcRec struct {
 type RingbufKcScratch struct {
 	_    structs.HostLayout
 	Hdr  RingbufKcRec
-	Data [8200]uint8
+	Data [10264]uint8
+}
+
+type RingbufKcStackCount struct {
+	_         structs.HostLayout
+	Truncated uint64
+	Failed    uint64
 }
 
 type RingbufKcSysKey struct {
@@ -79,28 +85,29 @@ type RingbufKcSysKey struct {
 }
 
 type RingbufKcTpInfo struct {
-	_        structs.HostLayout
-	Id       uint16
-	Size     uint16
-	Ndyn     uint16
-	Dyn      [8]uint16
-	Flags    uint16
-	PidOff   uint16
-	PrioOff  uint16
-	CommOff  uint16
-	_        [2]byte
-	AuxKey   uint32
-	Nops     uint16
-	UserN    uint8
-	UserLen  int8
-	UserArg  [3]uint8
-	UserMax  uint8
-	UserLoc  uint16
-	_        [2]byte
-	Gen      uint32
-	GenNext  uint32
-	SwitchAt uint32
-	Ops      [16]RingbufKcOp
+	_          structs.HostLayout
+	Id         uint16
+	Size       uint16
+	Ndyn       uint16
+	Dyn        [8]uint16
+	Flags      uint16
+	PidOff     uint16
+	PrioOff    uint16
+	CommOff    uint16
+	_          [2]byte
+	AuxKey     uint32
+	Nops       uint16
+	UserN      uint8
+	UserLen    int8
+	UserArg    [3]uint8
+	UserMax    uint8
+	UserLoc    uint16
+	Stack      uint8
+	StackDepth uint8
+	Gen        uint32
+	GenNext    uint32
+	SwitchAt   uint32
+	Ops        [16]RingbufKcOp
 }
 
 // Names of all BPF objects in the ELF.
@@ -117,6 +124,7 @@ const (
 	RingbufMapKcPids           = "kc_pids"
 	RingbufMapKcRings          = "kc_rings"
 	RingbufMapKcScratchMap     = "kc_scratch_map"
+	RingbufMapKcStackStats     = "kc_stack_stats"
 	RingbufMapKcState          = "kc_state"
 	RingbufMapKcSysKeys        = "kc_sys_keys"
 	RingbufMapKcSysUserKeys    = "kc_sys_user_keys"
@@ -251,6 +259,7 @@ type RingbufMapSpecs struct {
 	KcPids           *ebpf.MapSpec `ebpf:"kc_pids"`
 	KcRings          *ebpf.MapSpec `ebpf:"kc_rings"`
 	KcScratchMap     *ebpf.MapSpec `ebpf:"kc_scratch_map"`
+	KcStackStats     *ebpf.MapSpec `ebpf:"kc_stack_stats"`
 	KcState          *ebpf.MapSpec `ebpf:"kc_state"`
 	KcSysKeys        *ebpf.MapSpec `ebpf:"kc_sys_keys"`
 	KcSysUserKeys    *ebpf.MapSpec `ebpf:"kc_sys_user_keys"`
@@ -331,6 +340,7 @@ type RingbufMaps struct {
 	KcPids           *ebpf.Map `ebpf:"kc_pids"`
 	KcRings          *ebpf.Map `ebpf:"kc_rings"`
 	KcScratchMap     *ebpf.Map `ebpf:"kc_scratch_map"`
+	KcStackStats     *ebpf.Map `ebpf:"kc_stack_stats"`
 	KcState          *ebpf.Map `ebpf:"kc_state"`
 	KcSysKeys        *ebpf.Map `ebpf:"kc_sys_keys"`
 	KcSysUserKeys    *ebpf.Map `ebpf:"kc_sys_user_keys"`
@@ -352,6 +362,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcPids,
 		m.KcRings,
 		m.KcScratchMap,
+		m.KcStackStats,
 		m.KcState,
 		m.KcSysKeys,
 		m.KcSysUserKeys,

@@ -23,6 +23,9 @@ func AppendValue(dst []byte, v Value) []byte {
 }
 
 func appendElem(dst []byte, v Value, i int) []byte {
+	if v.Field.Hex {
+		return strconv.AppendUint(append(dst, "0x"...), v.Uint(i), 16)
+	}
 	if v.Field.Elem.Signed() {
 		return strconv.AppendInt(dst, v.Int(i), 10)
 	}

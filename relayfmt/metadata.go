@@ -223,6 +223,9 @@ func (m *Metadata) writeEvents(b *bytes.Buffer) {
 // which CTF readers strip, so a field may be named like a TSDL keyword.
 func writeField(b *bytes.Buffer, f *Field) {
 	elem := ctype(f.Elem)
+	if f.Hex && !f.Text {
+		elem = fmt.Sprintf("integer { size = %d; align = 8; signed = %t; base = 16; }", f.Elem.Size()*8, f.Elem.Signed())
+	}
 	if f.Text {
 		elem = "integer { size = 8; align = 8; signed = false; encoding = UTF8; }"
 	}

@@ -327,6 +327,7 @@ func convertField(tf tField) (Field, error) {
 		return f, fmt.Errorf("field %q: integer size %d unsupported", tf.name, t.size)
 	}
 	f.Text = t.encoding != "" && t.encoding != "none"
+	f.Hex = t.base16 && !f.Text
 	switch {
 	case tf.arrLen > 0:
 		f.Kind, f.Len = Array, tf.arrLen

@@ -26,6 +26,7 @@ type tType struct {
 	align    int    // bits
 	signed   bool
 	encoding string
+	base16   bool // base = 16: shown in hexadecimal
 	mapClock string
 	fields   []tField // struct, variant
 	base     *tType   // enum
@@ -319,6 +320,8 @@ func (p *parser) parseInteger() *tType {
 			t.signed = val == "true" || val == "TRUE" || val == "1"
 		case "encoding":
 			t.encoding = val
+		case "base":
+			t.base16 = val == "16" || val == "hex" || val == "hexadecimal" || val == "x" || val == "X" || val == "p"
 		case "map":
 			t.mapClock = val
 		case "byte_order":

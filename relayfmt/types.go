@@ -85,6 +85,7 @@ type Field struct {
 	Len         int     // Array: number of elements
 	LengthField string  // Sequence: name of the length field
 	Text        bool    // Array and Sequence of U8: the bytes are text
+	Hex         bool    // integers shown in base 16 (addresses)
 }
 
 // Limits on event classes, so a reader's memory is bounded by metadata.

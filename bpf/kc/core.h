@@ -106,15 +106,19 @@ struct {
 	__type(value, struct kc_cpu_state);
 } kc_state SEC(".maps");
 
+/* Room for kc/stack.h's KC_TAIL_ROOM, checked there. */
+#define KC_SCRATCH_TAIL 2064
+
 /* One scratch record per CPU, for variable-sized payloads. */
 struct kc_scratch {
 	struct kc_rec hdr;
 	/*
 	 * 8 bytes of slack: the recorder reads a trace record in behind the
 	 * ring record's 6-byte entry, its size bounded only by
-	 * KC_PAYLOAD_MASK in the verifier's eyes.
+	 * KC_PAYLOAD_MASK in the verifier's eyes; then room for the call
+	 * chains behind it (kc/stack.h, KC_TAIL_ROOM).
 	 */
-	__u8 data[KC_MAX_PAYLOAD + 8];
+	__u8 data[KC_MAX_PAYLOAD + 8 + KC_SCRATCH_TAIL];
 };
 
 struct {

@@ -79,6 +79,8 @@ struct kc_tp_info {
 	__u8 user_arg[3]; /* KC_TP_SYSUSER: the argument each field's data comes from */
 	__u8 user_max;  /* KC_TP_SYSUSER: bytes kept of each (syscall_user_buf_size) */
 	__u16 user_loc; /* KC_TP_SYSUSER: offset of the first field's __data_loc in the trace record */
+	__u8 stack;       /* KC_STACK_*: the call chains recorded behind the record (kc/stack.h) */
+	__u8 stack_depth; /* their most frames, at most KC_STACK_MAX */
 	__u32 gen;      /* the program generation that records the event (kc_gen_ok) */
 	__u32 gen_next; /* while a change of filter goes CPU by CPU: the next one's */
 	__u32 switch_at; /* ... and the epoch from which a CPU takes gen_next, or 0 */

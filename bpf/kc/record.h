@@ -10,6 +10,7 @@
 
 #include "kc/emit.h"
 #include "kc/event.h"
+#include "kc/stack.h"
 
 #ifndef KC_PERF
 /*
@@ -98,14 +99,15 @@ static __always_inline long kc_ctf_build(struct kc_scratch *s, struct kc_ctf *t,
 
 /*
  * kc_record_end writes as event key the ring record s holds, size bytes
- * past its entry, which it fills (common_type and common_pid). In packet
+ * past its entry, which it fills (common_type and common_pid), and the
+ * tail bytes behind them (the call chains, kc_stack_tail). In packet
  * mode a record that is not its payload as it is (one with steps,
  * kc_tp_info.nops) is built first into slot of ctf_map, a per-CPU array
  * of struct kc_ctf. Counts in st with atomic adds where atomic is set
  * (kc_emit_counted). Returns the record's timestamp, or 0 when it was
  * lost.
  */
-static __always_inline __u64 kc_record_end(void *ctx, struct kc_scratch *s, void *ctf_map, __u32 slot, struct kc_cpu_state *st, __u32 key, struct kc_tp_info *info, __u32 size, int atomic)
+static __always_inline __u64 kc_record_end(void *ctx, struct kc_scratch *s, void *ctf_map, __u32 slot, struct kc_cpu_state *st, __u32 key, struct kc_tp_info *info, __u32 size, __u32 tail, int atomic)
 {
 	kc_put_entry(s->data, info->id, bpf_get_current_pid_tgid());
 #ifndef KC_PERF
@@ -123,6 +125,23 @@ static __always_inline __u64 kc_record_end(void *ctx, struct kc_scratch *s, void
 				st->lost++;
 			return 0;
 		}
+		if (tail) {
+			/* The tail is as the trace holds it: behind the payload. */
+			__u32 from = size + KC_ENTRY_SIZE;
+
+			if (from > KC_MAX_PAYLOAD - 1 || tail > KC_TAIL_ROOM || n + tail > KC_MAX_PAYLOAD - 1) {
+				/* A payload built longer than its record: lost whole. */
+				if (atomic)
+					__sync_fetch_and_add(&st->lost, 1);
+				else
+					st->lost++;
+				return 0;
+			}
+			barrier_var(from);
+			barrier_var(tail);
+			bpf_probe_read_kernel(t->data + (n & KC_PAYLOAD_MASK), tail & 0xfff, s->data + (from & KC_PAYLOAD_MASK));
+			n += tail;
+		}
 		t->hdr.key = key;
 		t->hdr.cpu = s->hdr.cpu;
 		if (kc_emit_counted(ctx, (struct kc_scratch *)t, st, n, 1, atomic))
@@ -130,7 +149,7 @@ static __always_inline __u64 kc_record_end(void *ctx, struct kc_scratch *s, void
 		return t->hdr.ts;
 	}
 #endif
-	if (kc_emit_counted(ctx, s, st, size + KC_ENTRY_SIZE, 1, atomic))
+	if (kc_emit_counted(ctx, s, st, size + KC_ENTRY_SIZE + tail, 1, atomic))
 		return 0;
 	return s->hdr.ts;
 }

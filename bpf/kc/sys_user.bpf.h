@@ -112,7 +112,7 @@ static __always_inline void kc_sys_user_emit(struct pt_regs *regs, long nr, __u3
 			return;
 		kc_fields_count(key);
 	}
-	kc_record_end(NULL, s, &kc_sys_user_scratch, 1, st, key, info, size - 8, 1);
+	kc_record_end(NULL, s, &kc_sys_user_scratch, 1, st, key, info, size - 8, 0, 1);
 }
 
 /*

@@ -132,6 +132,37 @@ func (f *filterFlags) Set(expr string) error {
 	return nil
 }
 
+// stackFlags is --stack: the call chains of the events of the -e before
+// it, or of all events when it comes before any -e.
+type stackFlags struct {
+	events *eventsFlag
+	list   []consumer.EventStack
+}
+
+func (f *stackFlags) String() string { return "" }
+
+func (f *stackFlags) Set(s string) error {
+	var st consumer.Stack
+	switch s {
+	case "kernel":
+		st = consumer.StackKernel
+	case "user":
+		st = consumer.StackUser
+	case "both":
+		st = consumer.StackKernel | consumer.StackUser
+	default:
+		return fmt.Errorf("%q: want kernel, user or both", s)
+	}
+	if len(f.events.last) == 0 {
+		f.list = append(f.list, consumer.EventStack{Stack: st})
+		return nil
+	}
+	for _, e := range f.events.last {
+		f.list = append(f.list, consumer.EventStack{Event: e, Stack: st})
+	}
+	return nil
+}
+
 // filterFlag is --filter EVENT:EXPR.
 type filterFlag struct{ f *filterFlags }
 

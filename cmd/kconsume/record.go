@@ -49,6 +49,8 @@ type recordOpts struct {
 type recordFlags struct {
 	events                           eventsFlag
 	filters                          filterFlags
+	stacks                           stackFlags
+	stackDepth                       int
 	comms, pids, objects             listFlag
 	subbuf, ring, memory             sizeFlag
 	mode, transport, clock, syscalls string
@@ -78,6 +80,9 @@ func defineRecordFlags(fs *flag.FlagSet, o *recordOpts, f *recordFlags) {
 	fs.Var(&f.events, "e", "`event`s to record (repeat or separate with commas)")
 	f.filters.events = &f.events
 	fs.Var(&f.filters, "f", "keep only the events of the -e before it whose fields pass this `expression`, in ftrace's event filter language (docs/filters.md): -e sched:sched_switch -f 'prev_comm == \"nginx\"'")
+	f.stacks.events = &f.events
+	fs.Var(&f.stacks, "stack", "record the call chain of each event of the -e before it, or of every event when no -e comes before: `kernel`, user or both (docs/stacks.md)")
+	fs.IntVar(&f.stackDepth, "stack-depth", 0, "most `frames` of a call chain (default: the kernel's limit, kernel.perf_event_max_stack, 127)")
 	fs.Var(filterFlag{&f.filters}, "filter", "keep only the events of `EVENT:EXPR` (EVENT as -e takes it, globs too) whose fields pass EXPR, in ftrace's event filter language (docs/filters.md)")
 	fs.Var(&f.pids, "pid", "record only these thread or process `id`s (repeat or commas)")
 	fs.Var(&f.objects, "bpf", "also load this BPF object `file` built on bpf/kc_synth.h and record the synthetic events it declares (repeat or commas)")
@@ -156,6 +161,8 @@ func (f *recordFlags) config() (consumer.Config, error) {
 	cfg := consumer.Config{
 		Events:     f.events.list,
 		Filters:    f.filters.list,
+		Stacks:     f.stacks.list,
+		StackDepth: f.stackDepth,
 		Cgroup:     f.cgroup,
 		Comms:      f.comms,
 		SubbufSize: int(f.subbuf),
@@ -175,6 +182,9 @@ func (f *recordFlags) config() (consumer.Config, error) {
 			return cfg, usageError{fmt.Errorf("--pid %d: no such process or thread", n)}
 		}
 		cfg.PIDs = append(cfg.PIDs, n)
+	}
+	if f.stackDepth < 0 || f.stackDepth > consumer.MaxStack {
+		return cfg, usageError{fmt.Errorf("--stack-depth %d: want 1 to %d frames", f.stackDepth, consumer.MaxStack)}
 	}
 	var err error
 	if cfg.Mode, err = parseMode(f.mode); err != nil {

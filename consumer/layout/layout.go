@@ -32,6 +32,53 @@ type Layout struct {
 	AsIs   bool // payload is the whole record (synthetic events)
 	Ops    []Op
 	Dyn    []uint16 // offsets of dynamic fields for the BPF side (kc_tp_info.dyn)
+	Stack  Stack    // the call chains behind the record (AddStack)
+}
+
+// Stack says which call chains the recorder writes behind an event's
+// record (KC_STACK_* of bpf/kc/stack.h): the kernel's, then the user's,
+// each a u32 count and that many u64 return addresses.
+type Stack uint8
+
+// The call chains.
+const (
+	StackKernel Stack = 1 << iota
+	StackUser
+)
+
+// MaxStack mirrors KC_STACK_MAX (bpf/kc/stack.h; TestMirrorsC): the most
+// frames a call chain holds, PERF_MAX_STACK_DEPTH.
+const MaxStack = 127
+
+// The stack fields' names, LTTng's for its callstack contexts.
+const (
+	KernelStackField = "callstack_kernel"
+	UserStackField   = "callstack_user"
+)
+
+// AddStack declares the call chains of s behind the fields of l: a
+// sequence of u64 addresses each, after a u32 count. The ring record
+// carries them behind its dynamic area, so the payload is no longer the
+// record as it is.
+func (l *Layout) AddStack(s Stack) {
+	if s == 0 || l.Stack != 0 || l.AsIs {
+		return
+	}
+	l.Stack = s
+	for _, c := range []struct {
+		bit  Stack
+		name string
+	}{{StackKernel, KernelStackField}, {StackUser, UserStackField}} {
+		if s&c.bit == 0 {
+			continue
+		}
+		length := "_" + c.name + "_length"
+		seq := relayfmt.SequenceField(c.name, relayfmt.U64, length)
+		seq.Hex = true
+		l.Fields = append(l.Fields, relayfmt.ScalarField(length, relayfmt.U32), seq)
+	}
+	l.Ops = append(l.Ops, Op{Kind: OpTail})
+	l.Direct = false
 }
 
 type OpKind uint8
@@ -42,6 +89,7 @@ const (
 	OpSeq
 	OpAdd
 	OpFlags
+	OpTail
 )
 
 type Op struct {
@@ -237,8 +285,18 @@ func (l *Layout) Transcode(dst, raw []byte) ([]byte, bool) {
 	if len(raw) < l.Fixed {
 		return dst, false
 	}
+	// The record ends at its fixed part or its last dynamic data, as
+	// the recorder measures it (kc_record); its tail follows.
+	end := l.Fixed
 	for _, o := range l.Ops {
 		switch o.Kind {
+		case OpTail:
+			tail, ok := l.stackTail(raw[end:])
+			if !ok {
+				return dst, false
+			}
+			dst = append(dst, tail...)
+			continue
 		case OpCopy:
 			dst = append(dst, raw[o.Off:o.Off+o.N]...)
 			continue
@@ -267,6 +325,7 @@ func (l *Layout) Transcode(dst, raw []byte) ([]byte, bool) {
 		if start+n > len(raw) {
 			return dst, false
 		}
+		end = max(end, start+n)
 		data := raw[start : start+n]
 		if o.Kind == OpString {
 			for i, c := range data {
@@ -283,6 +342,26 @@ func (l *Layout) Transcode(dst, raw []byte) ([]byte, bool) {
 		dst = append(dst, data[:cnt*o.Elem]...)
 	}
 	return dst, true
+}
+
+// stackTail returns the call chains at the start of tail, which must hold
+// them and nothing more, and false when it does not.
+func (l *Layout) stackTail(tail []byte) ([]byte, bool) {
+	n := 0
+	for _, bit := range []Stack{StackKernel, StackUser} {
+		if l.Stack&bit == 0 {
+			continue
+		}
+		if len(tail) < n+4 {
+			return nil, false
+		}
+		k := int(binary.LittleEndian.Uint32(tail[n:]))
+		if k > MaxStack || len(tail) < n+4+8*k {
+			return nil, false
+		}
+		n += 4 + 8*k
+	}
+	return tail, n == len(tail)
 }
 
 // Adjust is how the consumer writes one field of a tracepoint otherwise

@@ -23,6 +23,9 @@ type Events struct {
 	Users          []*SysUser
 	UserBuf        int
 	Wake           bool
+	// StackDepth is the most frames of the call chains the layouts
+	// declare (layout.Stack), 0 for the kernel's limit (StackLimit).
+	StackDepth int
 }
 
 // AttachSyscalls attaches the programs that record syscall events of
@@ -94,7 +97,15 @@ func (r *Recorder) tpInfo(es Events, i int, f *tracefs.Format) (gen.RingbufKcTpI
 		if f.System == "syscalls" && r.tp.filter(i) != nil {
 			ti.Flags |= tpFiltered
 		}
+		if l.Stack != 0 {
+			if err := putStack(&ti, l.Stack, es.StackDepth); err != nil {
+				return ti, fmt.Errorf("event %s: %w", f.FullName(), err)
+			}
+		}
 		if u := es.Users[i]; u != nil {
+			if l.Stack != 0 {
+				return ti, fmt.Errorf("%w: event %s: call chains: %w", ErrNotSupported, f.FullName(), errStackUser)
+			}
 			if r.transport != Ringbuf {
 				return ti, fmt.Errorf("%w: event %s: its user-space fields need BPF ring buffers, not %s", ErrNotSupported, f.FullName(), r.transport)
 			}

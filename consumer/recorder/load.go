@@ -51,6 +51,9 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK for BPF maps: %w", err)
 	}
 	l := &loading{r: r, set: map[string]any{}, opts: opts, nevents: nevents, raw: opts != nil && opts.sys}
+	if opts != nil {
+		r.stacks = opts.stacks
+	}
 	steps := []func() error{l.baseSpec, l.decide, l.setupRings, l.setupSyscalls, l.setupRest, l.load}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -81,8 +84,8 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 // events and wake set when wakeup_latency is recorded: their record
 // sizes, the syscall events and BTF programs that may record them, and
 // whether packet mode may write them.
-func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filters []*filter.Filter, synths int, wake bool) *Options {
-	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}, filters: filters, formats: formats}
+func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filters []*filter.Filter, stacks []layout.Stack, synths int, wake bool) *Options {
+	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}, filters: filters, formats: formats, stacks: stacks}
 	opts.user = slices.ContainsFunc(users, func(u *SysUser) bool { return u != nil })
 	for i, u := range users {
 		if u != nil && i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0 {
@@ -99,6 +102,11 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 	opts.pktRaw = pktEligible(cfg, formats, synths, wake, true)
 	for i, f := range formats {
 		filtered := i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0
+		if opts.stack(i) != 0 {
+			// Only the tracepoints' general program records call
+			// chains (kc_stack_tail).
+			continue
+		}
 		if exit, ok := SysShape(f); ok {
 			// The syscall programs evaluate the filters of their
 			// events (kc_sys_field_filter).
@@ -128,6 +136,14 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 		}
 	}
 	return opts
+}
+
+// stack returns the call chains event key i records.
+func (o *Options) stack(i int) layout.Stack {
+	if o == nil || i >= len(o.stacks) {
+		return 0
+	}
+	return o.stacks[i]
 }
 
 // baseSpec takes the object of the transport (or the one opts gives),

@@ -49,5 +49,9 @@ func TestMirrorsC(t *testing.T) {
 		"KC_INJECT_OK":          injectOK,
 		"KC_INJECT_OFF":         injectOff,
 		"KC_INJECT_LOST":        injectLost,
+		"KC_STACK_MAX":          layout.MaxStack,
+		"KC_STACK_KERNEL":       stackKernel,
+		"KC_STACK_USER":         stackUser,
+		"KC_STACK_AT_LIMIT":     stackAtLimit,
 	})
 }

@@ -128,11 +128,19 @@ func pktOps(l *layout.Layout) ([]gen.RingbufKcOp, error) {
 	if l.Direct {
 		return nil, nil
 	}
-	if len(l.Ops) > maxPktOps {
-		return nil, fmt.Errorf("event %s takes %d steps to transcode, the BPF programs at most %d", l.Name, len(l.Ops), maxPktOps)
+	lops := l.Ops
+	if l.Stack != 0 {
+		// kc_record_end writes the call chains behind the payload.
+		lops = lops[:len(lops)-1]
+		if len(lops) == 1 && lops[0].Kind == layout.OpCopy && lops[0].Off == 0 && lops[0].N == l.Fixed {
+			return nil, nil
+		}
 	}
-	ops := make([]gen.RingbufKcOp, len(l.Ops))
-	for i, o := range l.Ops {
+	if len(lops) > maxPktOps {
+		return nil, fmt.Errorf("event %s takes %d steps to transcode, the BPF programs at most %d", l.Name, len(lops), maxPktOps)
+	}
+	ops := make([]gen.RingbufKcOp, len(lops))
+	for i, o := range lops {
 		op := gen.RingbufKcOp{Off: uint16(o.Off), N: uint16(o.N), Rel: uint8(boolU32(o.Rel)), Elem: uint16(o.Elem)}
 		switch o.Kind {
 		case layout.OpCopy:

@@ -24,6 +24,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/consumer/layout"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
@@ -62,6 +63,7 @@ type Recorder struct {
 	areaMem   []byte               // kc_area, mapped (PathOwnRings, area.go)
 	pktElem   int                  // the size of its elements in packet mode (PathPackets, packet.go)
 	inj       injector             // the injector's record (inject.go)
+	stacks    []layout.Stack       // the call chains each event key records (stack.go)
 }
 
 // Options replaces the recorder by another object built on kconsume.h
@@ -84,6 +86,8 @@ type Options struct {
 	formats []*tracefs.Format
 	// sysEvents are the syscall events the syscall programs can build.
 	sysEvents []sysEvent
+	// stacks are the call chains each event key records (nil: none).
+	stacks []layout.Stack
 	// pktRaw and pktTP are nil when the events can be written in packet
 	// mode, else why not (pktEligible): with syscall events on the raw
 	// syscall path, and through their tracepoints.

@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * kc/stack.h: an event's call chains (kc_stack_tail), written behind its
+ * record as the trace holds them: for the kernel's, then the user's, a
+ * u32 count and that many u64 return addresses, as LTTng's
+ * callstack_kernel and callstack_user contexts (consumer/layout's
+ * OpTail reads them back).
+ */
+#ifndef KC_STACK_H
+#define KC_STACK_H
+
+#include "kc/core.h"
+#include "kc/event.h"
+
+/*
+ * The most frames a stack holds: PERF_MAX_STACK_DEPTH
+ * (include/uapi/linux/perf_event.h), the default of
+ * kernel.perf_event_max_stack, which bpf_get_stack also obeys
+ * (kernel/bpf/stackmap.c). One more is asked for, to tell a stack cut at
+ * the depth from one that ends there.
+ */
+#define KC_STACK_MAX 127
+#define KC_STACK_BYTES (4 + 8 * (KC_STACK_MAX + 1))
+
+/* Room behind a record for its tail: both stacks. */
+#define KC_TAIL_ROOM (2 * KC_STACK_BYTES)
+_Static_assert(KC_TAIL_ROOM <= KC_SCRATCH_TAIL, "struct kc_scratch holds the tail");
+
+#define KC_STACK_KERNEL 1 /* kc_tp_info.stack: record the kernel's call chain */
+#define KC_STACK_USER 2   /* ... and the user's */
+#define KC_STACK_AT_LIMIT 4 /* the depth is the kernel's limit (kernel.perf_event_max_stack) */
+
+/*
+ * struct kc_stack_count counts, per CPU, the stacks cut at their depth
+ * (truncated) and those the kernel could not give (failed: the event
+ * keeps an empty one).
+ */
+struct kc_stack_count {
+	__u64 truncated;
+	__u64 failed;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct kc_stack_count);
+} kc_stack_stats SEC(".maps");
+
+/*
+ * kc_stack_one writes at d a u32 count and the call chain of ctx's task
+ * (flags: 0 for the kernel's, BPF_F_USER_STACK for the user's), at most
+ * depth frames, and returns the bytes written. A chain deeper than depth
+ * is cut to it and counted in c->truncated (at_limit: one that reaches
+ * depth, the kernel's limit, counts too); one the kernel refuses is
+ * written empty and counted in c->failed. d has KC_STACK_BYTES of room.
+ */
+static __always_inline __u32 kc_stack_one(void *ctx, __u8 *d, __u32 depth, int at_limit, __u64 flags, struct kc_stack_count *c)
+{
+	__u32 ask = depth + 1;
+	long n;
+
+	if (ask > KC_STACK_MAX + 1)
+		ask = KC_STACK_MAX + 1;
+	barrier_var(ask);
+	ask &= 0xff;
+	n = bpf_get_stack(ctx, d + 4, ask * 8, flags);
+	if (n < 0) {
+		if (c)
+			c->failed++;
+		n = 0;
+	}
+	n /= 8;
+	if (n > depth) {
+		n = depth;
+		if (c)
+			c->truncated++;
+	} else if (n == depth && at_limit) {
+		/* At the kernel's own limit a deeper chain is cut unseen. */
+		if (c)
+			c->truncated++;
+	}
+	*(__u32 *)d = n;
+	return 4 + 8 * (n & 0xff);
+}
+
+/*
+ * kc_stack_tail writes, at d (the end of a record of len payload bytes in
+ * a buffer with KC_TAIL_ROOM bytes of room past KC_MAX_PAYLOAD), the call
+ * chains info asks for, and returns their bytes, 0 for none. A record
+ * too long to carry them within KC_MAX_PAYLOAD keeps empty ones, each
+ * counted as failed.
+ */
+static __always_inline __u32 kc_stack_tail(void *ctx, __u8 *data, __u32 len, struct kc_tp_info *info)
+{
+	__u32 zero = 0, depth = info->stack_depth, t = 0, need = 0;
+	struct kc_stack_count *c = bpf_map_lookup_elem(&kc_stack_stats, &zero);
+	__u8 *d;
+
+	if (!info->stack)
+		return 0;
+	if (info->stack & KC_STACK_KERNEL)
+		need += 4 + 8 * depth;
+	if (info->stack & KC_STACK_USER)
+		need += 4 + 8 * depth;
+	if (len + need > KC_MAX_PAYLOAD - 1) {
+		depth = 0;
+		if (c)
+			c->failed += (info->stack & KC_STACK_KERNEL ? 1 : 0) + (info->stack & KC_STACK_USER ? 1 : 0);
+		c = NULL; /* counted once */
+	}
+	if (len > KC_MAX_PAYLOAD - 1)
+		return 0;
+	barrier_var(len);
+	len &= KC_PAYLOAD_MASK;
+	if (info->stack & KC_STACK_KERNEL) {
+		d = data + len;
+		t = kc_stack_one(ctx, d, depth, info->stack & KC_STACK_AT_LIMIT, 0, c);
+	}
+	if (info->stack & KC_STACK_USER) {
+		if (t > KC_STACK_BYTES)
+			return 0;
+		barrier_var(t);
+		d = data + len + t;
+		t += kc_stack_one(ctx, d, depth, info->stack & KC_STACK_AT_LIMIT, BPF_F_USER_STACK, c);
+	}
+	return t;
+}
+
+#endif /* KC_STACK_H */

@@ -1,0 +1,109 @@
+package recorder
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/gen"
+)
+
+// Call chains: an event whose layout declares them (layout.Stack) is
+// recorded by the tracepoints' general program, which writes them behind
+// the record with bpf_get_stack (kc_stack_tail in bpf/kc/stack.h); the
+// other paths leave such events to it (EventOptions, rawPath.attach).
+
+// KC_STACK_* of bpf/kc/stack.h (TestMirrorsC).
+const (
+	stackKernel  = 1
+	stackUser    = 2
+	stackAtLimit = 4
+)
+
+// stackLimitFile holds the kernel's most frames of a call chain, which
+// bpf_get_stack obeys (kernel/bpf/stackmap.c).
+const stackLimitFile = "/proc/sys/kernel/perf_event_max_stack"
+
+// StackLimit returns the most frames the running kernel gives a call
+// chain: kernel.perf_event_max_stack, at most layout.MaxStack. It fails
+// when the setting cannot be read.
+func StackLimit() (int, error) {
+	b, err := os.ReadFile(stackLimitFile)
+	if err != nil {
+		return 0, fmt.Errorf("reading the kernel's stack depth limit: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("reading the kernel's stack depth limit: %s holds %q", stackLimitFile, strings.TrimSpace(string(b)))
+	}
+	return min(n, layout.MaxStack), nil
+}
+
+// putStack sets in ti the call chains s at depth frames (0: the kernel's
+// limit). It fails for a depth past that limit.
+func putStack(ti *gen.RingbufKcTpInfo, s layout.Stack, depth int) error {
+	limit, err := StackLimit()
+	if err != nil {
+		return err
+	}
+	if depth == 0 {
+		depth = limit
+	}
+	if depth < 1 || depth > limit {
+		return fmt.Errorf("%w: stack depth %d: want 1 to %d, the kernel's limit (kernel.perf_event_max_stack)", ErrConfig, depth, limit)
+	}
+	if s&layout.StackKernel != 0 {
+		ti.Stack |= stackKernel
+	}
+	if s&layout.StackUser != 0 {
+		ti.Stack |= stackUser
+	}
+	if depth == limit {
+		ti.Stack |= stackAtLimit
+	}
+	ti.StackDepth = uint8(depth)
+	return nil
+}
+
+// stack returns the call chains event key i records.
+func (r *Recorder) stack(i int) layout.Stack {
+	if i < len(r.stacks) {
+		return r.stacks[i]
+	}
+	return 0
+}
+
+// StackCounts are the call chains the recorder could not record whole.
+type StackCounts struct {
+	// Truncated were cut at the depth: the chain went deeper.
+	Truncated uint64
+	// Failed were recorded empty: the kernel gave none (bpf_get_stack
+	// failed), or the record left no room for them.
+	Failed uint64
+}
+
+// StackCounts returns the counts of all CPUs, zero when no event records
+// call chains. It fails when the counters cannot be read.
+func (r *Recorder) StackCounts() (StackCounts, error) {
+	var c StackCounts
+	m := r.coll.Maps[gen.RingbufMapKcStackStats]
+	if m == nil || len(r.stacks) == 0 {
+		return c, nil
+	}
+	var per []gen.RingbufKcStackCount
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		return c, fmt.Errorf("reading the stack counts: %w", err)
+	}
+	for _, p := range per {
+		c.Truncated += p.Truncated
+		c.Failed += p.Failed
+	}
+	return c, nil
+}
+
+// errStackUser is why an event with user-space fields records no call
+// chain: kc_sys_user_fault builds its record, not kc_record.
+var errStackUser = errors.New("its user-space fields are recorded by a program that records no call chain")
