@@ -80,6 +80,8 @@ type Session struct {
 	final atomic.Pointer[[]CPUStats]
 	// finalKept holds the field filters' counts at Close (FilterKept).
 	finalKept atomic.Pointer[map[string]uint64]
+	// finalStacks holds the stack counts at Close (StackCounts).
+	finalStacks atomic.Pointer[recorder.StackCounts]
 	// keepErr says why a kill of this recording would lose what it
 	// holds uncounted (crash.go), nil when recover would count it.
 	keepErr error
@@ -429,6 +431,9 @@ func (s *Session) Close() error {
 				final, kept := s.stats(), s.FilterKept()
 				s.final.Store(&final)
 				s.finalKept.Store(&kept)
+				stacks, err := s.rec.StackCounts()
+				errs = append(errs, err)
+				s.finalStacks.Store(&stacks)
 			}
 		}
 		s.release()
@@ -542,9 +547,18 @@ type Preemptible = recorder.Preemptible
 func LoadObject(path string) (*ebpf.CollectionSpec, error) { return recorder.LoadObject(path) }
 
 // StackCounts returns the call chains recorded cut at their depth and
-// those recorded empty (recorder.StackCounts), zero when no event
-// records any. It fails when the counters cannot be read.
-func (s *Session) StackCounts() (recorder.StackCounts, error) { return s.rec.StackCounts() }
+// those recorded empty (recorder.StackCounts), so far, or after Close
+// those at Close; zero when no event records any. It fails when the
+// counters cannot be read.
+func (s *Session) StackCounts() (recorder.StackCounts, error) {
+	if c := s.finalStacks.Load(); c != nil {
+		return *c, nil
+	}
+	if s.rec == nil || !s.rec.Loaded() {
+		return recorder.StackCounts{}, nil
+	}
+	return s.rec.StackCounts()
+}
 
 // FilterKept returns, for each recorded event with a field filter
 // (Config.Filters), how many of its events the filter kept so far; after

@@ -110,6 +110,7 @@ func (r *recordRun) summary(stats []consumer.CPUStats, d consumer.DrainerStats) 
 	}
 	if r.s != nil {
 		filterNote(w, r.s.FilterKept())
+		stackNote(w, r.s, r.s.Config().StackDepth)
 	}
 	local := ""
 	if r.relay != nil {
@@ -185,5 +186,25 @@ func filterNote(w io.Writer, kept map[string]uint64) {
 		} else {
 			fmt.Fprintf(w, "the filter on %s kept %d events\n", ev, n)
 		}
+	}
+}
+
+// stackNote says how many call chains were cut at their depth and how
+// many were recorded empty, when any were.
+func stackNote(w io.Writer, s *consumer.Session, depth int) {
+	c, err := s.StackCounts()
+	if err != nil {
+		fmt.Fprintf(w, "note: %v\n", err)
+		return
+	}
+	if c.Truncated > 0 {
+		at := "the kernel's limit (kernel.perf_event_max_stack)"
+		if depth > 0 {
+			at = fmt.Sprintf("--stack-depth %d", depth)
+		}
+		fmt.Fprintf(w, "note: %d call chains were deeper than %s and are cut there\n", c.Truncated, at)
+	}
+	if c.Failed > 0 {
+		fmt.Fprintf(w, "note: %d call chains are recorded empty: the kernel gave none, or the event's record left no room for them\n", c.Failed)
 	}
 }

@@ -1,0 +1,395 @@
+package consumer
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/internal/elfsym"
+	"github.com/kconsume/kconsume/internal/kallsyms"
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+	"github.com/prometheus/procfs"
+)
+
+var (
+	// A babeltrace2 line's event name, pid fields and call chains.
+	bt2Event = regexp.MustCompile(`^\[[^\]]*\] (?:\S+ )?(\S+): \{`)
+	bt2Field = func(name string) *regexp.Regexp {
+		return regexp.MustCompile(`\b` + name + ` = (\d+)`)
+	}
+	bt2Stack = regexp.MustCompile(`\bcallstack_kernel = \[((?:\s*\[\d+\] = 0x[0-9A-Fa-f]+,?)*)\s*\]`)
+	bt2Addr  = regexp.MustCompile(`0x[0-9A-Fa-f]+`)
+	// An ftrace event line (with its task's pid) and a stack frame.
+	ftraceEvent = regexp.MustCompile(`^\s*.*-(\d+)\s+\[(\d+)\].*?: (sched_switch:|sys_clock_nanosleep\(|sys_wait4 ->|<stack trace>)`)
+	ftraceCPU   = regexp.MustCompile(`^\s*.*-\d+\s+\[(\d+)\]`)
+	ftraceFrame = regexp.MustCompile(`^ => (\S+?)(?:/0x[0-9a-f]+)?(?: \[\S+\])?$`)
+)
+
+// TestKernelStacksMatchFtrace: the kernel call chains kconsume records
+// with --stack kernel equal, frame for frame below the tracing frames,
+// those an ftrace instance records for the same events at the same time
+// (its stacktrace option, as trace-cmd record -T sets it): the k-th event
+// of each of the test's own tasks in one trace against the k-th in the
+// other, symbolized with the kernel's symbol table, offsets included.
+// Covered are a BTF-path event (sched_switch: sleeping, waiting,
+// preempted and exiting tasks) and two syscall events (entry and exit),
+// each moved to its tracepoint by the stack; on both transports.
+// babeltrace2 reads our trace.
+func TestKernelStacksMatchFtrace(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, tr := range transports(t) {
+		t.Run(tr.String(), func(t *testing.T) { kernelStacksMatchFtrace(t, tr) })
+	}
+}
+
+func kernelStacksMatchFtrace(t *testing.T, tr Transport) {
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	syms, err := kallsyms.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := []string{"sched:sched_switch", "syscalls:sys_enter_clock_nanosleep", "syscalls:sys_exit_wait4"}
+	inst, enable := ftraceInstance(t, fs, "stack-"+tr.String(), events)
+	for file, v := range map[string]string{"buffer_size_kb": "8192", "options/stacktrace": "1", "options/sym-offset": "1"} {
+		if err := os.WriteFile(filepath.Join(inst, file), []byte(v), 0); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+	}
+	s, dir := newTestSession(t, Config{Events: events, Transport: tr, Stacks: []EventStack{{Stack: StackKernel}}})
+	if err := enable("1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// A shell that waits for sleeps (nanosleep, wait4) and spins a
+	// little (preempted), then exits.
+	n, _ := testenv.LoopCPU(t, 20*time.Millisecond)
+	sh := exec.Command("sh", "-c", "for i in 1 2 3 4 5; do sleep 0.01; done; "+testenv.ShellLoop(n))
+	out, err := sh.CombinedOutput()
+	if err != nil {
+		t.Fatalf("workload: %v: %s", err, out)
+	}
+	if err := enable("0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The workload's tasks: the shell, and the sleeps it forked.
+	ftrace, ours := ftraceStacks(t, inst, syms), map[string][][]uint64{}
+	tasks := map[string]bool{strconv.Itoa(sh.Process.Pid): true}
+	lines, discards := testenv.RunBT2(t, dir)
+	if len(discards) != 0 {
+		t.Fatalf("babeltrace2: discards %v", discards)
+	}
+	pidField := bt2Field("common_pid")
+	for _, l := range lines {
+		ev, pid, st := bt2Event.FindStringSubmatch(l), pidField.FindStringSubmatch(l), bt2Stack.FindStringSubmatch(l)
+		if ev == nil || pid == nil {
+			t.Fatalf("babeltrace2 line without event or pid: %q", l)
+		}
+		if st == nil {
+			t.Fatalf("babeltrace2 line without a kernel call chain: %q", l)
+		}
+		name := ev[1][strings.IndexByte(ev[1], ':')+1:]
+		if name == "sched_switch" && strings.Contains(l, `prev_comm = "sleep"`) {
+			tasks[pid[1]] = true
+		}
+		var frames []uint64
+		for _, a := range bt2Addr.FindAllString(st[1], -1) {
+			v, _ := strconv.ParseUint(a[2:], 16, 64)
+			if _, _, ok := syms.Name(v); !ok {
+				t.Fatalf("address %s in no kernel symbol: %q", a, l)
+			}
+			frames = append(frames, v)
+		}
+		key := pid[1] + " " + name
+		ours[key] = append(ours[key], frames)
+	}
+	compared := map[string]int{}
+	for key, list := range ours {
+		if !tasks[strings.Fields(key)[0]] {
+			continue
+		}
+		theirs := ftrace[key]
+		if len(theirs) != len(list) {
+			t.Errorf("%s: %d events with call chains, ftrace %d", key, len(list), len(theirs))
+			continue
+		}
+		for k, o := range list {
+			if err := sameBelowTracing(o, theirs[k]); err != nil {
+				t.Errorf("%s, event %d: %v\nkconsume: %v\nftrace:   %v", key, k, err, frameNames(syms, o), frameNames(syms, theirs[k]))
+			}
+		}
+		compared[strings.Fields(key)[1]] += len(list)
+	}
+	for _, e := range events {
+		if compared[e[strings.IndexByte(e, ':')+1:]] == 0 {
+			t.Errorf("no %s event of the workload compared: %v", e, compared)
+		}
+	}
+	t.Logf("compared %v", compared)
+}
+
+// sameBelowTracing reports how ours, a call chain kconsume recorded,
+// differs from theirs, ftrace's of the same event: below the tracing
+// frames on top of each (at most 3 of ours, where the BPF program's
+// caller differs from ftrace's), the frames must be the same, to the
+// last.
+func sameBelowTracing(ours, theirs []uint64) error {
+	for i := 0; i < len(ours) && i <= 3; i++ {
+		for j, f := range theirs {
+			if f != ours[i] {
+				continue
+			}
+			if len(ours)-i != len(theirs)-j {
+				return fmt.Errorf("from %#x on: %d frames, ftrace %d", f, len(ours)-i, len(theirs)-j)
+			}
+			for k := range ours[i:] {
+				if ours[i+k] != theirs[j+k] {
+					return fmt.Errorf("frame %d: %#x, ftrace %#x", i+k, ours[i+k], theirs[j+k])
+				}
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("no frame in common among the first 4")
+}
+
+// ftraceNames are the events' names by the start of their ftrace text.
+var ftraceNames = map[string]string{"sched_switch:": "sched_switch", "sys_clock_nanosleep(": "sys_enter_clock_nanosleep", "sys_wait4 ->": "sys_exit_wait4"}
+
+// frameNames returns the call chain as func+0xoff names.
+func frameNames(syms *kallsyms.Table, frames []uint64) []string {
+	var out []string
+	for _, a := range frames {
+		name, off, _ := syms.Name(a)
+		out = append(out, fmt.Sprintf("%s+0x%x", name, off))
+	}
+	return out
+}
+
+// ftraceStacks reads the instance's trace: each event's call chain, its
+// func+0xoff frames turned to addresses with syms (a function's aliases,
+// __x64_sys_vfork and __do_sys_vfork, are one address), by "PID NAME".
+func ftraceStacks(t *testing.T, inst string, syms *kallsyms.Table) map[string][][]uint64 {
+	t.Helper()
+	f, err := os.Open(filepath.Join(inst, "trace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// An event's stack is the next entry on its CPU, but other CPUs'
+	// entries may come between them in the merged text.
+	out, keys := map[string][][]uint64{}, map[string]string{}
+	var cur *[]uint64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		l := sc.Text()
+		if m := ftraceFrame.FindStringSubmatch(l); m != nil {
+			if cur != nil {
+				*cur = append(*cur, ftraceAddr(t, syms, m[1]))
+			}
+			continue
+		}
+		m := ftraceEvent.FindStringSubmatch(l)
+		cur = nil
+		switch {
+		case m == nil:
+			// Another event: its CPU's next stack is not ours.
+			if c := ftraceCPU.FindStringSubmatch(l); c != nil {
+				delete(keys, c[1])
+			}
+		case m[3] != "<stack trace>":
+			keys[m[2]] = m[1] + " " + ftraceNames[m[3]]
+		case keys[m[2]] != "":
+			key := keys[m[2]]
+			out[key] = append(out[key], nil)
+			cur = &out[key][len(out[key])-1]
+			delete(keys, m[2])
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// ftraceAddr returns the address of an ftrace frame, func+0xoff.
+func ftraceAddr(t *testing.T, syms *kallsyms.Table, frame string) uint64 {
+	t.Helper()
+	name, off, ok := strings.Cut(frame, "+0x")
+	o, err := strconv.ParseUint(off, 16, 64)
+	start, _, found := syms.Lookup(name)
+	if !ok || err != nil || !found {
+		t.Fatalf("ftrace frame %q: not func+0xoff of a kernel symbol", frame)
+	}
+	return start + o
+}
+
+// TestUserStacks: the user call chains kconsume records with --stack
+// user, for getpid calls a C program makes from kcstack_c, which main
+// calls through kcstack_a and kcstack_b, resolve in the program's own
+// symbols (elfsym, with its mappings read while it runs) to exactly that
+// chain, when it keeps frame pointers: the kernel unwinds user stacks by
+// them. Built without, the first frame still resolves to kcstack_c.
+func TestUserStacks(t *testing.T) {
+	testenv.RequireRoot(t)
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skipf("no C compiler: %v", err)
+	}
+	for _, fp := range []bool{true, false} {
+		name := map[bool]string{true: "frame-pointers", false: "no-frame-pointers"}[fp]
+		t.Run(name, func(t *testing.T) {
+			bin := filepath.Join(t.TempDir(), "kcstack")
+			// Optimising, gcc 12 leaves kcstack_c, a leaf, without a
+			// frame even with -mno-omit-leaf-frame-pointer, and its
+			// caller then drops out of the chain: -O0 keeps them all.
+			flags := map[bool][]string{true: {"-O0", "-fno-omit-frame-pointer"}, false: {"-O1", "-fomit-frame-pointer"}}[fp]
+			if out, err := exec.Command(cc, append([]string{"-o", bin, "testdata/kcstack.c"}, flags...)...).CombinedOutput(); err != nil {
+				t.Fatalf("cc: %v: %s", err, out)
+			}
+			want := []string{"kcstack_c", "kcstack_b", "kcstack_a", "main"}
+			if !fp {
+				want = want[:1]
+			}
+			got := userStacks(t, bin, 5)
+			if len(got) != 5 {
+				t.Fatalf("%d getpid events with user call chains, want 5", len(got))
+			}
+			for i, chain := range got {
+				if len(chain) < len(want) || !slices.Equal(chain[:len(want)], want) {
+					t.Errorf("event %d: call chain %v, want it to start %v", i, chain, want)
+				}
+			}
+		})
+	}
+}
+
+// userStacks runs bin, which makes a getpid call for each of n bytes it
+// reads, under a session recording its getpid calls with user call
+// chains, and returns each event's chain resolved in bin (frames
+// outside bin as "?").
+func userStacks(t *testing.T, bin string, n int) [][]string {
+	t.Helper()
+	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, Comms: []string{"kcstack"}, Stacks: []EventStack{{Stack: StackUser}}})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	proc, err := procfs.NewProc(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var maps []*procfs.ProcMap
+	// The mappings are whole once the loader is done: the program's
+	// first read.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Millisecond) {
+		if stat, err := proc.Stat(); err == nil && stat.State == "S" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kcstack never waited for its input")
+		}
+	}
+	if maps, err = proc.ProcMaps(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Write(make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	in.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	obj, err := elfsym.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]string
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			t.Fatalf("%v in the trace", it.Kind)
+		}
+		st := field(vals, "callstack_user")
+		var chain []string
+		for i := range st.Len() {
+			a, name := st.Uint(i), "?"
+			for _, m := range maps {
+				if m.Pathname == bin && uint64(m.StartAddr) <= a && a < uint64(m.EndAddr) {
+					if sym, _, ok := obj.Resolve(a, uint64(m.StartAddr), uint64(m.Offset)); ok {
+						name = sym.Name
+					}
+				}
+			}
+			chain = append(chain, name)
+		}
+		out = append(out, chain)
+	})
+	return out
+}
+
+// TestStackDepthCounted: with a depth below their length, every call
+// chain is cut to the depth and counted as truncated, one for each
+// event: none goes uncounted, none is counted twice.
+func TestStackDepthCounted(t *testing.T) {
+	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_clock_nanosleep"}, Comms: []string{"sleep"},
+		Stacks: []EventStack{{Stack: StackKernel}}, StackDepth: 2})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if out, err := exec.Command("sleep", "0.001").CombinedOutput(); err != nil {
+			t.Fatalf("sleep: %v: %s", err, out)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	events := 0
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			t.Fatalf("%v in the trace", it.Kind)
+		}
+		events++
+		if n := field(vals, "callstack_kernel").Len(); n != 2 {
+			t.Errorf("a call chain of %d frames, want 2", n)
+		}
+	})
+	c, err := s.StackCounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The syscall's chain from its tracepoint is 4 deep or more:
+	// perf_syscall_enter, syscall_trace_enter, do_syscall_64, the entry.
+	if events < 3 || c.Truncated != uint64(events) || c.Failed != 0 {
+		t.Fatalf("%d events, stack counts %+v; want 3 or more, each truncated", events, c)
+	}
+}
