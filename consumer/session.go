@@ -62,6 +62,7 @@ type Session struct {
 	ch     *relayfmt.Channel
 	events []*tracefs.Format
 	stacks []layout.Stack // the call chains each event records (nil: none)
+	symErr error          // why the kernel's symbols are not in the trace
 
 	synthMu sync.Mutex // guards synth after New
 	synth   map[string]synthClass
@@ -142,6 +143,11 @@ func New(cfg Config) (*Session, error) {
 		return nil, err
 	}
 	s.stacks = stacks
+	if cfg.Sink == nil && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackKernel != 0 }) {
+		// A trace without them still shows the addresses: a note, not
+		// a failure.
+		s.symErr = saveKernelSymbols(cfg.Dir)
+	}
 	err = s.addTracepoints(formats, hooks, wake, users, userBuf)
 	if err == nil {
 		err = s.addSynth(synthDefs)
@@ -177,6 +183,7 @@ func (s *Session) linkWakeup() error {
 func (s *Session) removeOutput() {
 	if s.cfg.Sink == nil {
 		_ = os.Remove(filepath.Join(s.cfg.Dir, "metadata"))
+		_ = os.Remove(filepath.Join(s.cfg.Dir, KernelSymbols))
 	}
 }
 
@@ -545,6 +552,10 @@ type Preemptible = recorder.Preemptible
 // LoadObject reads a BPF object built on bpf/kc_synth.h for
 // Config.Objects (recorder.LoadObject).
 func LoadObject(path string) (*ebpf.CollectionSpec, error) { return recorder.LoadObject(path) }
+
+// SymbolsErr returns why the trace lacks the kernel's symbols
+// (KernelSymbols) when it records kernel call chains, or nil.
+func (s *Session) SymbolsErr() error { return s.symErr }
 
 // StackCounts returns the call chains recorded cut at their depth and
 // those recorded empty (recorder.StackCounts), so far, or after Close

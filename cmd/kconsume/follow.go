@@ -49,6 +49,9 @@ func followTrace(ctx context.Context, dir string, f *reportFilter, stdout io.Wri
 		if tr != nil && f.clock == nil {
 			f.setClock(tr.Meta.Clock)
 			f.prof = profile.Detect(tr.Meta)
+			if err := f.stacks.load(tr.Dir); err != nil {
+				return err
+			}
 		}
 		for _, name := range streamsOf(tr) {
 			st := streams[name]

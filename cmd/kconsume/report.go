@@ -46,6 +46,7 @@ type reportFilter struct {
 	json         bool
 	vals         []relayfmt.Value
 	fields       fieldFilters // --filter
+	stacks       stackNames   // call chains by name
 	// prof is the trace's naming profile: an event also matches by its
 	// ftrace name (sched:sched_switch finds lttng's sched_switch).
 	prof *profile.Profile
@@ -70,6 +71,7 @@ func report(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&f.date, "clock-date", false, "print the date too, as babeltrace2 --clock-date")
 	fs.BoolVar(&f.gmt, "clock-gmt", false, "print times in UTC, not the local zone, as babeltrace2 --clock-gmt")
 	fs.BoolVar(&f.raw, "trace-seconds", false, "print times as the trace clock's seconds (1301.098291682)")
+	fs.BoolVar(&f.stacks.raw, "raw-addresses", false, "print call chains as addresses, not func+0xoff names")
 	follow := fs.Bool("follow", false, "print the events of a trace being written as its packets land (record --live-timer makes them land often), until Ctrl-C")
 	// Flags may follow the directory: kconsume report DIR --json.
 	var dir string
@@ -106,6 +108,9 @@ func report(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	f.prof = profile.Detect(tr.Meta)
+	if err := f.stacks.load(tr.Dir); err != nil {
+		return err
+	}
 	m, err := tr.Merge()
 	if err != nil {
 		return err
@@ -187,7 +192,10 @@ func (f *reportFilter) format(line []byte, it *relayfmt.Item) ([]byte, bool, err
 	line = append(append(append(strconv.AppendUint(line, uint64(it.CPU), 10), ' '), it.Class.Name...), ':')
 	for _, v := range f.vals {
 		line = append(append(append(line, ' '), v.Field.Name...), '=')
-		line = relayfmt.AppendValue(line, v)
+		var named bool
+		if line, named = f.stacks.appendValue(line, v); !named {
+			line = relayfmt.AppendValue(line, v)
+		}
 	}
 	return append(line, '\n'), true, nil
 }

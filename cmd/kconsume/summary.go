@@ -192,6 +192,9 @@ func filterNote(w io.Writer, kept map[string]uint64) {
 // stackNote says how many call chains were cut at their depth and how
 // many were recorded empty, when any were.
 func stackNote(w io.Writer, s *consumer.Session, depth int) {
+	if err := s.SymbolsErr(); err != nil {
+		fmt.Fprintf(w, "note: %v: report shows the kernel call chains as addresses\n", err)
+	}
 	c, err := s.StackCounts()
 	if err != nil {
 		fmt.Fprintf(w, "note: %v\n", err)

@@ -72,30 +72,77 @@ func TestLayoutTranscode(t *testing.T) {
 	}
 }
 
+// TestLayoutStack: call chains behind a record's dynamic data (past the
+// end of its last one, as kc_record measures it) become the class's
+// callstack_kernel and callstack_user sequences; a tail that is not
+// exactly the chains is refused.
+func TestLayoutStack(t *testing.T) {
+	f, err := tracefs.ParseFormat("t", []byte(dynFormat))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.AddStack(StackKernel | StackUser)
+	raw := make([]byte, 32, 128)
+	raw = append(raw, "hi\x00"...)
+	binary.LittleEndian.PutUint32(raw[8:], 32|3<<16)
+	binary.LittleEndian.PutUint32(raw[16:], 0)
+	raw = binary.LittleEndian.AppendUint32(raw, 2)
+	raw = binary.LittleEndian.AppendUint64(raw, 0xffffffff81000001)
+	raw = binary.LittleEndian.AppendUint64(raw, 0xffffffff81000002)
+	raw = binary.LittleEndian.AppendUint32(raw, 1)
+	raw = binary.LittleEndian.AppendUint64(raw, 0x401000)
+	got, _ := transcodeByName(t, l, raw)
+	k, u := got[KernelStackField], got[UserStackField]
+	if k.Len() != 2 || k.Uint(1) != 0xffffffff81000002 || u.Len() != 1 || u.Uint(0) != 0x401000 || !k.Field.Hex {
+		t.Errorf("chains %v %v", k, u)
+	}
+	if string(got["name"].Text()) != "hi" {
+		t.Errorf("name %q", got["name"].Text())
+	}
+	for _, bad := range [][]byte{raw[:len(raw)-1], append(append([]byte(nil), raw...), 0), raw[:35]} {
+		if _, ok := l.Transcode(nil, ringRecord(bad)); ok {
+			t.Errorf("transcode took a tail of %d bytes", len(bad)-35)
+		}
+	}
+}
+
 // FuzzTranscode: any raw record is transcoded into a payload its class
-// decodes, or refused; never a panic.
+// decodes, or refused; never a panic; with call chains behind it too.
 func FuzzTranscode(f *testing.F) {
 	fm, err := tracefs.ParseFormat("t", []byte(dynFormat))
 	if err != nil {
 		f.Fatal(err)
 	}
-	l, err := New(fm, nil)
-	if err != nil {
-		f.Fatal(err)
-	}
-	cls, err := relayfmt.NewEventClass(0, l.Name, l.Fields)
-	if err != nil {
-		f.Fatal(err)
+	var layouts []*Layout
+	var classes []*relayfmt.EventClass
+	for _, st := range []Stack{0, StackKernel, StackKernel | StackUser} {
+		l, err := New(fm, nil)
+		if err != nil {
+			f.Fatal(err)
+		}
+		l.AddStack(st)
+		cls, err := relayfmt.NewEventClass(0, l.Name, l.Fields)
+		if err != nil {
+			f.Fatal(err)
+		}
+		layouts, classes = append(layouts, l), append(classes, cls)
 	}
 	f.Add(make([]byte, 32))
 	f.Add(append(make([]byte, 32), "abc\x00"...))
+	f.Add(append(make([]byte, 30), 1, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8))
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		p, ok := l.Transcode(nil, raw)
-		if !ok {
-			return
-		}
-		if _, err := cls.Decode(p, nil); err != nil {
-			t.Fatalf("transcoded payload does not decode: %v", err)
+		for i, l := range layouts {
+			p, ok := l.Transcode(nil, raw)
+			if !ok {
+				continue
+			}
+			if _, err := classes[i].Decode(p, nil); err != nil {
+				t.Fatalf("transcoded payload does not decode: %v", err)
+			}
 		}
 	})
 }

@@ -17,9 +17,10 @@ import (
 // A symbol ends where the next one starts, as kallsyms_lookup_size_offset
 // (kernel/kallsyms.c) sizes it.
 type Table struct {
-	addrs []uint64
-	names []string
-	by    map[string]int
+	addrs   []uint64
+	names   []string
+	modules []string // "" for the kernel's own
+	by      map[string]int
 }
 
 // ErrHidden is returned when the kernel shows every address as 0
@@ -42,8 +43,8 @@ func Read() (*Table, error) {
 // others. It fails when r cannot be read or shows no address.
 func Parse(r io.Reader) (*Table, error) {
 	type sym struct {
-		addr uint64
-		name string
+		addr         uint64
+		name, module string
 	}
 	var syms []sym
 	sc := bufio.NewScanner(r)
@@ -56,7 +57,11 @@ func Parse(r io.Reader) (*Table, error) {
 		if err != nil || a == 0 {
 			continue
 		}
-		syms = append(syms, sym{a, parts[2]})
+		var mod string
+		if len(parts) > 3 {
+			mod = strings.Trim(parts[3], "[]")
+		}
+		syms = append(syms, sym{a, parts[2], mod})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("kallsyms: %w", err)
@@ -69,6 +74,7 @@ func Parse(r io.Reader) (*Table, error) {
 	for i, s := range syms {
 		t.addrs = append(t.addrs, s.addr)
 		t.names = append(t.names, s.name)
+		t.modules = append(t.modules, s.module)
 		if _, dup := t.by[s.name]; !dup {
 			t.by[s.name] = i
 		}
@@ -108,9 +114,53 @@ func (t *Table) Containing(addr uint64) (start, end uint64, ok bool) {
 // Name returns the name of the symbol that holds addr and addr's offset
 // in it, and false for an address below the first symbol.
 func (t *Table) Name(addr uint64) (name string, off uint64, ok bool) {
+	name, _, off, ok = t.Symbol(addr)
+	return name, off, ok
+}
+
+// Symbol returns the name of the symbol that holds addr, the module it
+// belongs to ("" for the kernel's own) and addr's offset in it, and
+// false for an address below the first symbol.
+func (t *Table) Symbol(addr uint64) (name, module string, off uint64, ok bool) {
 	i := sort.Search(len(t.addrs), func(i int) bool { return t.addrs[i] > addr }) - 1
 	if i < 0 {
-		return "", 0, false
+		return "", "", 0, false
 	}
-	return t.names[i], addr - t.addrs[i], true
+	return t.names[i], t.modules[i], addr - t.addrs[i], true
+}
+
+// Len returns the number of symbols in t.
+func (t *Table) Len() int { return len(t.addrs) }
+
+// CopyText copies to w the lines of r, in /proc/kallsyms's format, that
+// name code (types t, T, w and W) or end it (the symbols a call chain's
+// addresses fall in), and returns how many it copied. It fails when r
+// cannot be read, w cannot be written, or r shows no address.
+func CopyText(w io.Writer, r io.Reader) (int, error) {
+	bw := bufio.NewWriterSize(w, 1<<16)
+	sc := bufio.NewScanner(r)
+	n, hidden := 0, true
+	for sc.Scan() {
+		line := sc.Text()
+		parts := strings.Fields(line)
+		if len(parts) < 3 || len(parts[1]) != 1 || !strings.Contains("tTwW", parts[1]) {
+			continue
+		}
+		if strings.Trim(parts[0], "0") != "" {
+			hidden = false
+		}
+		bw.WriteString(line)
+		bw.WriteByte('\n')
+		n++
+	}
+	if err := sc.Err(); err != nil {
+		return n, fmt.Errorf("kallsyms: %w", err)
+	}
+	if n > 0 && hidden {
+		return 0, ErrHidden
+	}
+	if err := bw.Flush(); err != nil {
+		return n, fmt.Errorf("kallsyms: %w", err)
+	}
+	return n, nil
 }

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/internal/kallsyms"
+	"github.com/kconsume/kconsume/internal/testenv"
+)
+
+// TestRecordStack records kernel call chains with --stack, per event
+// and for all: report names each frame as the kernel's symbol table
+// does (func+0xoff), from the symbols the trace saved, and prints the
+// same frames as addresses with --raw-addresses or once the symbols are
+// gone; a corrupt symbol file is an error that names the way out. Bad
+// --stack and --stack-depth values are usage errors.
+func TestRecordStack(t *testing.T) {
+	testenv.RequireRoot(t)
+	syms, err := kallsyms.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "t")
+	code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", "sched:sched_process_exec",
+		"-e", "syscalls:sys_enter_clock_nanosleep", "--stack", "kernel", "--stack-depth", "3", "--", "sleep", "0.01")
+	if code != 0 {
+		t.Fatalf("record: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "call chains were deeper than --stack-depth 3") {
+		t.Errorf("the summary does not count the cut chains:\n%s", stdout)
+	}
+	named := reportLines(t, out)
+	raw := reportLines(t, out, "--raw-addresses")
+	chain := regexp.MustCompile(`callstack_kernel=\[([^\]]*)\]`)
+	nanosleeps := 0
+	for i, line := range raw {
+		if strings.Contains(line, "sched_process_exec") {
+			if strings.Contains(line, "callstack_kernel") {
+				t.Errorf("a call chain on an event --stack did not name: %s", line)
+			}
+			continue
+		}
+		nanosleeps++
+		addrs, names := chain.FindStringSubmatch(line), chain.FindStringSubmatch(named[i])
+		if addrs == nil || names == nil {
+			t.Fatalf("no call chain:\n%s\n%s", line, named[i])
+		}
+		a, n := strings.Split(addrs[1], ", "), strings.Split(names[1], ", ")
+		if len(a) != 3 || len(n) != 3 {
+			t.Fatalf("chains of %d and %d frames, want 3:\n%s\n%s", len(a), len(n), line, named[i])
+		}
+		for k := range a {
+			v, err := strconv.ParseUint(strings.TrimPrefix(a[k], "0x"), 16, 64)
+			name, off, ok := syms.Name(v)
+			if err != nil || !ok || n[k] != name+"+0x"+strconv.FormatUint(off, 16) {
+				t.Errorf("frame %d: %s named %s; the kernel names it %s+0x%x", k, a[k], n[k], name, off)
+			}
+		}
+	}
+	if nanosleeps == 0 {
+		t.Fatalf("no clock_nanosleep event in the trace:\n%s", strings.Join(raw, "\n"))
+	}
+	path := filepath.Join(out, consumer.KernelSymbols)
+	if err := os.WriteFile(path, []byte("not gzip"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, stdout, stderr := runCmd("report", out); code == 0 || !strings.Contains(stderr, "--raw-addresses") {
+		t.Errorf("report of a corrupt symbol file: exit %d, stderr %q", code, stderr)
+		_ = stdout
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if got := reportLines(t, out); strings.Join(got, "\n") != strings.Join(raw, "\n") {
+		t.Errorf("without symbols, report differs from --raw-addresses:\n%s\n%s", strings.Join(got, "\n"), strings.Join(raw, "\n"))
+	}
+	for _, args := range [][]string{{"--stack", "kernels"}, {"--stack-depth", "128", "--stack", "kernel"}, {"--stack-depth", "-1"}} {
+		code, _, stderr := runCmd(append([]string{"record", "-o", filepath.Join(t.TempDir(), "bad"), "-e", "sched:sched_switch"}, args...)...)
+		if code != 2 || !strings.Contains(stderr, strings.TrimLeft(args[0], "-")) {
+			t.Errorf("record %v: exit %d, stderr %q; want a usage error naming the flag", args, code, stderr)
+		}
+	}
+}
+
+// reportLines runs kconsume report on dir with args, and returns its lines.
+func reportLines(t *testing.T, dir string, args ...string) []string {
+	t.Helper()
+	code, stdout, stderr := runCmd(append([]string{"report", dir}, args...)...)
+	if code != 0 {
+		t.Fatalf("report %v: exit %d\n%s", args, code, stderr)
+	}
+	return strings.Split(strings.TrimSpace(stdout), "\n")
+}
