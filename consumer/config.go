@@ -104,6 +104,11 @@ type Config struct {
 	// frames (0: the kernel's limit, kernel.perf_event_max_stack).
 	Stacks     []EventStack
 	StackDepth int
+	// Contexts are LTTng's kernel contexts by name (procname, pid, tid,
+	// ppid, prio, nice, vpid, vtid, vppid, cpu_id, cgroup,
+	// perf:cpu:COUNTER), recorded with every tracepoint behind its
+	// fields (docs/stacks.md).
+	Contexts []string
 
 	// Dir receives the trace (metadata and trace<N> files); it must exist.
 	// Sink, when set, is used instead (tests, benchmarks).
@@ -250,6 +255,9 @@ func (c *Config) Check() error {
 	}
 	if c.StackDepth < 0 || c.StackDepth > MaxStack {
 		return fmt.Errorf("%w: stack depth %d: want 1 to %d frames", ErrConfig, c.StackDepth, MaxStack)
+	}
+	if _, err := layout.ParseContexts(c.Contexts); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	for _, st := range c.Stacks {
 		if st.Stack == 0 || st.Stack&^(StackKernel|StackUser) != 0 {

@@ -61,8 +61,9 @@ type Session struct {
 	w      *writer
 	ch     *relayfmt.Channel
 	events []*tracefs.Format
-	stacks []layout.Stack // the call chains each event records (nil: none)
-	symErr error          // why the kernel's symbols are not in the trace
+	stacks []layout.Stack   // the call chains each event records (nil: none)
+	ctxs   []layout.Context // the contexts every event records
+	symErr error            // why the kernel's symbols are not in the trace
 
 	synthMu sync.Mutex // guards synth after New
 	synth   map[string]synthClass
@@ -137,12 +138,16 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, stacks, len(synthDefs), wake)
+	ctxs, err := layout.ParseContexts(cfg.Contexts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, stacks, ctxs, len(synthDefs), wake)
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
 		return nil, err
 	}
-	s.stacks = stacks
+	s.stacks, s.ctxs = stacks, ctxs
 	if cfg.Sink == nil && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackKernel != 0 }) {
 		// A trace without them still shows the addresses: a note, not
 		// a failure.
@@ -367,9 +372,11 @@ func (s *Session) addTracepoints(formats, hooks []*tracefs.Format, wake bool, us
 		if layouts[i], err = layout.NewAt(f, s.cfg.Adjust[f.FullName()], at[i]); err != nil {
 			return err
 		}
+		var st layout.Stack
 		if i < len(s.stacks) {
-			layouts[i].AddStack(s.stacks[i])
+			st = s.stacks[i]
 		}
+		layouts[i].AddTail(s.ctxs, st)
 		names[i] = f.FullName()
 	}
 	ids, err := s.w.declareAll(names, layouts)

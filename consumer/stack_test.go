@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -392,4 +393,135 @@ func TestStackDepthCounted(t *testing.T) {
 	if events < 3 || c.Truncated != uint64(events) || c.Failed != 0 {
 		t.Fatalf("%d events, stack counts %+v; want 3 or more, each truncated", events, c)
 	}
+}
+
+// TestContextsMatchProc: the contexts kconsume records with each getpid
+// call of a C program, run niced in a new pid namespace, equal what
+// /proc says of it while it runs: its name, pid and tid, parent,
+// priority and nice value as lttng-modules writes them (prio - 100,
+// /proc's priority field), its ids in its namespace (NSpid), its cgroup
+// v2 id (the inode of its cgroup's directory), and the CPU the record
+// is on; a cpu-clock counter read on each CPU moves with the clock.
+func TestContextsMatchProc(t *testing.T) {
+	testenv.RequireRoot(t)
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skipf("no C compiler: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "kcstack")
+	if out, err := exec.Command(cc, "-O1", "-o", bin, "testdata/kcstack.c").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v: %s", err, out)
+	}
+	ctxs := []string{"procname", "pid", "tid", "ppid", "prio", "nice", "vpid", "vtid", "vppid", "cpu_id", "cgroup", "perf:cpu:cpu-clock"}
+	for _, tr := range transports(t) {
+		t.Run(tr.String(), func(t *testing.T) {
+			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, Comms: []string{"kcstack"}, Transport: tr, Contexts: ctxs})
+			if err := s.Start(); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("nice", "-n", "7", "unshare", "--pid", "--fork", bin)
+			in, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cmd.Process.Kill() })
+			want := procContexts(t, bin)
+			t.Logf("/proc: %v", want)
+			if _, err := in.Write(make([]byte, 20)); err != nil {
+				t.Fatal(err)
+			}
+			in.Close()
+			if err := cmd.Wait(); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			lastClock, lastTime := map[uint32]uint64{}, map[uint32]uint64{}
+			walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+				if it.Kind != relayfmt.EventItem {
+					t.Fatalf("%v in the trace", it.Kind)
+				}
+				n++
+				got := map[string]int64{}
+				for _, c := range []string{"pid", "tid", "ppid", "prio", "nice", "vpid", "vtid", "vppid"} {
+					got[c] = field(vals, c).Int(0)
+				}
+				got["cgroup"] = int64(field(vals, "cgroup").Uint(0))
+				if name := string(field(vals, "procname").Text()); name != "kcstack" {
+					t.Errorf("procname %q, want kcstack", name)
+				}
+				for c, v := range want {
+					if got[c] != v {
+						t.Errorf("%s = %d, /proc says %d", c, got[c], v)
+					}
+				}
+				if cpu := field(vals, "cpu_id").Int(0); cpu != int64(it.CPU) {
+					t.Errorf("cpu_id %d on CPU %d's stream", cpu, it.CPU)
+				}
+				clock := field(vals, "perf_cpu_cpu_clock").Uint(0)
+				if prev, ok := lastClock[it.CPU]; ok {
+					dc, dt := int64(clock-prev), int64(it.Time-lastTime[it.CPU])
+					if dc < 0 || dc-dt > dt/10+100_000 || dt-dc > dt/10+100_000 {
+						t.Errorf("cpu-clock moved %d ns on CPU %d while the clock moved %d", dc, it.CPU, dt)
+					}
+				}
+				lastClock[it.CPU], lastTime[it.CPU] = clock, it.Time
+			})
+			if n != 20 {
+				t.Errorf("%d events, want 20", n)
+			}
+		})
+	}
+}
+
+// procContexts returns what /proc says of the running program bin, once
+// it waits for input: its contexts by name as lttng-modules writes them.
+func procContexts(t *testing.T, bin string) map[string]int64 {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		procs, err := procfs.AllProcs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range procs {
+			exe, err := p.Executable()
+			if err != nil || exe != bin {
+				continue
+			}
+			st, err := p.Stat()
+			if err != nil || st.State != "S" {
+				continue
+			}
+			status, err := p.NewStatus()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cgs, err := p.Cgroups()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ino uint64
+			for _, cg := range cgs {
+				if cg.HierarchyID == 0 {
+					fi, err := os.Stat(filepath.Join("/sys/fs/cgroup", cg.Path))
+					if err != nil {
+						t.Fatal(err)
+					}
+					ino = fi.Sys().(*syscall.Stat_t).Ino
+				}
+			}
+			if len(status.NSpids) != 2 {
+				t.Fatalf("NSpid %v: not in a pid namespace of its own", status.NSpids)
+			}
+			return map[string]int64{"pid": int64(p.PID), "tid": int64(p.PID), "ppid": int64(st.PPID), "prio": int64(st.Priority), "nice": int64(st.Nice),
+				"vpid": int64(status.NSpids[1]), "vtid": int64(status.NSpids[1]), "vppid": 0, "cgroup": int64(ino)}
+		}
+	}
+	t.Fatalf("%s never waited for its input", bin)
+	return nil
 }

@@ -35,7 +35,7 @@ type LTTngKcScratch struct {
 		Len uint16
 		Cpu uint16
 	}
-	Data [10264]uint8
+	Data [10392]uint8
 }
 
 // Names of all BPF objects in the ELF.

@@ -47,7 +47,7 @@ type PerfKcScratch struct {
 		Len uint16
 		Cpu uint16
 	}
-	Data [10264]uint8
+	Data [10392]uint8
 }
 
 type PerfKcStackCount struct {
@@ -76,6 +76,9 @@ type PerfKcTpInfo struct {
 	UserLoc    uint16
 	Stack      uint8
 	StackDepth uint8
+	Ctx        uint16
+	CtxLen     uint8
+	_          [1]byte
 	Gen        uint32
 	GenNext    uint32
 	SwitchAt   uint32
@@ -95,6 +98,7 @@ type PerfKcTpInfo struct {
 const (
 	PerfMapKcCgroup       = "kc_cgroup"
 	PerfMapKcComms        = "kc_comms"
+	PerfMapKcCtxPerf      = "kc_ctx_perf"
 	PerfMapKcEpoch        = "kc_epoch"
 	PerfMapKcFilterKept   = "kc_filter_kept"
 	PerfMapKcInjectBuf    = "kc_inject_buf"
@@ -109,6 +113,7 @@ const (
 	PerfProgKcSetEpoch    = "kc_set_epoch"
 	PerfProgKcTracepoint  = "kc_tracepoint"
 	PerfVarKcClock        = "kc_clock"
+	PerfVarKcCtxNcpu      = "kc_ctx_ncpu"
 	PerfVarKcFilterCgroup = "kc_filter_cgroup"
 	PerfVarKcFilterComm   = "kc_filter_comm"
 	PerfVarKcFilterPid    = "kc_filter_pid"
@@ -175,6 +180,7 @@ type PerfProgramSpecs struct {
 type PerfMapSpecs struct {
 	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcCtxPerf    *ebpf.MapSpec `ebpf:"kc_ctx_perf"`
 	KcEpoch      *ebpf.MapSpec `ebpf:"kc_epoch"`
 	KcFilterKept *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
@@ -192,6 +198,7 @@ type PerfMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type PerfVariableSpecs struct {
 	KcClock        *ebpf.VariableSpec `ebpf:"kc_clock"`
+	KcCtxNcpu      *ebpf.VariableSpec `ebpf:"kc_ctx_ncpu"`
 	KcFilterCgroup *ebpf.VariableSpec `ebpf:"kc_filter_cgroup"`
 	KcFilterComm   *ebpf.VariableSpec `ebpf:"kc_filter_comm"`
 	KcFilterPid    *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
@@ -227,6 +234,7 @@ func (o *PerfObjects) Close() error {
 type PerfMaps struct {
 	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms      *ebpf.Map `ebpf:"kc_comms"`
+	KcCtxPerf    *ebpf.Map `ebpf:"kc_ctx_perf"`
 	KcEpoch      *ebpf.Map `ebpf:"kc_epoch"`
 	KcFilterKept *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
@@ -243,6 +251,7 @@ func (m *PerfMaps) Close() error {
 	return _PerfClose(
 		m.KcCgroup,
 		m.KcComms,
+		m.KcCtxPerf,
 		m.KcEpoch,
 		m.KcFilterKept,
 		m.KcInjectBuf,
@@ -261,6 +270,7 @@ func (m *PerfMaps) Close() error {
 // It can be passed to LoadPerfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type PerfVariables struct {
 	KcClock        *ebpf.Variable `ebpf:"kc_clock"`
+	KcCtxNcpu      *ebpf.Variable `ebpf:"kc_ctx_ncpu"`
 	KcFilterCgroup *ebpf.Variable `ebpf:"kc_filter_cgroup"`
 	KcFilterComm   *ebpf.Variable `ebpf:"kc_filter_comm"`
 	KcFilterPid    *ebpf.Variable `ebpf:"kc_filter_pid"`

@@ -64,7 +64,7 @@ type RingbufKcRec struct {
 type RingbufKcScratch struct {
 	_    structs.HostLayout
 	Hdr  RingbufKcRec
-	Data [10264]uint8
+	Data [10392]uint8
 }
 
 type RingbufKcStackCount struct {
@@ -104,6 +104,9 @@ type RingbufKcTpInfo struct {
 	UserLoc    uint16
 	Stack      uint8
 	StackDepth uint8
+	Ctx        uint16
+	CtxLen     uint8
+	_          [1]byte
 	Gen        uint32
 	GenNext    uint32
 	SwitchAt   uint32
@@ -118,6 +121,7 @@ const (
 	RingbufMapKcCgroup         = "kc_cgroup"
 	RingbufMapKcComms          = "kc_comms"
 	RingbufMapKcCtfMap         = "kc_ctf_map"
+	RingbufMapKcCtxPerf        = "kc_ctx_perf"
 	RingbufMapKcEpoch          = "kc_epoch"
 	RingbufMapKcFilterKept     = "kc_filter_kept"
 	RingbufMapKcInjectBuf      = "kc_inject_buf"
@@ -155,6 +159,7 @@ const (
 	RingbufVarKcAreaOn         = "kc_area_on"
 	RingbufVarKcAreaRsize      = "kc_area_rsize"
 	RingbufVarKcClock          = "kc_clock"
+	RingbufVarKcCtxNcpu        = "kc_ctx_ncpu"
 	RingbufVarKcFilterCgroup   = "kc_filter_cgroup"
 	RingbufVarKcFilterComm     = "kc_filter_comm"
 	RingbufVarKcFilterPid      = "kc_filter_pid"
@@ -253,6 +258,7 @@ type RingbufMapSpecs struct {
 	KcCgroup         *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms          *ebpf.MapSpec `ebpf:"kc_comms"`
 	KcCtfMap         *ebpf.MapSpec `ebpf:"kc_ctf_map"`
+	KcCtxPerf        *ebpf.MapSpec `ebpf:"kc_ctx_perf"`
 	KcEpoch          *ebpf.MapSpec `ebpf:"kc_epoch"`
 	KcFilterKept     *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.MapSpec `ebpf:"kc_inject_buf"`
@@ -280,6 +286,7 @@ type RingbufVariableSpecs struct {
 	KcAreaOn         *ebpf.VariableSpec `ebpf:"kc_area_on"`
 	KcAreaRsize      *ebpf.VariableSpec `ebpf:"kc_area_rsize"`
 	KcClock          *ebpf.VariableSpec `ebpf:"kc_clock"`
+	KcCtxNcpu        *ebpf.VariableSpec `ebpf:"kc_ctx_ncpu"`
 	KcFilterCgroup   *ebpf.VariableSpec `ebpf:"kc_filter_cgroup"`
 	KcFilterComm     *ebpf.VariableSpec `ebpf:"kc_filter_comm"`
 	KcFilterPid      *ebpf.VariableSpec `ebpf:"kc_filter_pid"`
@@ -334,6 +341,7 @@ type RingbufMaps struct {
 	KcCgroup         *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms          *ebpf.Map `ebpf:"kc_comms"`
 	KcCtfMap         *ebpf.Map `ebpf:"kc_ctf_map"`
+	KcCtxPerf        *ebpf.Map `ebpf:"kc_ctx_perf"`
 	KcEpoch          *ebpf.Map `ebpf:"kc_epoch"`
 	KcFilterKept     *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.Map `ebpf:"kc_inject_buf"`
@@ -356,6 +364,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcCgroup,
 		m.KcComms,
 		m.KcCtfMap,
+		m.KcCtxPerf,
 		m.KcEpoch,
 		m.KcFilterKept,
 		m.KcInjectBuf,
@@ -384,6 +393,7 @@ type RingbufVariables struct {
 	KcAreaOn         *ebpf.Variable `ebpf:"kc_area_on"`
 	KcAreaRsize      *ebpf.Variable `ebpf:"kc_area_rsize"`
 	KcClock          *ebpf.Variable `ebpf:"kc_clock"`
+	KcCtxNcpu        *ebpf.Variable `ebpf:"kc_ctx_ncpu"`
 	KcFilterCgroup   *ebpf.Variable `ebpf:"kc_filter_cgroup"`
 	KcFilterComm     *ebpf.Variable `ebpf:"kc_filter_comm"`
 	KcFilterPid      *ebpf.Variable `ebpf:"kc_filter_pid"`

@@ -107,7 +107,7 @@ struct {
 } kc_state SEC(".maps");
 
 /* Room for kc/stack.h's KC_TAIL_ROOM, checked there. */
-#define KC_SCRATCH_TAIL 2064
+#define KC_SCRATCH_TAIL 2192
 
 /* One scratch record per CPU, for variable-sized payloads. */
 struct kc_scratch {

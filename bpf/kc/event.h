@@ -81,6 +81,8 @@ struct kc_tp_info {
 	__u16 user_loc; /* KC_TP_SYSUSER: offset of the first field's __data_loc in the trace record */
 	__u8 stack;       /* KC_STACK_*: the call chains recorded behind the record (kc/stack.h) */
 	__u8 stack_depth; /* their most frames, at most KC_STACK_MAX */
+	__u16 ctx;        /* KC_CTX_*: the contexts recorded behind the record (kc/context.h) */
+	__u8 ctx_len;     /* their bytes */
 	__u32 gen;      /* the program generation that records the event (kc_gen_ok) */
 	__u32 gen_next; /* while a change of filter goes CPU by CPU: the next one's */
 	__u32 switch_at; /* ... and the epoch from which a CPU takes gen_next, or 0 */

@@ -11,6 +11,7 @@
 
 #include "kc/core.h"
 #include "kc/event.h"
+#include "kc/context.h"
 
 /*
  * The most frames a stack holds: PERF_MAX_STACK_DEPTH
@@ -22,8 +23,8 @@
 #define KC_STACK_MAX 127
 #define KC_STACK_BYTES (4 + 8 * (KC_STACK_MAX + 1))
 
-/* Room behind a record for its tail: both stacks. */
-#define KC_TAIL_ROOM (2 * KC_STACK_BYTES)
+/* Room behind a record for its tail: its contexts and both stacks. */
+#define KC_TAIL_ROOM (KC_CTX_ROOM + 2 * KC_STACK_BYTES)
 _Static_assert(KC_TAIL_ROOM <= KC_SCRATCH_TAIL, "struct kc_scratch holds the tail");
 
 #define KC_STACK_KERNEL 1 /* kc_tp_info.stack: record the kernel's call chain */
@@ -85,20 +86,34 @@ static __always_inline __u32 kc_stack_one(void *ctx, __u8 *d, __u32 depth, int a
 }
 
 /*
- * kc_stack_tail writes, at d (the end of a record of len payload bytes in
- * a buffer with KC_TAIL_ROOM bytes of room past KC_MAX_PAYLOAD), the call
- * chains info asks for, and returns their bytes, 0 for none. A record
- * too long to carry them within KC_MAX_PAYLOAD keeps empty ones, each
- * counted as failed.
+ * kc_tail writes behind the record at data, len payload bytes in a buffer
+ * with KC_TAIL_ROOM bytes of room past KC_MAX_PAYLOAD, the contexts
+ * (kc_context) and the call chains info asks for, and returns their
+ * bytes, 0 for none. A record too long to carry the chains within
+ * KC_MAX_PAYLOAD keeps empty ones, each counted as failed.
  */
-static __always_inline __u32 kc_stack_tail(void *ctx, __u8 *data, __u32 len, struct kc_tp_info *info)
+static __always_inline __u32 kc_tail(void *ctx, __u8 *data, __u32 len, struct kc_tp_info *info)
 {
-	__u32 zero = 0, depth = info->stack_depth, t = 0, need = 0;
-	struct kc_stack_count *c = bpf_map_lookup_elem(&kc_stack_stats, &zero);
-	__u8 *d;
+	__u32 zero = 0, depth = info->stack_depth, ct = 0, ks = 0, us = 0, need = 0;
+	int at_limit = info->stack & KC_STACK_AT_LIMIT;
+	struct kc_stack_count *c;
 
-	if (!info->stack)
+	if (!info->stack && !info->ctx)
 		return 0;
+	if (len > KC_MAX_PAYLOAD - 1 - KC_CTX_ROOM)
+		return 0; /* no room for a tail: the consumer counts the record undecodable */
+	barrier_var(len);
+	len &= KC_PAYLOAD_MASK;
+	if (info->ctx) {
+		ct = kc_context(data + len, info->ctx);
+		if (ct > KC_CTX_ROOM)
+			return 0;
+		barrier_var(ct);
+		len += ct;
+	}
+	if (!info->stack)
+		return ct;
+	c = bpf_map_lookup_elem(&kc_stack_stats, &zero);
 	if (info->stack & KC_STACK_KERNEL)
 		need += 4 + 8 * depth;
 	if (info->stack & KC_STACK_USER)
@@ -114,17 +129,14 @@ static __always_inline __u32 kc_stack_tail(void *ctx, __u8 *data, __u32 len, str
 	barrier_var(len);
 	len &= KC_PAYLOAD_MASK;
 	if (info->stack & KC_STACK_KERNEL) {
-		d = data + len;
-		t = kc_stack_one(ctx, d, depth, info->stack & KC_STACK_AT_LIMIT, 0, c);
-	}
-	if (info->stack & KC_STACK_USER) {
-		if (t > KC_STACK_BYTES)
+		ks = kc_stack_one(ctx, data + len, depth, at_limit, 0, c);
+		if (ks > KC_STACK_BYTES)
 			return 0;
-		barrier_var(t);
-		d = data + len + t;
-		t += kc_stack_one(ctx, d, depth, info->stack & KC_STACK_AT_LIMIT, BPF_F_USER_STACK, c);
+		barrier_var(ks);
 	}
-	return t;
+	if (info->stack & KC_STACK_USER)
+		us = kc_stack_one(ctx, data + len + ks, depth, at_limit, BPF_F_USER_STACK, c);
+	return ct + ks + us;
 }
 
 #endif /* KC_STACK_H */

@@ -86,12 +86,12 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 copied:
 	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
 		return 0;
-	tail = kc_stack_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
+	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
 	return kc_record_end(ctx, s, &kc_ctf_map, 0, st, key, info, size, tail, 0);
 #else
 	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
 		return 0;
-	tail = kc_stack_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
+	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
 	return kc_record_end(ctx, s, NULL, 0, st, key, info, size, tail, 0);
 #endif
 }
@@ -247,7 +247,7 @@ int kc_tracepoint(void *ctx)
 #ifndef KC_PERF
 		__u32 small = kc_small_size();
 
-		if (small >= 8 && small <= KC_SMALL_MAX && !(small & 1) && small == info->size && !info->stack)
+		if (small >= 8 && small <= KC_SMALL_MAX && !(small & 1) && small == info->size && !info->stack && !info->ctx)
 			ts = kc_record_small(ctx, key, info, small);
 		else
 #endif

@@ -51,7 +51,7 @@ type recordFlags struct {
 	filters                          filterFlags
 	stacks                           stackFlags
 	stackDepth                       int
-	comms, pids, objects             listFlag
+	comms, pids, objects, contexts   listFlag
 	subbuf, ring, memory             sizeFlag
 	mode, transport, clock, syscalls string
 	cgroup                           string
@@ -82,6 +82,7 @@ func defineRecordFlags(fs *flag.FlagSet, o *recordOpts, f *recordFlags) {
 	fs.Var(&f.filters, "f", "keep only the events of the -e before it whose fields pass this `expression`, in ftrace's event filter language (docs/filters.md): -e sched:sched_switch -f 'prev_comm == \"nginx\"'")
 	f.stacks.events = &f.events
 	fs.Var(&f.stacks, "stack", "record the call chain of each event of the -e before it, or of every event when no -e comes before: `kernel`, user or both (docs/stacks.md)")
+	fs.Var(&f.contexts, "context", "record these contexts with every event, LTTng's names: procname, pid, tid, ppid, prio, nice, vpid, vtid, vppid, cpu_id, cgroup, perf:cpu:COUNTER (repeat or commas; docs/stacks.md)")
 	fs.IntVar(&f.stackDepth, "stack-depth", 0, "most `frames` of a call chain (default: the kernel's limit, kernel.perf_event_max_stack, 127)")
 	fs.Var(filterFlag{&f.filters}, "filter", "keep only the events of `EVENT:EXPR` (EVENT as -e takes it, globs too) whose fields pass EXPR, in ftrace's event filter language (docs/filters.md)")
 	fs.Var(&f.pids, "pid", "record only these thread or process `id`s (repeat or commas)")
@@ -162,6 +163,7 @@ func (f *recordFlags) config() (consumer.Config, error) {
 		Events:     f.events.list,
 		Filters:    f.filters.list,
 		Stacks:     f.stacks.list,
+		Contexts:   f.contexts,
 		StackDepth: f.stackDepth,
 		Cgroup:     f.cgroup,
 		Comms:      f.comms,

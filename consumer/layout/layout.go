@@ -31,8 +31,10 @@ type Layout struct {
 	Direct bool // payload is raw[:fixed] as it is
 	AsIs   bool // payload is the whole record (synthetic events)
 	Ops    []Op
-	Dyn    []uint16 // offsets of dynamic fields for the BPF side (kc_tp_info.dyn)
-	Stack  Stack    // the call chains behind the record (AddStack)
+	Dyn    []uint16  // offsets of dynamic fields for the BPF side (kc_tp_info.dyn)
+	Stack  Stack     // the call chains behind the record (AddTail)
+	Ctx    []Context // the contexts behind the record, before the chains (AddTail)
+	ctxLen int       // their bytes
 }
 
 // Stack says which call chains the recorder writes behind an event's
@@ -56,15 +58,20 @@ const (
 	UserStackField   = "callstack_user"
 )
 
-// AddStack declares the call chains of s behind the fields of l: a
-// sequence of u64 addresses each, after a u32 count. The ring record
-// carries them behind its dynamic area, so the payload is no longer the
-// record as it is.
-func (l *Layout) AddStack(s Stack) {
-	if s == 0 || l.Stack != 0 || l.AsIs {
+// AddTail declares behind the fields of l the contexts ctxs (in the
+// order ParseContexts gives) and the call chains of s: a sequence of u64
+// addresses each, after a u32 count. The ring record carries them
+// behind its dynamic area, so the payload is no longer the record as it
+// is.
+func (l *Layout) AddTail(ctxs []Context, s Stack) {
+	if s == 0 && len(ctxs) == 0 || l.Stack != 0 || len(l.Ctx) != 0 || l.AsIs {
 		return
 	}
-	l.Stack = s
+	l.Stack, l.Ctx = s, ctxs
+	for _, c := range ctxs {
+		l.Fields = append(l.Fields, c.Field)
+		l.ctxLen += c.Size()
+	}
 	for _, c := range []struct {
 		bit  Stack
 		name string
@@ -291,7 +298,7 @@ func (l *Layout) Transcode(dst, raw []byte) ([]byte, bool) {
 	for _, o := range l.Ops {
 		switch o.Kind {
 		case OpTail:
-			tail, ok := l.stackTail(raw[end:])
+			tail, ok := l.tail(raw[end:])
 			if !ok {
 				return dst, false
 			}
@@ -344,10 +351,13 @@ func (l *Layout) Transcode(dst, raw []byte) ([]byte, bool) {
 	return dst, true
 }
 
-// stackTail returns the call chains at the start of tail, which must hold
-// them and nothing more, and false when it does not.
-func (l *Layout) stackTail(tail []byte) ([]byte, bool) {
-	n := 0
+// tail returns the contexts and call chains at the start of tail, which
+// must hold them and nothing more, and false when it does not.
+func (l *Layout) tail(tail []byte) ([]byte, bool) {
+	n := l.ctxLen
+	if len(tail) < n {
+		return nil, false
+	}
 	for _, bit := range []Stack{StackKernel, StackUser} {
 		if l.Stack&bit == 0 {
 			continue

@@ -85,7 +85,7 @@ func TestLayoutStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.AddStack(StackKernel | StackUser)
+	l.AddTail(nil, StackKernel|StackUser)
 	raw := make([]byte, 32, 128)
 	raw = append(raw, "hi\x00"...)
 	binary.LittleEndian.PutUint32(raw[8:], 32|3<<16)
@@ -124,7 +124,7 @@ func FuzzTranscode(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		l.AddStack(st)
+		l.AddTail(nil, st)
 		cls, err := relayfmt.NewEventClass(0, l.Name, l.Fields)
 		if err != nil {
 			f.Fatal(err)

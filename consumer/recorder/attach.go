@@ -102,9 +102,10 @@ func (r *Recorder) tpInfo(es Events, i int, f *tracefs.Format) (gen.RingbufKcTpI
 				return ti, fmt.Errorf("event %s: %w", f.FullName(), err)
 			}
 		}
+		putContexts(&ti, l)
 		if u := es.Users[i]; u != nil {
-			if l.Stack != 0 {
-				return ti, fmt.Errorf("%w: event %s: call chains: %w", ErrNotSupported, f.FullName(), errStackUser)
+			if l.Stack != 0 || len(l.Ctx) > 0 {
+				return ti, fmt.Errorf("%w: event %s: call chains and contexts: %w", ErrNotSupported, f.FullName(), errStackUser)
 			}
 			if r.transport != Ringbuf {
 				return ti, fmt.Errorf("%w: event %s: its user-space fields need BPF ring buffers, not %s", ErrNotSupported, f.FullName(), r.transport)

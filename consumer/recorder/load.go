@@ -52,13 +52,16 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 	}
 	l := &loading{r: r, set: map[string]any{}, opts: opts, nevents: nevents, raw: opts != nil && opts.sys}
 	if opts != nil {
-		r.stacks = opts.stacks
+		r.stacks, r.ctxs = opts.stacks, opts.ctxs
 	}
 	steps := []func() error{l.baseSpec, l.decide, l.setupRings, l.setupSyscalls, l.setupRest, l.load}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
 		}
+	}
+	if err := r.openPerfContexts(r.ctxs); err != nil {
+		return nil, err
 	}
 	if r.plan[PathOwnRings].on {
 		if r.areaMem, err = mapArea(r.coll, ncpu, cfg.RingSize); err != nil {
@@ -84,8 +87,8 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 // events and wake set when wakeup_latency is recorded: their record
 // sizes, the syscall events and BTF programs that may record them, and
 // whether packet mode may write them.
-func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filters []*filter.Filter, stacks []layout.Stack, synths int, wake bool) *Options {
-	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}, filters: filters, formats: formats, stacks: stacks}
+func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filters []*filter.Filter, stacks []layout.Stack, ctxs []layout.Context, synths int, wake bool) *Options {
+	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}, filters: filters, formats: formats, stacks: stacks, ctxs: ctxs}
 	opts.user = slices.ContainsFunc(users, func(u *SysUser) bool { return u != nil })
 	for i, u := range users {
 		if u != nil && i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0 {
@@ -102,9 +105,9 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 	opts.pktRaw = pktEligible(cfg, formats, synths, wake, true)
 	for i, f := range formats {
 		filtered := i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0
-		if opts.stack(i) != 0 {
+		if opts.tail(i) {
 			// Only the tracepoints' general program records call
-			// chains (kc_stack_tail).
+			// chains and contexts (kc_tail).
 			continue
 		}
 		if exit, ok := SysShape(f); ok {
@@ -138,12 +141,9 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 	return opts
 }
 
-// stack returns the call chains event key i records.
-func (o *Options) stack(i int) layout.Stack {
-	if o == nil || i >= len(o.stacks) {
-		return 0
-	}
-	return o.stacks[i]
+// tail reports whether event key i records call chains or contexts.
+func (o *Options) tail(i int) bool {
+	return o != nil && (i < len(o.stacks) && o.stacks[i] != 0 || len(o.ctxs) > 0)
 }
 
 // baseSpec takes the object of the transport (or the one opts gives),
@@ -173,6 +173,10 @@ func (l *loading) baseSpec() error {
 	m.MaxEntries = uint32(max(l.nevents, 1))
 	if k := l.spec.Maps[gen.RingbufMapKcFilterKept]; k != nil {
 		k.MaxEntries = m.MaxEntries
+	}
+	if p := l.spec.Maps[gen.RingbufMapKcCtxPerf]; p != nil {
+		p.MaxEntries = uint32(layout.MaxPerf * r.ncpu)
+		set[gen.RingbufVarKcCtxNcpu] = uint32(r.ncpu)
 	}
 	r.tp.cookie = !Testing.NoCookie && features.HaveProgramHelper(ebpf.TracePoint, asm.FnGetAttachCookie) == nil
 	set[gen.RingbufVarKcUseCookie] = boolU32(r.tp.cookie)

@@ -129,8 +129,8 @@ func pktOps(l *layout.Layout) ([]gen.RingbufKcOp, error) {
 		return nil, nil
 	}
 	lops := l.Ops
-	if l.Stack != 0 {
-		// kc_record_end writes the call chains behind the payload.
+	if k := len(lops); k > 0 && lops[k-1].Kind == layout.OpTail {
+		// kc_record_end writes the tail behind the payload.
 		lops = lops[:len(lops)-1]
 		if len(lops) == 1 && lops[0].Kind == layout.OpCopy && lops[0].Off == 0 && lops[0].N == l.Fixed {
 			return nil, nil

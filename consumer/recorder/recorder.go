@@ -64,6 +64,8 @@ type Recorder struct {
 	pktElem   int                  // the size of its elements in packet mode (PathPackets, packet.go)
 	inj       injector             // the injector's record (inject.go)
 	stacks    []layout.Stack       // the call chains each event key records (stack.go)
+	ctxs      []layout.Context     // the contexts every event records (context.go)
+	perfFDs   []int                // the perf contexts' counters (context.go)
 }
 
 // Options replaces the recorder by another object built on kconsume.h
@@ -86,8 +88,10 @@ type Options struct {
 	formats []*tracefs.Format
 	// sysEvents are the syscall events the syscall programs can build.
 	sysEvents []sysEvent
-	// stacks are the call chains each event key records (nil: none).
+	// stacks are the call chains each event key records (nil: none),
+	// ctxs the contexts every event records.
 	stacks []layout.Stack
+	ctxs   []layout.Context
 	// pktRaw and pktTP are nil when the events can be written in packet
 	// mode, else why not (pktEligible): with syscall events on the raw
 	// syscall path, and through their tracepoints.
@@ -363,6 +367,7 @@ func (r *Recorder) Detach() []error {
 // idempotent.
 func (r *Recorder) Close() {
 	_ = r.Detach()
+	r.closePerfContexts()
 	r.tp.close()
 	r.raw.close(&r.tp.laterMu)
 	for _, m := range r.rings {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -68,12 +69,10 @@ func putStack(ti *gen.RingbufKcTpInfo, s layout.Stack, depth int) error {
 	return nil
 }
 
-// stack returns the call chains event key i records.
-func (r *Recorder) stack(i int) layout.Stack {
-	if i < len(r.stacks) {
-		return r.stacks[i]
-	}
-	return 0
+// tail reports whether event key i records call chains or contexts
+// behind its record, which only the tracepoints' general program writes.
+func (r *Recorder) tail(i int) bool {
+	return i < len(r.stacks) && r.stacks[i] != 0 || len(r.ctxs) > 0
 }
 
 // StackCounts are the call chains the recorder could not record whole.
@@ -90,7 +89,7 @@ type StackCounts struct {
 func (r *Recorder) StackCounts() (StackCounts, error) {
 	var c StackCounts
 	m := r.coll.Maps[gen.RingbufMapKcStackStats]
-	if m == nil || len(r.stacks) == 0 {
+	if m == nil || !slices.ContainsFunc(r.stacks, func(s layout.Stack) bool { return s != 0 }) {
 		return c, nil
 	}
 	var per []gen.RingbufKcStackCount

@@ -156,7 +156,7 @@ func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, erro
 	for i, f := range formats {
 		exit, ok := SysShape(f)
 		nr, known := sysNr(f)
-		if progs[i] != "" || !ok || !known || r.stack(i) != 0 {
+		if progs[i] != "" || !ok || !known || r.tail(i) {
 			continue
 		}
 		slot := uint32(nr)
