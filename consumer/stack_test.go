@@ -400,7 +400,7 @@ func TestStackDepthCounted(t *testing.T) {
 // /proc says of it while it runs: its name, pid and tid, parent,
 // priority and nice value as lttng-modules writes them (prio - 100,
 // /proc's priority field), its ids in its namespace (NSpid), its cgroup
-// v2 id (the inode of its cgroup's directory), and the CPU the record
+// v2 id (the inode of a cgroup's directory it is moved to), and the CPU the record
 // is on; a cpu-clock counter read on each CPU moves with the clock.
 func TestContextsMatchProc(t *testing.T) {
 	testenv.RequireRoot(t)
@@ -428,7 +428,14 @@ func TestContextsMatchProc(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = cmd.Process.Kill() })
-			want := procContexts(t, bin)
+			root := cgroup2Root(t)
+			cg := filepath.Join(root, "kconsume-ctx-"+tr.String()+"-"+strconv.Itoa(os.Getpid()))
+			if err := os.Mkdir(cg, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			// The program is gone by then; an empty cgroup can be removed.
+			t.Cleanup(func() { _ = os.Remove(cg) })
+			want := procContexts(t, bin, root, cg)
 			t.Logf("/proc: %v", want)
 			if _, err := in.Write(make([]byte, 20)); err != nil {
 				t.Fatal(err)
@@ -479,9 +486,11 @@ func TestContextsMatchProc(t *testing.T) {
 	}
 }
 
-// procContexts returns what /proc says of the running program bin, once
-// it waits for input: its contexts by name as lttng-modules writes them.
-func procContexts(t *testing.T, bin string) map[string]int64 {
+// procContexts moves the running program bin into the cgroup cg, under
+// the cgroup v2 hierarchy at root, once it
+// waits for input, and returns what /proc then says of it: its contexts
+// by name as lttng-modules writes them.
+func procContexts(t *testing.T, bin, root, cg string) map[string]int64 {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		procs, err := procfs.AllProcs()
@@ -497,6 +506,9 @@ func procContexts(t *testing.T, bin string) map[string]int64 {
 			if err != nil || st.State != "S" {
 				continue
 			}
+			if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(strconv.Itoa(p.PID)), 0); err != nil {
+				t.Fatal(err)
+			}
 			status, err := p.NewStatus()
 			if err != nil {
 				t.Fatal(err)
@@ -508,7 +520,7 @@ func procContexts(t *testing.T, bin string) map[string]int64 {
 			var ino uint64
 			for _, cg := range cgs {
 				if cg.HierarchyID == 0 {
-					fi, err := os.Stat(filepath.Join("/sys/fs/cgroup", cg.Path))
+					fi, err := os.Stat(filepath.Join(root, cg.Path))
 					if err != nil {
 						t.Fatal(err)
 					}
