@@ -21,7 +21,7 @@ import (
 )
 
 const reportSynopsis = `report DIR [--follow] [--json] [-e EVENT]... [--cpu N] [--pid PID] [--since T] [--until T]
-       [--clock-date] [--clock-gmt] [--trace-seconds]
+       [--clock-date] [--clock-gmt] [--trace-seconds] [--raw-addresses]
 
 Prints the trace's events merged by time, one line each with every field,
 and the discarded ranges where they happened. Times are printed as
