@@ -66,7 +66,13 @@ static __always_inline __u32 kc_stack_one(void *ctx, __u8 *d, __u32 depth, int a
 	barrier_var(ask);
 	ask &= 0xff;
 	n = bpf_get_stack(ctx, d + 4, ask * 8, flags);
-	if (n < 0) {
+	/*
+	 * A program always runs in the kernel, so its kernel chain is never
+	 * empty where the kernel gives it: an empty one is a failure (the
+	 * syscall tracepoints of older kernels hand BPF the user's registers,
+	 * kernel/trace/trace_syscalls.c:perf_call_bpf_enter).
+	 */
+	if (n < 0 || (n == 0 && !(flags & BPF_F_USER_STACK) && depth)) {
 		if (c)
 			c->failed++;
 		n = 0;
