@@ -154,6 +154,8 @@ func rows() []sectionRow {
 		{"fieldreject", "fieldreject", "(d) lseek(-1, i, 0), `-e syscalls:sys_enter_lseek -f 'fd == 7'`: every event rejected by a field filter (each tool given it)"},
 		{"fieldaccept", "fieldaccept", "(d) lseek(-1, i, 0), `-e syscalls:sys_enter_lseek -f 'offset < 100000 && whence == 0'`: every event kept by a field filter"},
 		{"fieldreject-rename", "fieldreject-rename", "(d) prctl(PR_SET_NAME), `-e task:task_rename -f 'newcomm == \"nothing\"'`: every event rejected by a string filter"},
+		{"stack-kernel", "stack-kernel", "(e) prctl(PR_SET_NAME), `-e task:task_rename --stack kernel` (trace-cmd -T, perf -g --kernel-callchains)"},
+		{"stack-user", "stack-user", "(e) getpid, `-e syscalls:sys_enter_getpid --stack user` (trace-cmd -O userstacktrace, perf -g --user-callchains; a static binary without frame pointers)"},
 	} {
 		for _, pin := range []string{"pinned", "unpinned"} {
 			k := w.name + "-" + pin
@@ -161,15 +163,18 @@ func rows() []sectionRow {
 				fig: m("EventCost", k+"-untraced-ns-chunk"), label: "ns/call",
 				extra: []extra{{m("EventCost", k+"-untraced-ns"), "ns/call whole loop"}}})
 			field := strings.HasPrefix(w.name, "field")
+			stack := strings.HasPrefix(w.name, "stack")
 			for _, tool := range []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd", "perf"} {
-				if tool == "kconsume-tp" && (strings.Contains(w.name, "rename") || w.name == "switch") || tool == "kconsume-nf" && !field {
+				if tool == "kconsume-tp" && (strings.Contains(w.name, "rename") || w.name == "switch" || w.name == "stack-kernel") || tool == "kconsume-nf" && !field && !stack {
 					continue
 				}
 				name := tool
-				switch tool {
-				case "kconsume-tp":
+				switch {
+				case tool == "kconsume-tp":
 					name = "kconsume --syscalls tracepoint"
-				case "kconsume-nf":
+				case tool == "kconsume-nf" && stack:
+					name = "kconsume without the call chain"
+				case tool == "kconsume-nf":
 					name = "kconsume without the filter"
 				}
 				r := row{what: w.what + ", " + pin + ", " + name, cmd: evc,
@@ -191,6 +196,11 @@ func rows() []sectionRow {
 						extra{m("EventCost", k+"-vs-unfiltered"), "× unfiltered, whole loop"})
 					r.target, r.needRatio = "≤ 1.1 × kconsume unfiltered (issue 49 item 6)", true
 					r.ok = func(_ results, _, rat stat) bool { return rat.med <= 1.1 }
+				case tool == "kconsume" && stack:
+					// Measured, no target yet: what a chain costs.
+					r.ratioOf, r.baseName = pm("EventCost", k+"-ratio-chunk"), "trace-cmd's added cost (with its call chain)"
+					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio"), "× trace-cmd's whole loop"},
+						extra{m("EventCost", k+"-vs-nostack-chunk"), "× kconsume without the chain"})
 				case tool == "kconsume":
 					r.ratioOf, r.baseName = pm("EventCost", k+"-ratio-chunk"), "trace-cmd's added cost"
 					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio"), "× trace-cmd's whole loop"})

@@ -162,7 +162,13 @@ type eventSession struct {
 	// A field filter every tool applies (kconsume -f, trace-cmd -f,
 	// perf --filter), but kconsume-nf, which records unfiltered.
 	expr string
-	runs []eventRun
+	// A call chain every tool records with each event: "kernel"
+	// (kconsume --stack kernel, trace-cmd -T, perf -g
+	// --kernel-callchains) or "user" (--stack user, trace-cmd -O
+	// userstacktrace, perf -g --user-callchains); kconsume-nf records
+	// none.
+	stack string
+	runs  []eventRun
 }
 
 var eventSessions = []eventSession{
@@ -197,6 +203,15 @@ var eventSessions = []eventSession{
 	// that kconsume builds from the tracepoint's arguments).
 	{name: "fieldreject-rename", event: "task:task_rename", expr: `newcomm == "nothing"`, runs: []eventRun{
 		{"fieldreject-rename-pinned", "rename", true}, {"fieldreject-rename-unpinned", "rename", false},
+	}},
+	// Call chains: the kernel's of a rename (a tracepoint every kernel
+	// gives one at), the user's of a getpid (the workload is static and
+	// built without frame pointers: a frame or two, as most binaries).
+	{name: "stack-kernel", event: "task:task_rename", stack: "kernel", runs: []eventRun{
+		{"stack-kernel-pinned", "rename", true}, {"stack-kernel-unpinned", "rename", false},
+	}},
+	{name: "stack-user", event: "syscalls:sys_enter_getpid", stack: "user", runs: []eventRun{
+		{"stack-user-pinned", "getpid", true}, {"stack-user-unpinned", "getpid", false},
 	}},
 }
 
@@ -237,9 +252,15 @@ var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd",
 // KCONSUME_BENCH_BASE_BIN names another kconsume binary, a previous
 // commit's, run in the same rounds as kconsume-base and reported as
 // kconsume is (its ratios as base-ratio): a change measured against it.
+// Call chains: task_rename with the kernel's (stack-kernel: kconsume
+// --stack kernel, trace-cmd -T, perf -g --kernel-callchains) and getpid
+// with the user's (stack-user: --stack user, trace-cmd -O
+// userstacktrace, perf -g --user-callchains), kconsume-nf recording
+// the same events without (its vs-unfiltered ratio is then the stack's
+// own cost, reported as vs-nostack).
 // KCONSUME_BENCH_SESSIONS, a comma-separated list of session names
 // (getpid, rename, switch, pidfilter, fieldreject, fieldaccept,
-// fieldreject-rename), runs only those.
+// fieldreject-rename, stack-kernel, stack-user), runs only those.
 func BenchmarkEventCost(b *testing.B) {
 	testenv.RequireRoot(b)
 	if b.N < 100000 {
@@ -314,7 +335,7 @@ func BenchmarkEventCost(b *testing.B) {
 					}
 					continue
 				}
-				if tool == "kconsume-tp" && !strings.HasPrefix(s.event, "syscalls:") || tool == "kconsume-nf" && s.expr == "" {
+				if tool == "kconsume-tp" && !strings.HasPrefix(s.event, "syscalls:") || tool == "kconsume-nf" && s.expr == "" && s.stack == "" {
 					continue
 				}
 				// A retry is a new recording, whose runs replace the
@@ -380,7 +401,11 @@ func BenchmarkEventCost(b *testing.B) {
 					for r := range un {
 						ratios = append(ratios, (ns[run.name]["kconsume"][i][r]-un[r])/(nf[r]-un[r]))
 					}
-					b.ReportMetric(median(ratios), run.name+"-vs-unfiltered"+suffix)
+					vs := "-vs-unfiltered"
+					if s.stack != "" {
+						vs = "-vs-nostack"
+					}
+					b.ReportMetric(median(ratios), run.name+vs+suffix)
 				}
 			}
 		}
@@ -421,6 +446,9 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		if tool == "kconsume-tp" {
 			args = append(args, "--syscalls", "tracepoint")
 		}
+		if s.stack != "" && tool != "kconsume-nf" {
+			args = append(args, "--stack", s.stack)
+		}
 	case "trace-cmd":
 		// trace-cmd -P would filter with set_event_pid, but it gives up on
 		// it here along with set_ftrace_filter; the event filter is its
@@ -432,6 +460,12 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		if s.expr != "" {
 			args = append(args, "-f", s.expr)
 		}
+		switch s.stack {
+		case "kernel":
+			args = append(args, "-T")
+		case "user":
+			args = append(args, "-O", "userstacktrace")
+		}
 	case "perf":
 		args = []string{"record", "-a", "-e", s.event, "-o", filepath.Join(dir, "perf.data")}
 		if s.filter {
@@ -439,6 +473,9 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		}
 		if s.expr != "" {
 			args = append(args, "--filter", s.expr)
+		}
+		if s.stack != "" {
+			args = append(args, "-g", "--"+s.stack+"-callchains")
 		}
 	}
 	cmd := exec.Command(bin, args...)

@@ -78,8 +78,20 @@ func resolveStacks(fs tracefs.FS, stacks []EventStack, formats []*tracefs.Format
 			out[i] |= st.Stack
 		}
 	}
+	rel := runningRelease()
+	for i, f := range formats {
+		if out[i]&StackKernel != 0 && f.System == "syscalls" && rel != (filter.Release{}) && rel.Less(syscallStacks) {
+			return nil, fmt.Errorf("%w: event %s: kernel call chains of syscall events need Linux %d.%d or later; this kernel (%s) hands BPF the syscall's user registers there, and the chain comes back empty (--stack user works)",
+				ErrNotSupported, f.FullName(), syscallStacks.Major, syscallStacks.Minor, rel)
+		}
+	}
 	return out, nil
 }
+
+// syscallStacks is the first release whose syscall tracepoints give BPF
+// the kernel's registers, so a kernel call chain: before it
+// kernel/trace/trace_syscalls.c:perf_call_bpf_enter passed the user's.
+var syscallStacks = filter.Release{Major: 6, Minor: 12}
 
 // namedEvents returns the indexes in formats of the recorded events that
 // pattern names, as Config.Events names them. It fails with ErrConfig for

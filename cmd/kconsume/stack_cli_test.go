@@ -27,7 +27,7 @@ func TestRecordStack(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "t")
 	code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", "sched:sched_process_exec",
-		"-e", "syscalls:sys_enter_clock_nanosleep", "--stack", "kernel", "--stack-depth", "3", "--", "sleep", "0.01")
+		"-e", "sched:sched_process_exit", "--stack", "kernel", "--stack-depth", "3", "--", "sleep", "0.01")
 	if code != 0 {
 		t.Fatalf("record: exit %d\n%s%s", code, stdout, stderr)
 	}
@@ -37,7 +37,7 @@ func TestRecordStack(t *testing.T) {
 	named := reportLines(t, out)
 	raw := reportLines(t, out, "--raw-addresses")
 	chain := regexp.MustCompile(`callstack_kernel=\[([^\]]*)\]`)
-	nanosleeps := 0
+	exits := 0
 	for i, line := range raw {
 		if strings.Contains(line, "sched_process_exec") {
 			if strings.Contains(line, "callstack_kernel") {
@@ -45,7 +45,7 @@ func TestRecordStack(t *testing.T) {
 			}
 			continue
 		}
-		nanosleeps++
+		exits++
 		addrs, names := chain.FindStringSubmatch(line), chain.FindStringSubmatch(named[i])
 		if addrs == nil || names == nil {
 			t.Fatalf("no call chain:\n%s\n%s", line, named[i])
@@ -62,8 +62,8 @@ func TestRecordStack(t *testing.T) {
 			}
 		}
 	}
-	if nanosleeps == 0 {
-		t.Fatalf("no clock_nanosleep event in the trace:\n%s", strings.Join(raw, "\n"))
+	if exits == 0 {
+		t.Fatalf("no sched_process_exit event in the trace:\n%s", strings.Join(raw, "\n"))
 	}
 	path := filepath.Join(out, consumer.KernelSymbols)
 	if err := os.WriteFile(path, []byte("not gzip"), 0o644); err != nil {
