@@ -430,7 +430,8 @@ func TestStackDepthCounted(t *testing.T) {
 // priority and nice value as lttng-modules writes them (prio - 100,
 // /proc's priority field), its ids in its namespace (NSpid), its cgroup
 // v2 id (the inode of a cgroup's directory it is moved to), and the CPU the record
-// is on; a cpu-clock counter read on each CPU moves with the clock.
+// is on; a cpu-clock counter read on each CPU moves with the clock
+// (within a factor of 4: guests' clocks drift apart).
 func TestContextsMatchProc(t *testing.T) {
 	testenv.RequireRoot(t)
 	cc, err := exec.LookPath("cc")
@@ -501,8 +502,12 @@ func TestContextsMatchProc(t *testing.T) {
 				}
 				clock := field(vals, "perf_cpu_cpu_clock").Uint(0)
 				if prev, ok := lastClock[it.CPU]; ok {
+					// cpu-clock runs on the scheduler's clock, which
+					// in TCG guests drifts from CLOCK_MONOTONIC by a
+					// factor of 2: a loose bound, which a counter of
+					// another CPU, or none, still fails.
 					dc, dt := int64(clock-prev), int64(it.Time-lastTime[it.CPU])
-					if dc < 0 || dc-dt > dt/10+100_000 || dt-dc > dt/10+100_000 {
+					if dc <= 0 || dc > 4*dt+100_000 || 4*dc+100_000 < dt {
 						t.Errorf("cpu-clock moved %d ns on CPU %d while the clock moved %d", dc, it.CPU, dt)
 					}
 				}
