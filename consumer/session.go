@@ -64,6 +64,9 @@ type Session struct {
 	stacks []layout.Stack   // the call chains each event records (nil: none)
 	ctxs   []layout.Context // the contexts every event records
 	symErr error            // why the kernel's symbols are not in the trace
+	umaps  *userMaps        // what processes map, for user call chains (nil: none)
+	// mapsLost counts the kernel's mmap records it dropped (MappingsLost).
+	mapsLost uint64
 
 	synthMu sync.Mutex // guards synth after New
 	synth   map[string]synthClass
@@ -153,6 +156,12 @@ func New(cfg Config) (*Session, error) {
 		// a failure.
 		s.symErr = saveKernelSymbols(cfg.Dir)
 	}
+	if cfg.Sink == nil && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackUser != 0 }) {
+		clockID, _ := checkClock(cfg.Clock)
+		if s.umaps, err = startUserMaps(s.ncpu, clockID); err != nil {
+			s.symErr = err // the chains are still recorded, as addresses
+		}
+	}
 	err = s.addTracepoints(formats, hooks, wake, users, userBuf)
 	if err == nil {
 		err = s.addSynth(synthDefs)
@@ -189,6 +198,7 @@ func (s *Session) removeOutput() {
 	if s.cfg.Sink == nil {
 		_ = os.Remove(filepath.Join(s.cfg.Dir, "metadata"))
 		_ = os.Remove(filepath.Join(s.cfg.Dir, KernelSymbols))
+		_ = os.Remove(filepath.Join(s.cfg.Dir, UserSymbols))
 	}
 }
 
@@ -448,6 +458,9 @@ func (s *Session) Close() error {
 				stacks, err := s.rec.StackCounts()
 				errs = append(errs, err)
 				s.finalStacks.Store(&stacks)
+				if s.umaps != nil {
+					errs = append(errs, s.saveUserSymbols())
+				}
 			}
 		}
 		s.release()
@@ -456,8 +469,28 @@ func (s *Session) Close() error {
 	return s.closeErr
 }
 
+// saveUserSymbols writes the user symbols (UserSymbols) of the processes
+// whose user call chains the trace holds.
+func (s *Session) saveUserSymbols() error {
+	procs, err := s.rec.UserStackProcs()
+	if err != nil {
+		return err
+	}
+	f := s.umaps.finish(procs)
+	s.mapsLost = s.umaps.lost.Load()
+	return writeUserSymbols(s.cfg.Dir, f)
+}
+
+// MappingsLost returns how many of the kernel's mmap, fork and exec
+// records it dropped while user call chains were recorded: frames of
+// those processes may stay unnamed.
+func (s *Session) MappingsLost() uint64 { return s.mapsLost }
+
 // release frees kernel objects and mappings.
 func (s *Session) release() {
+	if s.umaps != nil {
+		s.umaps.close()
+	}
 	if s.dr != nil {
 		s.dr.close()
 	}

@@ -277,7 +277,9 @@ func ftraceAddr(t *testing.T, syms *kallsyms.Table, frame string) uint64 {
 // calls through kcstack_a and kcstack_b, resolve in the program's own
 // symbols (elfsym, with its mappings read while it runs) to exactly that
 // chain, when it keeps frame pointers: the kernel unwinds user stacks by
-// them. Built without, the first frame still resolves to kcstack_c.
+// them. Built without, the first frame still resolves to kcstack_c. The
+// symbols the trace saved name every such frame alike once the program
+// has exited and its file is deleted.
 func TestUserStacks(t *testing.T) {
 	testenv.RequireRoot(t)
 	cc, err := exec.LookPath("cc")
@@ -363,6 +365,14 @@ func userStacks(t *testing.T, bin string, n int) [][]string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The trace names the frames by itself, after the program is gone.
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := ReadUserSymbols(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out [][]string
 	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
 		if it.Kind != relayfmt.EventItem {
@@ -378,6 +388,10 @@ func userStacks(t *testing.T, bin string, n int) [][]string {
 						name = sym.Name
 					}
 				}
+			}
+			fn, _, path, ok := saved.Resolve(int32(field(vals, "common_pid").Int(0)), it.Time, a)
+			if name != "?" && (!ok || fn != name || path != bin) {
+				t.Errorf("frame %#x: the trace names it %q in %q (%v); the live process's symbols, %s", a, fn, path, ok, name)
 			}
 			chain = append(chain, name)
 		}

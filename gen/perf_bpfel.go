@@ -108,6 +108,7 @@ const (
 	PerfMapKcStackStats   = "kc_stack_stats"
 	PerfMapKcState        = "kc_state"
 	PerfMapKcTpInfoMap    = "kc_tp_info_map"
+	PerfMapKcUstackProcs  = "kc_ustack_procs"
 	PerfMapKcWakeTs       = "kc_wake_ts"
 	PerfProgKcInject      = "kc_inject"
 	PerfProgKcSetEpoch    = "kc_set_epoch"
@@ -178,19 +179,20 @@ type PerfProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type PerfMapSpecs struct {
-	KcCgroup     *ebpf.MapSpec `ebpf:"kc_cgroup"`
-	KcComms      *ebpf.MapSpec `ebpf:"kc_comms"`
-	KcCtxPerf    *ebpf.MapSpec `ebpf:"kc_ctx_perf"`
-	KcEpoch      *ebpf.MapSpec `ebpf:"kc_epoch"`
-	KcFilterKept *ebpf.MapSpec `ebpf:"kc_filter_kept"`
-	KcInjectBuf  *ebpf.MapSpec `ebpf:"kc_inject_buf"`
-	KcPerf       *ebpf.MapSpec `ebpf:"kc_perf"`
-	KcPids       *ebpf.MapSpec `ebpf:"kc_pids"`
-	KcScratchMap *ebpf.MapSpec `ebpf:"kc_scratch_map"`
-	KcStackStats *ebpf.MapSpec `ebpf:"kc_stack_stats"`
-	KcState      *ebpf.MapSpec `ebpf:"kc_state"`
-	KcTpInfoMap  *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
-	KcWakeTs     *ebpf.MapSpec `ebpf:"kc_wake_ts"`
+	KcCgroup      *ebpf.MapSpec `ebpf:"kc_cgroup"`
+	KcComms       *ebpf.MapSpec `ebpf:"kc_comms"`
+	KcCtxPerf     *ebpf.MapSpec `ebpf:"kc_ctx_perf"`
+	KcEpoch       *ebpf.MapSpec `ebpf:"kc_epoch"`
+	KcFilterKept  *ebpf.MapSpec `ebpf:"kc_filter_kept"`
+	KcInjectBuf   *ebpf.MapSpec `ebpf:"kc_inject_buf"`
+	KcPerf        *ebpf.MapSpec `ebpf:"kc_perf"`
+	KcPids        *ebpf.MapSpec `ebpf:"kc_pids"`
+	KcScratchMap  *ebpf.MapSpec `ebpf:"kc_scratch_map"`
+	KcStackStats  *ebpf.MapSpec `ebpf:"kc_stack_stats"`
+	KcState       *ebpf.MapSpec `ebpf:"kc_state"`
+	KcTpInfoMap   *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
+	KcUstackProcs *ebpf.MapSpec `ebpf:"kc_ustack_procs"`
+	KcWakeTs      *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
 
 // PerfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -232,19 +234,20 @@ func (o *PerfObjects) Close() error {
 //
 // It can be passed to LoadPerfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type PerfMaps struct {
-	KcCgroup     *ebpf.Map `ebpf:"kc_cgroup"`
-	KcComms      *ebpf.Map `ebpf:"kc_comms"`
-	KcCtxPerf    *ebpf.Map `ebpf:"kc_ctx_perf"`
-	KcEpoch      *ebpf.Map `ebpf:"kc_epoch"`
-	KcFilterKept *ebpf.Map `ebpf:"kc_filter_kept"`
-	KcInjectBuf  *ebpf.Map `ebpf:"kc_inject_buf"`
-	KcPerf       *ebpf.Map `ebpf:"kc_perf"`
-	KcPids       *ebpf.Map `ebpf:"kc_pids"`
-	KcScratchMap *ebpf.Map `ebpf:"kc_scratch_map"`
-	KcStackStats *ebpf.Map `ebpf:"kc_stack_stats"`
-	KcState      *ebpf.Map `ebpf:"kc_state"`
-	KcTpInfoMap  *ebpf.Map `ebpf:"kc_tp_info_map"`
-	KcWakeTs     *ebpf.Map `ebpf:"kc_wake_ts"`
+	KcCgroup      *ebpf.Map `ebpf:"kc_cgroup"`
+	KcComms       *ebpf.Map `ebpf:"kc_comms"`
+	KcCtxPerf     *ebpf.Map `ebpf:"kc_ctx_perf"`
+	KcEpoch       *ebpf.Map `ebpf:"kc_epoch"`
+	KcFilterKept  *ebpf.Map `ebpf:"kc_filter_kept"`
+	KcInjectBuf   *ebpf.Map `ebpf:"kc_inject_buf"`
+	KcPerf        *ebpf.Map `ebpf:"kc_perf"`
+	KcPids        *ebpf.Map `ebpf:"kc_pids"`
+	KcScratchMap  *ebpf.Map `ebpf:"kc_scratch_map"`
+	KcStackStats  *ebpf.Map `ebpf:"kc_stack_stats"`
+	KcState       *ebpf.Map `ebpf:"kc_state"`
+	KcTpInfoMap   *ebpf.Map `ebpf:"kc_tp_info_map"`
+	KcUstackProcs *ebpf.Map `ebpf:"kc_ustack_procs"`
+	KcWakeTs      *ebpf.Map `ebpf:"kc_wake_ts"`
 }
 
 func (m *PerfMaps) Close() error {
@@ -261,6 +264,7 @@ func (m *PerfMaps) Close() error {
 		m.KcStackStats,
 		m.KcState,
 		m.KcTpInfoMap,
+		m.KcUstackProcs,
 		m.KcWakeTs,
 	)
 }

@@ -135,6 +135,7 @@ const (
 	RingbufMapKcSysUserScratch = "kc_sys_user_scratch"
 	RingbufMapKcSysUserUnread  = "kc_sys_user_unread"
 	RingbufMapKcTpInfoMap      = "kc_tp_info_map"
+	RingbufMapKcUstackProcs    = "kc_ustack_procs"
 	RingbufMapKcWakeTs         = "kc_wake_ts"
 	RingbufProgKcBtfRename     = "kc_btf_rename"
 	RingbufProgKcBtfSwitch     = "kc_btf_switch"
@@ -272,6 +273,7 @@ type RingbufMapSpecs struct {
 	KcSysUserScratch *ebpf.MapSpec `ebpf:"kc_sys_user_scratch"`
 	KcSysUserUnread  *ebpf.MapSpec `ebpf:"kc_sys_user_unread"`
 	KcTpInfoMap      *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
+	KcUstackProcs    *ebpf.MapSpec `ebpf:"kc_ustack_procs"`
 	KcWakeTs         *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
 
@@ -355,6 +357,7 @@ type RingbufMaps struct {
 	KcSysUserScratch *ebpf.Map `ebpf:"kc_sys_user_scratch"`
 	KcSysUserUnread  *ebpf.Map `ebpf:"kc_sys_user_unread"`
 	KcTpInfoMap      *ebpf.Map `ebpf:"kc_tp_info_map"`
+	KcUstackProcs    *ebpf.Map `ebpf:"kc_ustack_procs"`
 	KcWakeTs         *ebpf.Map `ebpf:"kc_wake_ts"`
 }
 
@@ -378,6 +381,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcSysUserScratch,
 		m.KcSysUserUnread,
 		m.KcTpInfoMap,
+		m.KcUstackProcs,
 		m.KcWakeTs,
 	)
 }

@@ -49,6 +49,33 @@ struct {
 } kc_stack_stats SEC(".maps");
 
 /*
+ * kc_ustack_procs holds the processes whose user call chains were
+ * recorded, so that the consumer saves the symbols of their files
+ * (consumer/usermaps.go); a process past its size is left unnamed.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} kc_ustack_procs SEC(".maps");
+
+/*
+ * kc_note_ustack adds the current process to kc_ustack_procs. A global
+ * function, which the verifier checks once, not on every path of its
+ * caller's.
+ */
+__noinline int kc_note_ustack(void)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u8 one = 1;
+
+	if (!bpf_map_lookup_elem(&kc_ustack_procs, &tgid))
+		bpf_map_update_elem(&kc_ustack_procs, &tgid, &one, BPF_ANY);
+	return 0;
+}
+
+/*
  * kc_stack_one writes at d a u32 count and the call chain of ctx's task
  * (flags: 0 for the kernel's, BPF_F_USER_STACK for the user's), at most
  * depth frames, and returns the bytes written. A chain deeper than depth
@@ -111,7 +138,7 @@ static __always_inline __u32 kc_tail(void *ctx, __u8 *data, __u32 len, struct kc
 	barrier_var(len);
 	len &= KC_PAYLOAD_MASK;
 	if (info->ctx) {
-		ct = kc_context(data + len, info->ctx);
+		ct = kc_context((struct kc_ctx_buf *)(data + len), info->ctx);
 		if (ct > KC_CTX_ROOM)
 			return 0;
 		barrier_var(ct);
@@ -140,8 +167,10 @@ static __always_inline __u32 kc_tail(void *ctx, __u8 *data, __u32 len, struct kc
 			return 0;
 		barrier_var(ks);
 	}
-	if (info->stack & KC_STACK_USER)
+	if (info->stack & KC_STACK_USER) {
 		us = kc_stack_one(ctx, data + len + ks, depth, at_limit, BPF_F_USER_STACK, c);
+		kc_note_ustack();
+	}
 	return ct + ks + us;
 }
 

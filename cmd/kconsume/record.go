@@ -414,7 +414,7 @@ func prepareDir(dir string, force bool) error {
 	}
 	for _, e := range entries {
 		n := e.Name()
-		if n == "metadata" || n == ".metadata.tmp" || n == consumer.KernelSymbols || strings.HasPrefix(n, "trace") && isTraceName(n) {
+		if n == "metadata" || n == ".metadata.tmp" || n == consumer.KernelSymbols || n == consumer.UserSymbols || strings.HasPrefix(n, "trace") && isTraceName(n) {
 			if err := os.Remove(filepath.Join(dir, n)); err != nil {
 				return fmt.Errorf("--force: %w", err)
 			}

@@ -193,7 +193,7 @@ func (f *reportFilter) format(line []byte, it *relayfmt.Item) ([]byte, bool, err
 	for _, v := range f.vals {
 		line = append(append(append(line, ' '), v.Field.Name...), '=')
 		var named bool
-		if line, named = f.stacks.appendValue(line, v); !named {
+		if line, named = f.stacks.appendValue(line, v, f.vals, it.Time); !named {
 			line = relayfmt.AppendValue(line, v)
 		}
 	}

@@ -16,7 +16,8 @@ import (
 type stackNames struct {
 	raw    bool // --raw-addresses: no names
 	loaded bool
-	kernel *kallsyms.Table // nil: addresses
+	kernel *kallsyms.Table           // nil: addresses
+	user   *consumer.UserSymbolTable // nil: addresses
 }
 
 // load reads the symbols of the trace in dir, once. A trace without
@@ -28,30 +29,80 @@ func (s *stackNames) load(dir string) error {
 	}
 	s.loaded = true
 	t, err := consumer.ReadKernelSymbols(dir)
-	if errors.Is(err, consumer.ErrNoSymbols) {
-		return nil
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, consumer.ErrNoSymbols) {
 		return fmt.Errorf("%w (--raw-addresses prints the call chains without it)", err)
 	}
 	s.kernel = t
+	u, err := consumer.ReadUserSymbols(dir)
+	if err != nil && !errors.Is(err, consumer.ErrNoSymbols) {
+		return fmt.Errorf("%w (--raw-addresses prints the call chains without it)", err)
+	}
+	s.user = u
 	return nil
 }
 
-// appendValue appends v to line as report prints it, and reports false
-// when v is not a call chain it names.
-func (s *stackNames) appendValue(line []byte, v relayfmt.Value) ([]byte, bool) {
-	if s.kernel == nil || v.Field.Name != layout.KernelStackField || v.Field.Kind != relayfmt.Sequence {
+// appendValue appends v, a field of the event of fields vals at time t,
+// to line as report prints it, and reports false when v is not a call
+// chain it names.
+func (s *stackNames) appendValue(line []byte, v relayfmt.Value, vals []relayfmt.Value, t uint64) ([]byte, bool) {
+	if v.Field.Kind != relayfmt.Sequence {
 		return line, false
 	}
-	line = append(line, '[')
-	for i := range v.Len() {
-		if i > 0 {
-			line = append(line, ", "...)
+	switch {
+	case v.Field.Name == layout.KernelStackField && s.kernel != nil:
+		line = append(line, '[')
+		for i := range v.Len() {
+			if i > 0 {
+				line = append(line, ", "...)
+			}
+			line = appendKernelFrame(line, s.kernel, v.Uint(i))
 		}
-		line = appendKernelFrame(line, s.kernel, v.Uint(i))
+		return append(line, ']'), true
+	case v.Field.Name == layout.UserStackField && s.user != nil:
+		tid, ok := eventTid(vals)
+		if !ok {
+			return line, false
+		}
+		line = append(line, '[')
+		for i := range v.Len() {
+			if i > 0 {
+				line = append(line, ", "...)
+			}
+			line = appendUserFrame(line, s.user, tid, t, v.Uint(i))
+		}
+		return append(line, ']'), true
 	}
-	return append(line, ']'), true
+	return line, false
+}
+
+// eventTid returns the thread of an event: its common_pid, or its tid
+// context.
+func eventTid(vals []relayfmt.Value) (int32, bool) {
+	for _, name := range []string{"common_pid", "tid"} {
+		for _, v := range vals {
+			if v.Field.Name == name && v.Field.Kind == relayfmt.Scalar {
+				return int32(v.Int(0)), true
+			}
+		}
+	}
+	return 0, false
+}
+
+// appendUserFrame appends addr, of thread tid at time t, as
+// func+0xoff (/path), 0xaddr (/path+0xfileoff) where the function is
+// unknown, or 0xaddr outside every mapping.
+func appendUserFrame(b []byte, u *consumer.UserSymbolTable, tid int32, t, addr uint64) []byte {
+	fn, off, path, ok := u.Resolve(tid, t, addr)
+	switch {
+	case !ok:
+		return strconv.AppendUint(append(b, "0x"...), addr, 16)
+	case fn == "":
+		b = strconv.AppendUint(append(b, "0x"...), addr, 16)
+		b = append(append(b, " ("...), path...)
+		return append(strconv.AppendUint(append(b, "+0x"...), off, 16), ')')
+	}
+	b = strconv.AppendUint(append(append(b, fn...), "+0x"...), off, 16)
+	return append(append(append(b, " ("...), path...), ')')
 }
 
 // appendKernelFrame appends addr as func+0xoff, with " [module]" for a

@@ -106,3 +106,23 @@ func (r *Recorder) StackCounts() (StackCounts, error) {
 // errStackUser is why an event with user-space fields records no call
 // chain: kc_sys_user_fault builds its record, not kc_record.
 var errStackUser = errors.New("its user-space fields are recorded by a program that records no call chain")
+
+// UserStackProcs returns the processes whose user call chains were
+// recorded. It fails when the map cannot be read.
+func (r *Recorder) UserStackProcs() ([]int32, error) {
+	m := r.coll.Maps[gen.RingbufMapKcUstackProcs]
+	if m == nil {
+		return nil, nil
+	}
+	var out []int32
+	var pid uint32
+	var one uint8
+	it := m.Iterate()
+	for it.Next(&pid, &one) {
+		out = append(out, int32(pid))
+	}
+	if err := it.Err(); err != nil {
+		return out, fmt.Errorf("reading the processes with user call chains: %w", err)
+	}
+	return out, nil
+}

@@ -43,8 +43,13 @@ var DebugDir = "/usr/lib/debug"
 // the ELF file at path; where it has no .symtab, the symbols of its
 // debug file (found by build id, then by .gnu_debuglink) are added. It
 // fails when path cannot be read or is not ELF.
-func Open(path string) (*Object, error) {
-	f, err := elf.Open(path)
+func Open(path string) (*Object, error) { return OpenAt(path, path) }
+
+// OpenAt is Open for the ELF file at path read from from, another name
+// of it (/proc/self/fd/N of a file held open, which stays readable once
+// deleted): path, its name, is where a debug link is looked for.
+func OpenAt(path, from string) (*Object, error) {
+	f, err := elf.Open(from)
 	if err != nil {
 		return nil, fmt.Errorf("elfsym: %w", err)
 	}
@@ -200,6 +205,35 @@ func (o *Object) debugSymbols(f *elf.File) (string, []Symbol) {
 		}
 	}
 	return "", nil
+}
+
+// Segment is a loadable segment: Filesz bytes at file offset Off, mapped
+// at virtual address Vaddr.
+type Segment struct {
+	Off    uint64 `json:"off"`
+	Vaddr  uint64 `json:"vaddr"`
+	Filesz uint64 `json:"filesz"`
+}
+
+// Segments returns the object's loadable segments.
+func (o *Object) Segments() []Segment {
+	out := make([]Segment, len(o.loads))
+	for i, p := range o.loads {
+		out[i] = Segment{Off: p.Off, Vaddr: p.Vaddr, Filesz: p.Filesz}
+	}
+	return out
+}
+
+// Saved returns an object made of parts another one gave (Segments,
+// Symbols), as a trace keeps them: symbols in address order, the name to
+// show of an address first.
+func Saved(path, buildID string, segs []Segment, syms []Symbol) *Object {
+	o := &Object{Path: path, BuildID: buildID, syms: slices.Clone(syms)}
+	slices.SortStableFunc(o.syms, func(a, b Symbol) int { return cmp.Compare(a.Value, b.Value) })
+	for _, s := range segs {
+		o.loads = append(o.loads, elf.ProgHeader{Type: elf.PT_LOAD, Off: s.Off, Vaddr: s.Vaddr, Filesz: s.Filesz})
+	}
+	return o
 }
 
 // Symbols returns the object's functions, by address.

@@ -1,0 +1,484 @@
+package consumer
+
+import (
+	"compress/gzip"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/internal/elfsym"
+	"github.com/kconsume/kconsume/internal/procmap"
+)
+
+// UserSymbols is the file, in a trace's directory, that names the user
+// call chains' frames after the processes and their files are gone: the
+// address spaces of the processes that appear in user call chains (what
+// they mapped, and when) and the functions of the files they mapped,
+// gzip-compressed JSON (userSymbolFile). CTF readers skip it.
+const UserSymbols = ".usersyms.gz"
+
+// userSymbolFile is UserSymbols' content.
+type userSymbolFile struct {
+	Model   *procmap.Model `json:"model"`
+	Objects []userObject   `json:"objects"`
+}
+
+// userObject is a mapped file's symbols, as elfsym reads them.
+type userObject struct {
+	Path     string           `json:"path"`
+	BuildID  string           `json:"build_id,omitempty"`
+	Segments []elfsym.Segment `json:"segments"`
+	Symbols  []userSymbol     `json:"symbols"`
+}
+
+type userSymbol struct {
+	Name  string `json:"n"`
+	Value uint64 `json:"v"`
+	Size  uint64 `json:"s,omitempty"`
+}
+
+// maxHeld bounds the mapped files held open, so that their symbols can
+// be read at the end even if they are deleted meanwhile.
+const maxHeld = 4096
+
+// userMaps follows, while user call chains are recorded, what processes
+// map, fork and exec, from the kernel's side-band records of a dummy
+// perf event on every CPU (as perf record does), after a walk of /proc
+// for the processes already running.
+type userMaps struct {
+	mu    sync.Mutex
+	model *procmap.Model
+	held  map[int]*os.File // by object index
+	rings []*sideRing
+	lost  atomic.Uint64 // records the kernel dropped: mappings unknown
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once // closes stop
+	// started is set once loop runs.
+	started bool
+}
+
+// halt stops the loop, and waits for its last read.
+func (u *userMaps) halt() {
+	u.once.Do(func() { close(u.stop) })
+	<-u.done
+}
+
+// startUserMaps dumps the running processes' mappings and starts
+// following the kernel's records of new ones, stamped on the clock
+// clockID (the trace's). It fails when the perf events cannot be opened.
+func startUserMaps(ncpu int, clockID int32) (*userMaps, error) {
+	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{})}
+	for cpu := range ncpu {
+		r, err := openSideRing(cpu, clockID)
+		if errors.Is(err, unix.ENODEV) {
+			continue // offline
+		}
+		if err != nil {
+			u.close()
+			return nil, fmt.Errorf("following processes' mappings for user call chains: %w", err)
+		}
+		u.rings = append(u.rings, r)
+	}
+	// The records start before the walk: a mapping made meanwhile is in
+	// one or the other, or both.
+	if fs, err := procfs.NewDefaultFS(); err == nil {
+		_ = u.model.Dump(fs)
+		for i, o := range u.model.Objects {
+			u.hold(i, o)
+		}
+	}
+	u.started = true
+	go u.loop()
+	return u, nil
+}
+
+// loop reads the rings until stop, then once more.
+func (u *userMaps) loop() {
+	defer close(u.done)
+	fds := make([]unix.PollFd, len(u.rings))
+	for i, r := range u.rings {
+		fds[i] = unix.PollFd{Fd: int32(r.fd), Events: unix.POLLIN}
+	}
+	for {
+		select {
+		case <-u.stop:
+			u.drain()
+			return
+		default:
+		}
+		_, _ = unix.Poll(fds, 100)
+		u.drain()
+	}
+}
+
+// drain applies every record the rings hold, in time order.
+func (u *userMaps) drain() {
+	var recs []sideRecord
+	for _, r := range u.rings {
+		recs = r.read(recs, &u.lost)
+	}
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].time < recs[j].time })
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, rec := range recs {
+		switch rec.kind {
+		case unix.PERF_RECORD_MMAP2:
+			o := procmap.Object{Path: rec.path, Dev: rec.dev, Ino: rec.ino}
+			i := u.model.Object(o)
+			u.hold(i, o)
+			u.model.Mmap(rec.pid, rec.time, rec.addr, rec.length, rec.pgoff, i)
+		case unix.PERF_RECORD_FORK:
+			u.model.Fork(rec.pid, rec.tid, rec.ppid, rec.time)
+		case unix.PERF_RECORD_COMM:
+			u.model.Exec(rec.pid, rec.time)
+		}
+	}
+}
+
+// hold opens object i's file, if it is still the one mapped, and keeps it
+// open.
+func (u *userMaps) hold(i int, o procmap.Object) {
+	if _, ok := u.held[i]; ok || len(u.held) >= maxHeld {
+		return
+	}
+	f, err := os.Open(o.Path)
+	if err != nil {
+		u.held[i] = nil
+		return
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Ino != o.Ino || o.Dev != 0 && st.Dev != o.Dev {
+		f.Close()
+		u.held[i] = nil
+		return
+	}
+	u.held[i] = f
+}
+
+// finish stops following, and returns the symbol file for the processes
+// pids (those with user call chains) and their threads.
+func (u *userMaps) finish(pids []int32) *userSymbolFile {
+	u.halt()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	m := procmap.New()
+	procs := map[int32]bool{}
+	for _, pid := range pids {
+		procs[pid] = true
+	}
+	for tid, pid := range u.model.Threads {
+		if procs[pid] {
+			m.Threads[tid] = pid
+		}
+	}
+	used := u.model.Used(slices.Collect(func(yield func(int32) bool) {
+		for p := range procs {
+			if !yield(p) {
+				return
+			}
+		}
+	}))
+	// The saved model numbers its objects anew: only those used.
+	renum := map[int]int{}
+	out := &userSymbolFile{Model: m}
+	for _, i := range used {
+		o := u.model.Objects[i]
+		renum[i] = m.Object(o)
+		out.Objects = append(out.Objects, u.objectSymbols(i, o))
+	}
+	for pid := range procs {
+		for _, img := range u.model.Procs[pid] {
+			maps := make([]procmap.Mapping, 0, len(img.Maps))
+			for _, mp := range img.Maps {
+				mp.Obj = renum[mp.Obj]
+				maps = append(maps, mp)
+			}
+			m.Procs[pid] = append(m.Procs[pid], procmap.Image{Since: img.Since, Maps: maps})
+		}
+	}
+	return out
+}
+
+// objectSymbols reads object i's functions, from the file held open or
+// else from its path; none when neither can be read.
+func (u *userMaps) objectSymbols(i int, o procmap.Object) userObject {
+	from := o.Path
+	if f := u.held[i]; f != nil {
+		from = "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
+	}
+	uo := userObject{Path: o.Path}
+	obj, err := elfsym.OpenAt(o.Path, from)
+	if err != nil {
+		return uo
+	}
+	uo.BuildID, uo.Segments = obj.BuildID, obj.Segments()
+	for _, s := range obj.Symbols() {
+		uo.Symbols = append(uo.Symbols, userSymbol{Name: s.Name, Value: s.Value, Size: s.Size})
+	}
+	return uo
+}
+
+// close stops the loop and releases the rings and the files held.
+func (u *userMaps) close() {
+	if u.started {
+		u.halt()
+	}
+	for _, r := range u.rings {
+		r.close()
+	}
+	u.rings = nil
+	for _, f := range u.held {
+		if f != nil {
+			f.Close()
+		}
+	}
+	u.held = nil
+}
+
+// writeUserSymbols writes f into dir as UserSymbols.
+func writeUserSymbols(dir string, f *userSymbolFile) (err error) {
+	path := filepath.Join(dir, UserSymbols)
+	out, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("saving the user symbols: %w", err)
+	}
+	defer func() {
+		if cerr := out.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("saving the user symbols: %w", cerr)
+		}
+		if err != nil {
+			os.Remove(path)
+		}
+	}()
+	z := gzip.NewWriter(out)
+	if err := json.NewEncoder(z).Encode(f); err != nil {
+		return fmt.Errorf("saving the user symbols: %w", err)
+	}
+	if err := z.Close(); err != nil {
+		return fmt.Errorf("saving the user symbols: %w", err)
+	}
+	return nil
+}
+
+// sideRing is a dummy perf event's ring of side-band records on one CPU.
+type sideRing struct {
+	fd   int
+	mem  []byte
+	page int
+}
+
+// sideRingPages is the data pages of a side-band ring (256 KiB with 4 KiB
+// pages): a burst of execs and mmaps between two reads.
+const sideRingPages = 64
+
+// perfCountSWDummy is PERF_COUNT_SW_DUMMY (include/uapi/linux/perf_event.h).
+const perfCountSWDummy = 9
+
+// openSideRing opens a dummy software event on cpu that records mmaps of
+// executable files, forks and execs with their time on clockID, and maps
+// its ring.
+func openSideRing(cpu int, clockID int32) (*sideRing, error) {
+	attr := unix.PerfEventAttr{
+		Type:        unix.PERF_TYPE_SOFTWARE,
+		Config:      perfCountSWDummy,
+		Size:        uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
+		Sample_type: unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME,
+		Bits:        unix.PerfBitMmap | unix.PerfBitMmap2 | unix.PerfBitComm | unix.PerfBitCommExec | unix.PerfBitTask | unix.PerfBitSampleIDAll | unix.PerfBitUseClockID,
+		Wakeup:      1,
+		Clockid:     clockID,
+	}
+	fd, err := unix.PerfEventOpen(&attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("perf_event_open on CPU %d: %w", cpu, err)
+	}
+	page := os.Getpagesize()
+	mem, err := unix.Mmap(fd, 0, page*(1+sideRingPages), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mapping the perf ring of CPU %d: %w", cpu, err)
+	}
+	return &sideRing{fd: fd, mem: mem, page: page}, nil
+}
+
+func (r *sideRing) close() {
+	_ = unix.Munmap(r.mem)
+	_ = unix.Close(r.fd)
+}
+
+// sideRecord is one side-band record, decoded.
+type sideRecord struct {
+	kind                uint32
+	time                uint64
+	pid, tid, ppid      int32
+	addr, length, pgoff uint64
+	dev, ino            uint64
+	path                string
+}
+
+// Offsets in struct perf_event_mmap_page of data_head and data_tail.
+const (
+	offDataHead = 1024
+	offDataTail = 1032
+)
+
+// read appends the ring's records to recs and frees their space; lost
+// counts the records the kernel dropped.
+func (r *sideRing) read(recs []sideRecord, lost *atomic.Uint64) []sideRecord {
+	head := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.mem[offDataHead])))
+	tail := atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.mem[offDataTail])))
+	data := r.mem[r.page:]
+	size := uint64(len(data))
+	var buf []byte
+	for tail < head {
+		var h [8]byte
+		r.copyAt(h[:], data, tail, size)
+		n := uint64(binary.LittleEndian.Uint16(h[6:]))
+		if n < 8 || n > head-tail {
+			break
+		}
+		buf = slices.Grow(buf[:0], int(n))[:n]
+		r.copyAt(buf, data, tail, size)
+		if rec, ok := decodeSide(buf, lost); ok {
+			recs = append(recs, rec)
+		}
+		tail += n
+	}
+	atomic.StoreUint64((*uint64)(unsafe.Pointer(&r.mem[offDataTail])), tail)
+	return recs
+}
+
+// copyAt copies len(dst) bytes of the ring data from position pos.
+func (r *sideRing) copyAt(dst, data []byte, pos, size uint64) {
+	off := pos % size
+	n := copy(dst, data[off:])
+	copy(dst[n:], data)
+}
+
+// decodeSide decodes a record (struct perf_event_header, then the
+// record's fields, then struct sample_id: pid, tid, time); it reports
+// false for a kind it does not use or a record too short.
+func decodeSide(b []byte, lost *atomic.Uint64) (sideRecord, bool) {
+	le := binary.LittleEndian
+	kind, misc := le.Uint32(b), le.Uint16(b[4:])
+	rec := sideRecord{kind: kind}
+	if len(b) >= 24 {
+		rec.time = le.Uint64(b[len(b)-8:])
+	}
+	switch kind {
+	case unix.PERF_RECORD_LOST:
+		if len(b) >= 24 {
+			lost.Add(le.Uint64(b[16:]))
+		}
+		return rec, false
+	case unix.PERF_RECORD_MMAP2:
+		// pid, tid, addr, len, pgoff, maj, min, ino, ino_generation,
+		// prot, flags, filename[], sample_id.
+		if len(b) < 72+16 || misc&perfMiscMmapBuildID != 0 {
+			return rec, false
+		}
+		rec.pid, rec.tid = int32(le.Uint32(b[8:])), int32(le.Uint32(b[12:]))
+		rec.addr, rec.length, rec.pgoff = le.Uint64(b[16:]), le.Uint64(b[24:]), le.Uint64(b[32:])
+		rec.dev = unix.Mkdev(le.Uint32(b[40:]), le.Uint32(b[44:]))
+		rec.ino = le.Uint64(b[48:])
+		name := b[72 : len(b)-16]
+		if i := slices.Index(name, 0); i >= 0 {
+			name = name[:i]
+		}
+		rec.path = string(name)
+		return rec, len(rec.path) > 0 && rec.path[0] == '/'
+	case unix.PERF_RECORD_FORK:
+		// pid, ppid, tid, ptid, time, sample_id.
+		if len(b) < 8+24+16 {
+			return rec, false
+		}
+		rec.pid, rec.ppid, rec.tid = int32(le.Uint32(b[8:])), int32(le.Uint32(b[12:])), int32(le.Uint32(b[16:]))
+		rec.time = le.Uint64(b[24:])
+		return rec, true
+	case unix.PERF_RECORD_COMM:
+		if misc&perfMiscCommExec == 0 || len(b) < 8+8+16 {
+			return rec, false
+		}
+		rec.pid, rec.tid = int32(le.Uint32(b[8:])), int32(le.Uint32(b[12:]))
+		return rec, true
+	}
+	return rec, false
+}
+
+// PERF_RECORD_MISC_MMAP_BUILD_ID and PERF_RECORD_MISC_COMM_EXEC.
+const (
+	perfMiscMmapBuildID = 1 << 14
+	perfMiscCommExec    = 1 << 13
+)
+
+// UserSymbolTable names the frames of a trace's user call chains
+// (UserSymbols).
+type UserSymbolTable struct {
+	model   *procmap.Model
+	objects []*elfsym.Object
+}
+
+// ReadUserSymbols returns the user symbols saved in the trace in dir. It
+// fails with ErrNoSymbols when there are none, or when the file is
+// unreadable or corrupt.
+func ReadUserSymbols(dir string) (*UserSymbolTable, error) {
+	f, err := os.Open(filepath.Join(dir, UserSymbols))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNoSymbols
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the trace's user symbols: %w", err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, fmt.Errorf("reading the trace's user symbols %s: %w", f.Name(), err)
+	}
+	var uf userSymbolFile
+	if err := json.NewDecoder(z).Decode(&uf); err != nil {
+		return nil, fmt.Errorf("reading the trace's user symbols %s: %w", f.Name(), err)
+	}
+	if uf.Model == nil || uf.Model.Procs == nil || len(uf.Objects) != len(uf.Model.Objects) {
+		return nil, fmt.Errorf("reading the trace's user symbols %s: not a table of processes and objects", f.Name())
+	}
+	t := &UserSymbolTable{model: uf.Model}
+	if t.model.Threads == nil {
+		t.model.Threads = map[int32]int32{}
+	}
+	for _, o := range uf.Objects {
+		syms := make([]elfsym.Symbol, len(o.Symbols))
+		for i, s := range o.Symbols {
+			syms[i] = elfsym.Symbol{Name: s.Name, Value: s.Value, Size: s.Size}
+		}
+		t.objects = append(t.objects, elfsym.Saved(o.Path, o.BuildID, o.Segments, syms))
+	}
+	return t, nil
+}
+
+// Resolve returns the function that held addr in thread tid at time t
+// (on the trace's clock), addr's offset in it and the file it is in; fn
+// is "" when the file is known but not the function, and ok false when
+// no mapping of the process held addr.
+func (t *UserSymbolTable) Resolve(tid int32, when, addr uint64) (fn string, off uint64, path string, ok bool) {
+	mp, ok := t.model.Find(tid, when, addr)
+	if !ok || mp.Obj < 0 || mp.Obj >= len(t.objects) {
+		return "", 0, "", false
+	}
+	o := t.objects[mp.Obj]
+	if s, off, found := o.Resolve(addr, mp.Start, mp.Pgoff); found {
+		return s.Name, off, o.Path, true
+	}
+	return "", addr - mp.Start + mp.Pgoff, o.Path, true
+}
