@@ -459,7 +459,9 @@ func TestContextsMatchProc(t *testing.T) {
 	ctxs := []string{"procname", "pid", "tid", "ppid", "prio", "nice", "vpid", "vtid", "vppid", "cpu_id", "cgroup", "perf:cpu:cpu-clock"}
 	for _, tr := range transports(t) {
 		t.Run(tr.String(), func(t *testing.T) {
-			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, Comms: []string{"kcstack"}, Transport: tr, Contexts: ctxs})
+			// sched_process_exec has a pid field of its own: the
+			// contexts are a scope apart.
+			s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid", "sched:sched_process_exec"}, Comms: []string{"kcstack"}, Transport: tr, Contexts: ctxs})
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -491,11 +493,20 @@ func TestContextsMatchProc(t *testing.T) {
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
-			n := 0
+			n, execs := 0, 0
 			lastClock, lastTime := map[uint32]uint64{}, map[uint32]uint64{}
 			walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
 				if it.Kind != relayfmt.EventItem {
 					t.Fatalf("%v in the trace", it.Kind)
+				}
+				if it.Class.Name == "sched:sched_process_exec" {
+					// The context's pid is the task's process, the
+					// payload's the exec'ing task, here the same.
+					if c, p := vals[1].Int(0), field(vals[it.Class.Context:], "pid").Int(0); vals[1].Field.Name != "pid" || c != p || c == 0 {
+						t.Errorf("exec: context pid %d (%s), payload pid %d", c, vals[1].Field.Name, p)
+					}
+					execs++
+					return
 				}
 				n++
 				got := map[string]int64{}
@@ -527,8 +538,17 @@ func TestContextsMatchProc(t *testing.T) {
 				}
 				lastClock[it.CPU], lastTime[it.CPU] = clock, it.Time
 			})
-			if n != 20 {
-				t.Errorf("%d events, want 20", n)
+			if n != 20 || execs != 1 {
+				t.Errorf("%d getpid and %d exec events, want 20 and 1", n, execs)
+			}
+			lines, discards := testenv.RunBT2(t, dir)
+			for _, l := range lines {
+				if !strings.Contains(l, `{ procname = "kcstack", pid = `) || !strings.Contains(l, "perf_cpu_cpu_clock = ") {
+					t.Errorf("babeltrace2 shows no event context: %s", l)
+				}
+			}
+			if len(lines) != 21 || len(discards) != 0 {
+				t.Errorf("babeltrace2: %d events, discards %v; want 21", len(lines), discards)
 			}
 		})
 	}

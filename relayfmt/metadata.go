@@ -209,8 +209,18 @@ func (m *Metadata) writeEvents(b *bytes.Buffer) {
 		if c == nil {
 			continue
 		}
-		fmt.Fprintf(b, "\nevent {\n\tname = %s;\n\tid = %d;\n\tstream_id = 0;\n\tfields := struct {\n", tsdlQuote(c.Name), c.ID)
-		for _, f := range c.Fields {
+		fmt.Fprintf(b, "\nevent {\n\tname = %s;\n\tid = %d;\n\tstream_id = 0;\n", tsdlQuote(c.Name), c.ID)
+		if c.Context > 0 {
+			b.WriteString("\tcontext := struct {\n")
+			for _, f := range c.Fields[:c.Context] {
+				b.WriteString("\t\t")
+				writeField(b, &f)
+				b.WriteString(";\n")
+			}
+			b.WriteString("\t};\n")
+		}
+		b.WriteString("\tfields := struct {\n")
+		for _, f := range c.Fields[c.Context:] {
 			b.WriteString("\t\t")
 			writeField(b, &f)
 			b.WriteString(";\n")

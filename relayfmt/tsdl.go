@@ -277,15 +277,20 @@ func (m *Metadata) applyEvent(es []entry) error {
 		return fmt.Errorf("event %q: stream_id %s, want 0", name, e.val)
 	}
 	var fields []Field
-	if e, ok := lookup(es, "fields"); ok {
+	for _, scope := range []string{"context", "fields"} {
+		e, ok := lookup(es, scope)
+		if !ok {
+			continue
+		}
 		if e.typ == nil || e.typ.kind != ttStruct {
-			return fmt.Errorf("event %q: fields is not a struct", name)
+			return fmt.Errorf("event %q: %s is not a struct", name, scope)
 		}
 		for _, tf := range e.typ.fields {
 			f, err := convertField(tf)
 			if err != nil {
 				return fmt.Errorf("event %q: line %d: %w", name, tf.line, err)
 			}
+			f.Context = scope == "context"
 			fields = append(fields, f)
 		}
 	}

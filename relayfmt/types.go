@@ -86,6 +86,11 @@ type Field struct {
 	LengthField string  // Sequence: name of the length field
 	Text        bool    // Array and Sequence of U8: the bytes are text
 	Hex         bool    // integers shown in base 16 (addresses)
+	// Context marks a field of the event's own context (CTF's event
+	// context scope, which comes before the payload): an event's
+	// context fields come first, and their names may repeat the
+	// payload's.
+	Context bool
 }
 
 // Limits on event classes, so a reader's memory is bounded by metadata.
@@ -103,6 +108,9 @@ type EventClass struct {
 	ID     uint32
 	Name   string
 	Fields []Field
+	// Context is how many of Fields, the first ones, are the event's
+	// context (Field.Context).
+	Context int
 
 	// fixed is the payload size when every field has a fixed size, or -1.
 	fixed int
@@ -159,8 +167,18 @@ func NewEventClass(id uint32, name string, fields []Field) (*EventClass, error) 
 		return nil, fmt.Errorf("event %q: %d fields, the limit is %d", name, len(fields), MaxFields)
 	}
 	c := &EventClass{ID: id, Name: name, Fields: append([]Field(nil), fields...), lenSlot: make([]int, len(fields))}
+	for c.Context < len(fields) && fields[c.Context].Context {
+		c.Context++
+	}
 	seen := make(map[string]int, len(fields))
 	for i, f := range c.Fields {
+		if i == c.Context {
+			// The payload is a scope of its own.
+			seen = make(map[string]int, len(fields)-i)
+		}
+		if f.Context && i >= c.Context {
+			return nil, fmt.Errorf("event %q: context field %q after the payload's first field", name, f.Name)
+		}
 		if err := c.addField(i, f, seen); err != nil {
 			return nil, err
 		}

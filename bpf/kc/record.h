@@ -100,7 +100,9 @@ static __always_inline long kc_ctf_build(struct kc_scratch *s, struct kc_ctf *t,
 /*
  * kc_record_end writes as event key the ring record s holds, size bytes
  * past its entry, which it fills (common_type and common_pid), and the
- * tail bytes behind them (the call chains, kc_stack_tail). In packet
+ * tail bytes behind them (contexts and call chains, kc_tail, which the
+ * loader keeps off packet mode: the consumer moves them before the
+ * payload, where the trace holds an event's context). In packet
  * mode a record that is not its payload as it is (one with steps,
  * kc_tp_info.nops) is built first into slot of ctf_map, a per-CPU array
  * of struct kc_ctf. Counts in st with atomic adds where atomic is set
@@ -124,23 +126,6 @@ static __always_inline __u64 kc_record_end(void *ctx, struct kc_scratch *s, void
 			else
 				st->lost++;
 			return 0;
-		}
-		if (tail) {
-			/* The tail is as the trace holds it: behind the payload. */
-			__u32 from = size + KC_ENTRY_SIZE;
-
-			if (from > KC_MAX_PAYLOAD - 1 || tail > KC_TAIL_ROOM || n + tail > KC_MAX_PAYLOAD - 1) {
-				/* A payload built longer than its record: lost whole. */
-				if (atomic)
-					__sync_fetch_and_add(&st->lost, 1);
-				else
-					st->lost++;
-				return 0;
-			}
-			barrier_var(from);
-			barrier_var(tail);
-			bpf_probe_read_kernel(t->data + (n & KC_PAYLOAD_MASK), tail & 0xfff, s->data + (from & KC_PAYLOAD_MASK));
-			n += tail;
 		}
 		t->hdr.key = key;
 		t->hdr.cpu = s->hdr.cpu;

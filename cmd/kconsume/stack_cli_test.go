@@ -2,8 +2,10 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -95,4 +97,50 @@ func reportLines(t *testing.T, dir string, args ...string) []string {
 		t.Fatalf("report %v: exit %d\n%s", args, code, stderr)
 	}
 	return strings.Split(strings.TrimSpace(stdout), "\n")
+}
+
+// TestRecordUserStack records the user call chains of a C program's
+// getpid calls (main, kcstack_a, kcstack_b, kcstack_c, built with frame
+// pointers), deletes the program, and reads the trace: report names
+// every frame of the program func+0xoff (/path), from the symbols the
+// trace saved.
+func TestRecordUserStack(t *testing.T) {
+	testenv.RequireRoot(t)
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skipf("no C compiler: %v", err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kcstack")
+	if out, err := exec.Command(cc, "-O0", "-fno-omit-frame-pointer", "-o", bin, "../../consumer/testdata/kcstack.c").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v: %s", err, out)
+	}
+	out := filepath.Join(dir, "t")
+	code, stdout, stderr := runCmd("record", "-q", "-o", out, "--comm", "kcstack", "-e", "syscalls:sys_enter_getpid", "--stack", "user",
+		"--", "sh", "-c", "printf abc | "+bin)
+	if code != 0 {
+		t.Fatalf("record: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	frame := regexp.MustCompile(`(\w+)\+0x[0-9a-f]+ \(` + regexp.QuoteMeta(bin) + `\)`)
+	chain := regexp.MustCompile(`callstack_user=\[([^\]]*)\]`)
+	lines := reportLines(t, out)
+	for _, line := range lines {
+		c := chain.FindStringSubmatch(line)
+		if c == nil {
+			t.Fatalf("no user call chain: %s", line)
+		}
+		var names []string
+		for _, m := range frame.FindAllStringSubmatch(c[1], -1) {
+			names = append(names, m[1])
+		}
+		if want := []string{"kcstack_c", "kcstack_b", "kcstack_a", "main"}; !slices.Equal(names, want) {
+			t.Errorf("frames of the program named %v, want %v: %s", names, want, line)
+		}
+	}
+	if len(lines) != 3 {
+		t.Errorf("%d getpid events, want 3:\n%s", len(lines), strings.Join(lines, "\n"))
+	}
 }

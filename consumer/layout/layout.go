@@ -68,10 +68,19 @@ func (l *Layout) AddTail(ctxs []Context, s Stack) {
 		return
 	}
 	l.Stack, l.Ctx = s, ctxs
+	// The contexts are the event's context, which the trace holds
+	// before its payload: a scope of their own, so a context named as a
+	// field of the event (pid) does not clash with it. The call chains
+	// stay in the payload, at its end: babeltrace2 2.0 fails on a
+	// sequence in an event's own context.
+	var ctx []relayfmt.Field
 	for _, c := range ctxs {
-		l.Fields = append(l.Fields, c.Field)
+		f := c.Field
+		f.Context = true
+		ctx = append(ctx, f)
 		l.ctxLen += c.Size()
 	}
+	l.Fields = append(ctx, l.Fields...)
 	for _, c := range []struct {
 		bit  Stack
 		name string
@@ -87,6 +96,10 @@ func (l *Layout) AddTail(ctxs []Context, s Stack) {
 	l.Ops = append(l.Ops, Op{Kind: OpTail})
 	l.Direct = false
 }
+
+// Tailed reports whether l's records carry contexts or call chains
+// behind them (AddTail).
+func (l *Layout) Tailed() bool { return l.Stack != 0 || len(l.Ctx) > 0 }
 
 type OpKind uint8
 
@@ -292,17 +305,32 @@ func (l *Layout) Transcode(dst, raw []byte) ([]byte, bool) {
 	if len(raw) < l.Fixed {
 		return dst, false
 	}
-	// The record ends at its fixed part or its last dynamic data, as
-	// the recorder measures it (kc_record); its tail follows.
-	end := l.Fixed
+	var tail []byte
+	if l.Tailed() {
+		// The record ends at its fixed part or its last dynamic data,
+		// as the recorder measures it (kc_record); its tail follows:
+		// the contexts go first, the event's context, and the call
+		// chains last (OpTail).
+		end := l.Fixed
+		for _, o := range l.Ops {
+			if o.Kind == OpString || o.Kind == OpSeq {
+				start, n, ok := l.loc(o, raw)
+				if !ok {
+					return dst, false
+				}
+				end = max(end, start+n)
+			}
+		}
+		var ok bool
+		if tail, ok = l.tail(raw[end:]); !ok {
+			return dst, false
+		}
+		dst = append(dst, tail[:l.ctxLen]...)
+	}
 	for _, o := range l.Ops {
 		switch o.Kind {
 		case OpTail:
-			tail, ok := l.tail(raw[end:])
-			if !ok {
-				return dst, false
-			}
-			dst = append(dst, tail...)
+			dst = append(dst, tail[l.ctxLen:]...)
 			continue
 		case OpCopy:
 			dst = append(dst, raw[o.Off:o.Off+o.N]...)
@@ -319,20 +347,10 @@ func (l *Layout) Transcode(dst, raw []byte) ([]byte, bool) {
 			dst = binary.LittleEndian.AppendUint32(dst, o.Fn(text))
 			continue
 		}
-		loc := binary.LittleEndian.Uint32(raw[o.Off:])
-		start, n := int(loc&0xffff), int(loc>>16)
-		if o.Rel {
-			// From the field's end: the cut moved both alike.
-			start += o.Off + 4
-		} else if start < 2+RingCut {
-			return dst, false
-		} else {
-			start -= RingCut
-		}
-		if start+n > len(raw) {
+		start, n, ok := l.loc(o, raw)
+		if !ok {
 			return dst, false
 		}
-		end = max(end, start+n)
 		data := raw[start : start+n]
 		if o.Kind == OpString {
 			for i, c := range data {
@@ -349,6 +367,22 @@ func (l *Layout) Transcode(dst, raw []byte) ([]byte, bool) {
 		dst = append(dst, data[:cnt*o.Elem]...)
 	}
 	return dst, true
+}
+
+// loc returns where the data of o, a dynamic field's step, lies in raw,
+// and false when its location points outside the record.
+func (l *Layout) loc(o Op, raw []byte) (start, n int, ok bool) {
+	loc := binary.LittleEndian.Uint32(raw[o.Off:])
+	start, n = int(loc&0xffff), int(loc>>16)
+	if o.Rel {
+		// From the field's end: the cut moved both alike.
+		start += o.Off + 4
+	} else if start < 2+RingCut {
+		return 0, 0, false
+	} else {
+		start -= RingCut
+	}
+	return start, n, start+n <= len(raw)
 }
 
 // tail returns the contexts and call chains at the start of tail, which

@@ -103,6 +103,12 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 	}
 	opts.pktTP = pktEligible(cfg, formats, synths, wake, false)
 	opts.pktRaw = pktEligible(cfg, formats, synths, wake, true)
+	if slices.ContainsFunc(stacks, func(s layout.Stack) bool { return s != 0 }) || len(ctxs) > 0 {
+		// kc_tail writes them behind the record; the trace holds an
+		// event's context before its payload, and the consumer moves it.
+		opts.pktTP = errors.New("call chains and contexts are moved before the payload by the consumer")
+		opts.pktRaw = opts.pktTP
+	}
 	for i, f := range formats {
 		filtered := i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0
 		if opts.tail(i) {

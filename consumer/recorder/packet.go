@@ -129,13 +129,6 @@ func pktOps(l *layout.Layout) ([]gen.RingbufKcOp, error) {
 		return nil, nil
 	}
 	lops := l.Ops
-	if k := len(lops); k > 0 && lops[k-1].Kind == layout.OpTail {
-		// kc_record_end writes the tail behind the payload.
-		lops = lops[:len(lops)-1]
-		if len(lops) == 1 && lops[0].Kind == layout.OpCopy && lops[0].Off == 0 && lops[0].N == l.Fixed {
-			return nil, nil
-		}
-	}
 	if len(lops) > maxPktOps {
 		return nil, fmt.Errorf("event %s takes %d steps to transcode, the BPF programs at most %d", l.Name, len(lops), maxPktOps)
 	}
