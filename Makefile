@@ -56,7 +56,8 @@ fuzz:
 		$(FUZZ) -fuzz "^$$f\$$" ./relayfmt/ || exit 1; \
 	done
 	$(FUZZ) -fuzz '^FuzzParseFormat$$' ./consumer/tracefs/
-	$(FUZZ) -fuzz '^FuzzTranscode$$' ./consumer/
+	$(FUZZ) -fuzz '^FuzzTranscode$$' ./consumer/layout/
+	$(FUZZ) -fuzz '^FuzzSymbolFiles$$' ./consumer/
 	$(FUZZ) -fuzz '^FuzzParse$$' ./synth/
 	$(FUZZ) -fuzz '^FuzzParse$$' ./filter/
 	$(FUZZ) -fuzz '^FuzzMatch$$' ./filter/
