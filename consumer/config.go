@@ -111,7 +111,9 @@ type Config struct {
 	Contexts []string
 
 	// Dir receives the trace (metadata and trace<N> files); it must exist.
-	// Sink, when set, is used instead (tests, benchmarks).
+	// Sink, when set, is used instead (tests, benchmarks, a profile's
+	// writer); a Dir given with it still receives the symbols of call
+	// chains (KernelSymbols, UserSymbols).
 	Dir  string
 	Sink relayfmt.Sink
 

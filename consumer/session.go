@@ -151,12 +151,14 @@ func New(cfg Config) (*Session, error) {
 		return nil, err
 	}
 	s.stacks, s.ctxs = stacks, ctxs
-	if cfg.Sink == nil && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackKernel != 0 }) {
+	// A profile's sink writes into Dir too (record's -o); a sink alone
+	// (relayd without -o, tests) has nowhere for the symbols.
+	if cfg.Dir != "" && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackKernel != 0 }) {
 		// A trace without them still shows the addresses: a note, not
 		// a failure.
 		s.symErr = saveKernelSymbols(cfg.Dir)
 	}
-	if cfg.Sink == nil && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackUser != 0 }) {
+	if cfg.Dir != "" && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackUser != 0 }) {
 		clockID, _ := checkClock(cfg.Clock)
 		if s.umaps, err = startUserMaps(s.ncpu, clockID); err != nil {
 			s.symErr = err // the chains are still recorded, as addresses
@@ -197,6 +199,8 @@ func (s *Session) linkWakeup() error {
 func (s *Session) removeOutput() {
 	if s.cfg.Sink == nil {
 		_ = os.Remove(filepath.Join(s.cfg.Dir, "metadata"))
+	}
+	if s.cfg.Dir != "" {
 		_ = os.Remove(filepath.Join(s.cfg.Dir, KernelSymbols))
 		_ = os.Remove(filepath.Join(s.cfg.Dir, UserSymbols))
 	}

@@ -14,7 +14,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -38,6 +40,10 @@ const (
 	NetInterface   = "lttng_statedump_network_interface"
 	Interrupt      = "lttng_statedump_interrupt"
 	CPUTopology    = "lttng_statedump_cpu_topology"
+	// Cgroup is kconsume's own: each cgroup v2 directory's id (its
+	// inode, what the cgroup context and bpf_get_current_cgroup_id give)
+	// and its path under the hierarchy's root.
+	Cgroup = "kconsume_statedump_cgroup"
 )
 
 // Simple namespace events: tid and the namespace's inode number.
@@ -70,6 +76,7 @@ var definitions = map[string][]string{
 	"lttng_statedump_process_net_ns":    nsFields,
 	"lttng_statedump_process_uts_ns":    nsFields,
 	"lttng_statedump_process_time_ns":   nsFields,
+	Cgroup:                              {"u64 id", "char path[]"},
 	CPUTopology:                         {"char architecture[]", "u16 cpu_id", "char vendor[]", "u8 family", "u8 model", "char model_name[]", "u16 physical_id", "u16 core_id", "u16 cores"},
 }
 
@@ -82,7 +89,7 @@ var nsKinds = [...]string{"pid", "cgroup", "ipc", "mnt", "net", "uts", "time"}
 // Events returns the statedump's synthetic event definitions, finalized,
 // in a fixed order. Start must be recorded for any other to be emitted.
 func Events() []*synth.Event {
-	names := []string{Start, End, ProcessState, ProcessPidNs, FileDescriptor, BlockDevice, Interrupt, CPUTopology, NetInterface}
+	names := []string{Start, End, ProcessState, ProcessPidNs, FileDescriptor, BlockDevice, Interrupt, CPUTopology, NetInterface, Cgroup}
 	for _, k := range []string{"cgroup", "ipc", "mnt", "net", "uts", "time"} {
 		names = append(names, nsEvents[k])
 	}
@@ -99,7 +106,9 @@ func Events() []*synth.Event {
 
 // Patterns returns the event patterns (consumer.Config.Events) that record
 // the statedump's events.
-func Patterns() []string { return []string{"synthetic:lttng_statedump_*"} }
+func Patterns() []string {
+	return []string{"synthetic:lttng_statedump_*", "synthetic:" + Cgroup}
+}
 
 // Emitter injects one synthetic event; consumer.Session.EmitSynth is one.
 type Emitter interface {
@@ -112,7 +121,7 @@ var ErrStopped = errors.New("statedump: recording stopped")
 
 // Counts says what a statedump emitted.
 type Counts struct {
-	Threads, Processes, FDs, BlockDevices, NetInterfaces, Interrupts, CPUs int
+	Threads, Processes, FDs, BlockDevices, NetInterfaces, Interrupts, CPUs, Cgroups int
 	// Lost counts events the emitter could not write (ring full, an
 	// event too large); they are counted in the trace like any loss.
 	Lost int
@@ -246,6 +255,9 @@ func (d *Dumper) read(c *Counts, fs procfs.FS) error {
 		return err
 	}
 	if err := d.cpus(c, fs); err != nil {
+		return err
+	}
+	if err := d.cgroups(c, fs); err != nil {
 		return err
 	}
 	return d.put(c, End, d.Seq)
@@ -596,4 +608,49 @@ func (d *Dumper) cpus(c *Counts, fs procfs.FS) error {
 		c.CPUs++
 	}
 	return nil
+}
+
+// cgroups emits kconsume_statedump_cgroup for every directory of the
+// cgroup v2 hierarchy (none where it is not mounted): its id, the inode
+// number, and its path from the hierarchy's root ("/" for the root).
+func (d *Dumper) cgroups(c *Counts, pfs procfs.FS) error {
+	root := cgroup2Root(pfs)
+	if root == "" {
+		return nil
+	}
+	var werr error
+	_ = filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
+		if err != nil || !e.IsDir() {
+			return nil // gone meanwhile, or a file
+		}
+		var st unix.Stat_t
+		if unix.Stat(path, &st) != nil {
+			return nil
+		}
+		rel := "/" + strings.TrimPrefix(strings.TrimPrefix(path, root), "/")
+		if werr = d.put(c, Cgroup, st.Ino, rel); werr != nil {
+			return werr
+		}
+		c.Cgroups++
+		return nil
+	})
+	return werr
+}
+
+// cgroup2Root returns where the cgroup v2 hierarchy is mounted, or "".
+func cgroup2Root(fs procfs.FS) string {
+	mounts, err := fs.Self()
+	if err != nil {
+		return ""
+	}
+	infos, err := mounts.MountInfo()
+	if err != nil {
+		return ""
+	}
+	for _, m := range infos {
+		if m.FSType == "cgroup2" {
+			return m.MountPoint
+		}
+	}
+	return ""
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 	"github.com/kconsume/kconsume/synth"
+	"github.com/prometheus/procfs"
 )
 
 // collector keeps what a statedump emits, decoded by the event's own
@@ -83,7 +84,36 @@ func TestDumpSelf(t *testing.T) {
 	}
 	pid := os.Getpid()
 	threads, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	var mine, fd, kthread, running, lo int
+	var mine, fd, kthread, running, lo, cgroup int
+	// This process's cgroup v2 directory, whose id the dump must pair
+	// with its path.
+	pfs, err := procfs.NewDefaultFS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgRoot := cgroup2Root(pfs)
+	var cgPath string
+	var cgID uint64
+	if cgRoot != "" {
+		self, err := pfs.Self()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cgs, err := self.Cgroups()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range cgs {
+			if g.HierarchyID == 0 {
+				cgPath = g.Path
+			}
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(cgRoot, cgPath), &st); err != nil {
+			t.Fatal(err)
+		}
+		cgID = st.Ino
+	}
 	// lo is 127.0.0.1 when up; a VM test guest's init may leave it down,
 	// which lttng-modules writes as address 0.
 	loAddr := uint64(0x7f000001)
@@ -106,6 +136,10 @@ func TestDumpSelf(t *testing.T) {
 			}
 			if e.values["tid"].Int(0) == 2 && e.values["type"].Int(0) == kernelThread && e.values["ppid"].Int(0) == 0 {
 				kthread++
+			}
+		case Cgroup:
+			if e.values["id"].Uint(0) == cgID && string(e.values["path"].Text()) == cgPath {
+				cgroup++
 			}
 		case NetInterface:
 			if string(e.values["name"].Text()) == "lo" && e.values["address_ipv4"].Uint(0) == loAddr {
@@ -131,6 +165,9 @@ func TestDumpSelf(t *testing.T) {
 	}
 	if lo != 1 {
 		t.Errorf("lo with address %#x appears %d times (interfaces: %d)", loAddr, lo, counts.NetInterfaces)
+	}
+	if cgRoot != "" && (cgroup != 1 || counts.Cgroups == 0) {
+		t.Errorf("this process's cgroup %s (id %d) appears %d times of %d", cgPath, cgID, cgroup, counts.Cgroups)
 	}
 	if kthread != 1 {
 		t.Errorf("kthreadd (tid 2) as a kernel thread: %d", kthread)

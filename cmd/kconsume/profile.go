@@ -126,8 +126,8 @@ func ctlStatedump(s *consumer.Session, cpu int) (string, error) {
 	if c.Lost > 0 {
 		fmt.Fprintf(&warn, " (%d lost: ring full)", c.Lost)
 	}
-	return fmt.Sprintf("statedump %d: %d threads of %d processes, %d file descriptors, %d block devices, %d network interface addresses, %d interrupts, %d CPUs: %d events in %v%s\n",
-		seq, c.Threads, c.Processes, c.FDs, c.BlockDevices, c.NetInterfaces, c.Interrupts, c.CPUs, c.Emitted, time.Since(start).Round(time.Millisecond), warn.String()), nil
+	return fmt.Sprintf("statedump %d: %d threads of %d processes, %d file descriptors, %d block devices, %d network interface addresses, %d interrupts, %d CPUs, %d cgroups: %d events in %v%s\n",
+		seq, c.Threads, c.Processes, c.FDs, c.BlockDevices, c.NetInterfaces, c.Interrupts, c.CPUs, c.Cgroups, c.Emitted, time.Since(start).Round(time.Millisecond), warn.String()), nil
 }
 
 // runStatedump emits one statedump into s and warns about lost events.
