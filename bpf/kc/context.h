@@ -61,28 +61,31 @@ static __always_inline __s32 kc_vnr(struct pid *pid, __u32 level)
 	return nr;
 }
 
-/* The room kc_context writes into. */
-struct kc_ctx_buf {
-	__u8 b[KC_CTX_ROOM];
-};
-
 /*
- * kc_context writes into buf the contexts of bits (KC_CTX_*) of the
- * current task, in their order, and returns the bytes written. A counter
- * that cannot be read is written 0. A global function: the verifier
- * checks its branches once, not once for every path of each caller.
+ * kc_context writes at off in this CPU's scratch record's data (where
+ * kc_record builds the record) the contexts of bits (KC_CTX_*) of the
+ * current task, in their order, and returns the bytes written, 0 for an
+ * off that leaves no room. A counter that cannot be read is written 0.
+ * A global function: the verifier checks its branches once, not once
+ * for every path of each caller. It takes no pointer, which global
+ * functions take only from Linux 5.12 on.
  */
-__noinline __u32 kc_context(struct kc_ctx_buf *buf, __u32 bits)
+__noinline __u32 kc_context(__u32 off, __u32 bits)
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-	__u8 *d = (__u8 *)buf;
+	__u32 zero = 0;
+	struct kc_scratch *s = bpf_map_lookup_elem(&kc_scratch_map, &zero);
+	__u8 *d;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 n = 0, level = 0;
 	struct pid *tp = NULL;
 	int k;
 
-	if (!buf)
+	if (!s || off > KC_MAX_PAYLOAD - 1 - KC_CTX_ROOM)
 		return 0;
+	barrier_var(off);
+	off &= KC_PAYLOAD_MASK;
+	d = s->data + off;
 
 	if (bits & KC_CTX_PROCNAME) {
 		bpf_get_current_comm(d, 16);

@@ -138,7 +138,8 @@ static __always_inline __u32 kc_tail(void *ctx, __u8 *data, __u32 len, struct kc
 	barrier_var(len);
 	len &= KC_PAYLOAD_MASK;
 	if (info->ctx) {
-		ct = kc_context((struct kc_ctx_buf *)(data + len), info->ctx);
+		/* data is the scratch record's, where kc_context writes. */
+		ct = kc_context(len, info->ctx);
 		if (ct > KC_CTX_ROOM)
 			return 0;
 		barrier_var(ct);
