@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
@@ -192,11 +193,34 @@ func (s *Session) Rewind(dir string, cpu int) error {
 		})
 		err = errors.Join(err, sink.Close())
 	}
+	if err == nil {
+		err = s.copySymbols(dir)
+	}
 	if err != nil {
 		os.RemoveAll(dir)
 		return err
 	}
 	return nil
+}
+
+// copySymbols gives the trace in dir, a rewind's, the session's symbol
+// files: the kernel's as saved at the start, the user's as known now.
+func (s *Session) copySymbols(dir string) error {
+	if src := filepath.Join(s.cfg.Dir, KernelSymbols); s.cfg.Dir != "" {
+		if b, err := os.ReadFile(src); err == nil {
+			if err := os.WriteFile(filepath.Join(dir, KernelSymbols), b, 0o644); err != nil {
+				return fmt.Errorf("rewind: %w", err)
+			}
+		}
+	}
+	if s.umaps == nil {
+		return nil
+	}
+	procs, err := s.rec.UserStackProcs()
+	if err != nil {
+		return fmt.Errorf("rewind: %w", err)
+	}
+	return writeUserSymbols(dir, s.umaps.snapshot(procs))
 }
 
 // Stats returns per-CPU counters. After Close it returns the final

@@ -605,3 +605,28 @@ func procContexts(t *testing.T, bin, root, cg string) map[string]int64 {
 	t.Fatalf("%s never waited for its input", bin)
 	return nil
 }
+
+// TestRewindKeepsSymbols: a rewind of a flight recorder with call chains
+// carries the symbols of both kinds, so its frames are named as the
+// session's are.
+func TestRewindKeepsSymbols(t *testing.T) {
+	s, dir := newTestSession(t, Config{Events: []string{"sched:sched_process_exec"}, Mode: relayfmt.Overwrite,
+		Stacks: []EventStack{{Stack: StackKernel | StackUser}}})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("true").CombinedOutput(); err != nil {
+		t.Fatalf("true: %v: %s", err, out)
+	}
+	rw := dir + ".rewind"
+	if err := s.Rewind(rw, -1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(rw) })
+	if _, err := ReadKernelSymbols(rw); err != nil {
+		t.Errorf("kernel symbols of the rewind: %v", err)
+	}
+	if _, err := ReadUserSymbols(rw); err != nil {
+		t.Errorf("user symbols of the rewind: %v", err)
+	}
+}

@@ -172,6 +172,12 @@ func (u *userMaps) hold(i int, o procmap.Object) {
 // pids (those with user call chains) and their threads.
 func (u *userMaps) finish(pids []int32) *userSymbolFile {
 	u.halt()
+	return u.snapshot(pids)
+}
+
+// snapshot returns the symbol file for the processes pids as they are
+// known now: finish's, while following goes on (a rewind's).
+func (u *userMaps) snapshot(pids []int32) *userSymbolFile {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	m := procmap.New()

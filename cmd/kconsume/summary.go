@@ -210,4 +210,7 @@ func stackNote(w io.Writer, s *consumer.Session, depth int) {
 	if c.Failed > 0 {
 		fmt.Fprintf(w, "note: %d call chains are recorded empty: the kernel gave none, or the event's record left no room for them\n", c.Failed)
 	}
+	if n := s.MappingsLost(); n > 0 {
+		fmt.Fprintf(w, "note: the kernel dropped %d records of what processes mapped: some user frames may stay unnamed\n", n)
+	}
 }
