@@ -4,6 +4,7 @@ import (
 	"compress/gzip"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -20,33 +21,64 @@ const KernelSymbols = ".kallsyms.gz"
 // saveKernelSymbols writes KernelSymbols into dir. It fails when
 // /proc/kallsyms cannot be read or hides its addresses, or the file
 // cannot be written.
-func saveKernelSymbols(dir string) (err error) {
+func saveKernelSymbols(dir string) error {
 	in, err := os.Open("/proc/kallsyms")
 	if err != nil {
 		return fmt.Errorf("saving the kernel's symbols: %w", err)
 	}
 	defer in.Close()
-	path := filepath.Join(dir, KernelSymbols)
+	return writeGzip(dir, KernelSymbols, "the kernel's symbols", func(w io.Writer) error {
+		_, err := kallsyms.CopyText(w, in)
+		return err
+	})
+}
+
+// writeGzip writes into dir/name what fill writes, gzip-compressed; a
+// file it could not write whole is removed. Its errors name what.
+func writeGzip(dir, name, what string, fill func(io.Writer) error) (err error) {
+	path := filepath.Join(dir, name)
 	out, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("saving the kernel's symbols: %w", err)
+		return fmt.Errorf("saving %s: %w", what, err)
 	}
 	defer func() {
 		if cerr := out.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("saving the kernel's symbols: %w", cerr)
+			err = fmt.Errorf("saving %s: %w", what, cerr)
 		}
 		if err != nil {
 			os.Remove(path)
 		}
 	}()
 	z := gzip.NewWriter(out)
-	if _, err := kallsyms.CopyText(z, in); err != nil {
-		return fmt.Errorf("saving the kernel's symbols: %w", err)
+	if err := fill(z); err != nil {
+		return fmt.Errorf("saving %s: %w", what, err)
 	}
 	if err := z.Close(); err != nil {
-		return fmt.Errorf("saving the kernel's symbols: %w", err)
+		return fmt.Errorf("saving %s: %w", what, err)
 	}
 	return nil
+}
+
+// readGzip calls read with the decompressed content of dir/name. It
+// fails with ErrNoSymbols when the file is absent, and with read's
+// error or the file's, naming what.
+func readGzip(dir, name, what string, read func(io.Reader) error) error {
+	f, err := os.Open(filepath.Join(dir, name))
+	if errors.Is(err, os.ErrNotExist) {
+		return ErrNoSymbols
+	}
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", what, err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err == nil {
+		err = read(z)
+	}
+	if err != nil && !errors.Is(err, ErrNoSymbols) {
+		return fmt.Errorf("reading %s %s: %w", what, f.Name(), err)
+	}
+	return err
 }
 
 // ErrNoSymbols is returned by ReadKernelSymbols for a trace that holds
@@ -58,24 +90,13 @@ var ErrNoSymbols = errors.New("the trace holds no kernel symbols")
 // (KernelSymbols). It fails with ErrNoSymbols when there are none, or
 // when the file is unreadable or corrupt.
 func ReadKernelSymbols(dir string) (*kallsyms.Table, error) {
-	f, err := os.Open(filepath.Join(dir, KernelSymbols))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, ErrNoSymbols
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading the trace's kernel symbols: %w", err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		return nil, fmt.Errorf("reading the trace's kernel symbols %s: %w", f.Name(), err)
-	}
-	t, err := kallsyms.Parse(z)
-	if errors.Is(err, kallsyms.ErrHidden) {
-		return nil, ErrNoSymbols
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading the trace's kernel symbols %s: %w", f.Name(), err)
-	}
-	return t, nil
+	var t *kallsyms.Table
+	err := readGzip(dir, KernelSymbols, "the trace's kernel symbols", func(r io.Reader) error {
+		var err error
+		if t, err = kallsyms.Parse(r); errors.Is(err, kallsyms.ErrHidden) {
+			return ErrNoSymbols
+		}
+		return err
+	})
+	return t, err
 }

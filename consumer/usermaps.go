@@ -1,13 +1,12 @@
 package consumer
 
 import (
-	"compress/gzip"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -255,28 +254,8 @@ func (u *userMaps) close() {
 }
 
 // writeUserSymbols writes f into dir as UserSymbols.
-func writeUserSymbols(dir string, f *userSymbolFile) (err error) {
-	path := filepath.Join(dir, UserSymbols)
-	out, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("saving the user symbols: %w", err)
-	}
-	defer func() {
-		if cerr := out.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("saving the user symbols: %w", cerr)
-		}
-		if err != nil {
-			os.Remove(path)
-		}
-	}()
-	z := gzip.NewWriter(out)
-	if err := json.NewEncoder(z).Encode(f); err != nil {
-		return fmt.Errorf("saving the user symbols: %w", err)
-	}
-	if err := z.Close(); err != nil {
-		return fmt.Errorf("saving the user symbols: %w", err)
-	}
-	return nil
+func writeUserSymbols(dir string, f *userSymbolFile) error {
+	return writeGzip(dir, UserSymbols, "the user symbols", func(w io.Writer) error { return json.NewEncoder(w).Encode(f) })
 }
 
 // sideRing is a dummy perf event's ring of side-band records on one CPU.
@@ -440,24 +419,18 @@ type UserSymbolTable struct {
 // fails with ErrNoSymbols when there are none, or when the file is
 // unreadable or corrupt.
 func ReadUserSymbols(dir string) (*UserSymbolTable, error) {
-	f, err := os.Open(filepath.Join(dir, UserSymbols))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, ErrNoSymbols
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading the trace's user symbols: %w", err)
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		return nil, fmt.Errorf("reading the trace's user symbols %s: %w", f.Name(), err)
-	}
 	var uf userSymbolFile
-	if err := json.NewDecoder(z).Decode(&uf); err != nil {
-		return nil, fmt.Errorf("reading the trace's user symbols %s: %w", f.Name(), err)
-	}
-	if uf.Model == nil || uf.Model.Procs == nil || len(uf.Objects) != len(uf.Model.Objects) {
-		return nil, fmt.Errorf("reading the trace's user symbols %s: not a table of processes and objects", f.Name())
+	err := readGzip(dir, UserSymbols, "the trace's user symbols", func(r io.Reader) error {
+		if err := json.NewDecoder(r).Decode(&uf); err != nil {
+			return err
+		}
+		if uf.Model == nil || uf.Model.Procs == nil || len(uf.Objects) != len(uf.Model.Objects) {
+			return errors.New("not a table of processes and objects")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	t := &UserSymbolTable{model: uf.Model}
 	if t.model.Threads == nil {
