@@ -141,14 +141,17 @@ func (p *Profile) renameClass(c *relayfmt.EventClass) (*relayfmt.EventClass, err
 		return nil, nil
 	}
 	fs := slices.Clone(c.Fields)
-	sequence(c.Name, fs)
-	for j := range fs {
-		if to, ok := fields[fs[j].Name]; ok && !slices.ContainsFunc(fs, func(f relayfmt.Field) bool { return f.Name == to }) {
-			from := fs[j].Name
-			fs[j].Name = to
-			for k := range fs {
-				if fs[k].LengthField == from {
-					fs[k].LengthField = to
+	// The event's context (--context) keeps LTTng's names already; the
+	// payload is a scope of its own.
+	payload := fs[c.Context:]
+	sequence(c.Name, payload)
+	for j := range payload {
+		if to, ok := fields[payload[j].Name]; ok && !slices.ContainsFunc(payload, func(f relayfmt.Field) bool { return f.Name == to }) {
+			from := payload[j].Name
+			payload[j].Name = to
+			for k := range payload {
+				if payload[k].LengthField == from {
+					payload[k].LengthField = to
 				}
 			}
 		}
