@@ -144,3 +144,30 @@ func TestRecordUserStack(t *testing.T) {
 		t.Errorf("%d getpid events, want 3:\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 }
+
+// TestRecordContextsLTTng: under --profile lttng, contexts named like
+// an event's fields (tid, pid and sched_process_exec's) are the event's
+// own context, and the payload still takes LTTng's names (tid, old_tid),
+// as babeltrace2 reads the trace.
+func TestRecordContextsLTTng(t *testing.T) {
+	testenv.RequireRoot(t)
+	out := filepath.Join(t.TempDir(), "t")
+	code, stdout, stderr := runCmd("record", "-q", "--profile", "lttng", "-o", out, "-e", "sched:sched_process_exec", "--context", "tid,pid", "--", "true")
+	if code != 0 {
+		t.Fatalf("record: exit %d\n%s%s", code, stdout, stderr)
+	}
+	lines, _ := testenv.RunBT2(t, out)
+	event := regexp.MustCompile(`sched_process_exec: \{ cpu_id = \d+ \}, \{ pid = (\d+), tid = (\d+) \}, \{ .*filename = "[^"]*true", tid = (\d+), old_tid = (\d+) \}`)
+	found := 0
+	for _, l := range lines {
+		if m := event.FindStringSubmatch(l); m != nil {
+			found++
+			if m[1] != m[2] || m[2] != m[3] || m[3] != m[4] {
+				t.Errorf("context and payload disagree: %s", l)
+			}
+		}
+	}
+	if found != 1 {
+		t.Errorf("%d execs of true with their context, want 1:\n%s", found, strings.Join(lines, "\n"))
+	}
+}
