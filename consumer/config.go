@@ -109,6 +109,12 @@ type Config struct {
 	// perf:cpu:COUNTER), recorded with every tracepoint behind its
 	// fields (docs/stacks.md).
 	Contexts []string
+	// ContextsInStream writes the contexts as LTTng does (--profile
+	// lttng): in the stream's event context, which every event of the
+	// trace carries; those the recorder does not write (synthetic
+	// events, the statedump) carry zeros. Otherwise each tracepoint
+	// event carries them in its own context.
+	ContextsInStream bool
 
 	// Dir receives the trace (metadata and trace<N> files); it must exist.
 	// Sink, when set, is used instead (tests, benchmarks, a profile's

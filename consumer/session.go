@@ -183,6 +183,26 @@ func New(cfg Config) (*Session, error) {
 	return s, nil
 }
 
+// streamContext returns the fields of cfg's contexts and their bytes
+// when they go into the stream's event context (ContextsInStream), else
+// none.
+func streamContext(cfg Config) ([]relayfmt.Field, int) {
+	if !cfg.ContextsInStream {
+		return nil, 0
+	}
+	ctxs, err := layout.ParseContexts(cfg.Contexts)
+	if err != nil || len(ctxs) == 0 {
+		return nil, 0 // Check refused bad names already
+	}
+	var fields []relayfmt.Field
+	n := 0
+	for _, c := range ctxs {
+		fields = append(fields, c.Field)
+		n += c.Size()
+	}
+	return fields, n
+}
+
 // linkWakeup tells the recorder's sched_switch hook the class of
 // wakeup_latency, which exists only once the synthetic events are
 // declared.
@@ -287,14 +307,16 @@ func newSession(cfg Config, nevents int, opts *recorder.Options) (_ *Session, er
 		// carry only losses, and packets for a remote sink.
 		subSize, nSub = s.rec.PktElem(), relayfmt.MinSubbufs
 	}
+	sc, scLen := streamContext(cfg)
 	s.ch, err = relayfmt.NewChannel(relayfmt.Config{
-		SubbufSize: subSize,
-		NSubbufs:   nSub,
-		CPUs:       ncpu,
-		Global:     cfg.Global,
-		Mode:       cfg.Mode,
-		Clock:      clockDesc(cfg.Clock, clockID),
-		Env:        env,
+		SubbufSize:    subSize,
+		NSubbufs:      nSub,
+		CPUs:          ncpu,
+		Global:        cfg.Global,
+		Mode:          cfg.Mode,
+		Clock:         clockDesc(cfg.Clock, clockID),
+		Env:           env,
+		StreamContext: sc,
 	}, sink)
 	if err != nil {
 		if cfg.Sink == nil {
@@ -302,7 +324,7 @@ func newSession(cfg Config, nevents int, opts *recorder.Options) (_ *Session, er
 		}
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	s.w = &writer{ch: s.ch, global: cfg.Global}
+	s.w = &writer{ch: s.ch, global: cfg.Global, streamCtx: scLen}
 	s.dr.setWriter(s.w)
 	s.keepErr = errors.New("no local directory")
 	if cfg.Dir != "" && (opts == nil || opts.Spec == nil) {

@@ -61,6 +61,7 @@ type stream struct {
 	wrap        *[2][]byte
 	win         *window
 	scratch     []byte
+	ctxScratch  []byte // a payload behind zero contexts (writer.streamCtx)
 	wakeups     uint64
 	undecodable uint64 // records the consumer could not decode
 	cps         checkpoints

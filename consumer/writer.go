@@ -21,6 +21,10 @@ type writer struct {
 	layouts []*layout.Layout // by class id
 	direct  []int32          // by class id: a direct layout's payload size, else -1
 	copied  []copied         // by class id: a layout of copies alone, else zero
+	// streamCtx is the bytes of the stream's event context
+	// (Config.ContextsInStream), which every payload starts with: a
+	// layout's tail gives them, zeros stand in for the others.
+	streamCtx int
 }
 
 // copied is a layout whose payload is the record's inline runs alone
@@ -60,6 +64,10 @@ func (w *writer) declareAll(names []string, ls []*layout.Layout) ([]uint32, erro
 	fields := make([][]relayfmt.Field, len(ls))
 	for i, l := range ls {
 		fields[i] = l.Fields
+		if w.streamCtx > 0 && l.Tailed() {
+			// The channel declares them for every class.
+			fields[i] = l.Fields[len(l.Ctx):]
+		}
 	}
 	classes, err := w.ch.AddEventClasses(names, fields)
 	if err != nil {
@@ -83,8 +91,8 @@ func (w *writer) setLayout(id uint32, l *layout.Layout) {
 	w.layouts[id] = l
 	w.direct[id] = -1
 	w.copied[id] = copied{}
-	if l == nil || l.AsIs {
-		return
+	if l == nil || l.AsIs || w.streamCtx > 0 {
+		return // the fast paths write no stream context
 	}
 	if l.Direct {
 		w.direct[id] = int32(l.Fixed)
@@ -266,6 +274,12 @@ func (w *writer) write(st *stream, e entry, open bool, run *relayfmt.Run) bool {
 			return w.undecodableIn(st, run)
 		}
 		payload = st.scratch
+	}
+	if w.streamCtx > 0 && len(l.Ctx) == 0 {
+		// Zeros stand in for the contexts of an event the recorder
+		// wrote none for.
+		st.ctxScratch = append(append(st.ctxScratch[:0], make([]byte, w.streamCtx)...), payload...)
+		payload = st.ctxScratch
 	}
 	// A record the channel rejects is counted there.
 	if run != nil {

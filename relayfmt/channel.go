@@ -51,6 +51,10 @@ type Config struct {
 	Env map[string]string
 	// UUID identifies the trace; zero means a random one.
 	UUID [16]byte
+	// StreamContext, when set, is the stream's event context: fixed-size
+	// fields every event carries first (Metadata.StreamContext), which
+	// each class gets ahead of its own and each payload written holds.
+	StreamContext []Field
 }
 
 // Stats counts what happened in one buffer. Every record passed to Write
@@ -240,8 +244,12 @@ func NewChannel(cfg Config, sink Sink) (*Channel, error) {
 	if cfg.UUID == ([16]byte{}) {
 		cfg.UUID = NewUUID()
 	}
+	sc, err := streamContext(cfg.StreamContext)
+	if err != nil {
+		return nil, fmt.Errorf("channel: %w", err)
+	}
 	c := &Channel{cfg: cfg, sink: sink, quit: make(chan struct{}), failed: make(chan struct{})}
-	c.meta = Metadata{UUID: cfg.UUID, Clock: cfg.Clock, Global: cfg.Global, SubbufSize: cfg.SubbufSize, NSubbufs: cfg.NSubbufs, Env: env}
+	c.meta = Metadata{UUID: cfg.UUID, Clock: cfg.Clock, Global: cfg.Global, SubbufSize: cfg.SubbufSize, NSubbufs: cfg.NSubbufs, Env: env, StreamContext: sc}
 	empty := []*EventClass{}
 	c.classes.Store(&empty)
 	if err := writeMetadata(sink, &c.meta); err != nil {
@@ -307,7 +315,7 @@ func (c *Channel) AddEventClass(name string, fields []Field) (*EventClass, error
 	if c.meta.ClassByName(name) != nil {
 		return nil, fmt.Errorf("event %q: %w", name, ErrNameExists)
 	}
-	cls, err := NewEventClass(uint32(len(c.meta.Classes)), name, fields)
+	cls, err := NewEventClass(uint32(len(c.meta.Classes)), name, withContext(c.meta.StreamContext, fields))
 	if err != nil {
 		return nil, err
 	}
@@ -350,7 +358,7 @@ func (c *Channel) AddEventClasses(names []string, fields [][]Field) ([]*EventCla
 			return nil, fmt.Errorf("event %q: %w", name, ErrNameExists)
 		}
 		seen[name] = true
-		cls, err := NewEventClass(uint32(len(next.Classes)), name, fields[i])
+		cls, err := NewEventClass(uint32(len(next.Classes)), name, withContext(next.StreamContext, fields[i]))
 		if err != nil {
 			return nil, err
 		}
@@ -366,6 +374,38 @@ func (c *Channel) AddEventClasses(names []string, fields [][]Field) ([]*EventCla
 	c.meta = next
 	c.classes.Store(&next.Classes)
 	return added, nil
+}
+
+// streamContext returns fields as a stream's event context, each marked
+// Context, or why they cannot be one: a field that is not fixed-size,
+// or a name that is not an identifier or repeats.
+func streamContext(fields []Field) ([]Field, error) {
+	if len(fields) == 0 {
+		return nil, nil
+	}
+	out := make([]Field, len(fields))
+	seen := map[string]bool{}
+	for i, f := range fields {
+		if f.Kind != Scalar && f.Kind != Array || !IsIdent(f.Name) || seen[f.Name] {
+			return nil, fmt.Errorf("stream event context field %q: want fixed-size fields of unique identifier names", f.Name)
+		}
+		seen[f.Name] = true
+		f.Context = true
+		out[i] = f
+	}
+	// A class with nothing else of its own still checks them.
+	if _, err := NewEventClass(0, "stream_context", out); err != nil {
+		return nil, fmt.Errorf("stream event context: %w", err)
+	}
+	return out, nil
+}
+
+// withContext returns fields behind the stream's event context sc.
+func withContext(sc, fields []Field) []Field {
+	if len(sc) == 0 {
+		return fields
+	}
+	return append(append(make([]Field, 0, len(sc)+len(fields)), sc...), fields...)
 }
 
 // Metadata returns a copy of the channel's current metadata.

@@ -436,3 +436,43 @@ func TestStreamsSpanTheTrace(t *testing.T) {
 		t.Errorf("babeltrace2 --stream-intersection printed %d events, %d were written", n, written)
 	}
 }
+
+// TestStreamContext: a channel whose events all carry a stream event
+// context (LTTng's contexts), per-CPU and global, and classes with
+// contexts of their own and base-16 fields: babeltrace2 and our reader
+// print every event alike, the metadata parses back to the same
+// context, and a context field that is not fixed-size is refused.
+func TestStreamContext(t *testing.T) {
+	sc := []Field{CharArrayField("procname", 16), ScalarField("tid", S32), ScalarField("perf_cpu_cycles", U64)}
+	hex := ScalarField("addr", U64)
+	hex.Hex = true
+	own := ScalarField("prio", S32)
+	own.Context = true
+	for _, global := range []bool{false, true} {
+		g := newGen(t, Config{SubbufSize: 4096, NSubbufs: 8, CPUs: 2, Global: global, StreamContext: sc}, nil)
+		g.defineClasses(6)
+		c, err := g.c.AddEventClass("ctx:own", []Field{own, ScalarField("tid", S32), hex})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Context != len(sc)+1 || c.Fields[len(sc)].Name != "prio" {
+			t.Fatalf("class with its own context: %d context fields %v", c.Context, c.Fields)
+		}
+		g.classes = append(g.classes, c)
+		g.burst(300, 0)
+		g.close()
+		if n := agree(t, g.dir); n < 300 {
+			t.Errorf("global %t: %d events agree", global, n)
+		}
+		tr, err := Open(g.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tr.Meta.StreamContext) != len(sc) || tr.Meta.StreamContext[0].Name != "procname" || !tr.Meta.StreamContext[2].Context {
+			t.Errorf("global %t: stream context read back as %v", global, tr.Meta.StreamContext)
+		}
+	}
+	if _, err := NewChannel(Config{SubbufSize: 4096, NSubbufs: 2, CPUs: 1, StreamContext: []Field{StringField("name")}}, &DiscardSink{}); err == nil {
+		t.Error("a string in the stream context: no error")
+	}
+}

@@ -300,16 +300,42 @@ func formatBT2(meta *Metadata, it *Item, vals []Value) string {
 	if h, ok := meta.Env["hostname"]; ok {
 		b.WriteString(h + " ")
 	}
+	// babeltrace2 prints the packet context, the stream's event
+	// context, the event's own and the payload, each in braces.
+	sc := len(meta.StreamContext)
 	if meta.Global {
-		fmt.Fprintf(&b, "%s: { cpu_id = 0 }, { cpu = %d }, ", it.Class.Name, it.CPU)
+		fmt.Fprintf(&b, "%s: { cpu_id = 0 }, { cpu = %d", it.Class.Name, it.CPU)
+		if sc > 0 {
+			b.WriteString(", ")
+			writeValues(&b, vals[:sc])
+		}
+		b.WriteString(" }, ")
 	} else {
 		fmt.Fprintf(&b, "%s: { cpu_id = %d }, ", it.Class.Name, it.CPU)
+		if sc > 0 {
+			b.WriteString("{ ")
+			writeValues(&b, vals[:sc])
+			b.WriteString(" }, ")
+		}
 	}
+	if it.Class.Context > sc {
+		b.WriteString("{ ")
+		writeValues(&b, vals[sc:it.Class.Context])
+		b.WriteString(" }, ")
+	}
+	vals = vals[it.Class.Context:]
 	if len(vals) == 0 {
 		b.WriteString("{ }")
 		return b.String()
 	}
 	b.WriteString("{ ")
+	writeValues(&b, vals)
+	b.WriteString(" }")
+	return b.String()
+}
+
+// writeValues writes vals as babeltrace2 prints a struct's fields.
+func writeValues(b *strings.Builder, vals []Value) {
 	for i, v := range vals {
 		if i > 0 {
 			b.WriteString(", ")
@@ -318,9 +344,9 @@ func formatBT2(meta *Metadata, it *Item, vals []Value) string {
 		f := v.Field
 		switch {
 		case f.Kind == String || f.Text:
-			bt2Quote(&b, v.Text())
+			bt2Quote(b, v.Text())
 		case f.Kind == Scalar:
-			writeInt(&b, v, 0)
+			writeInt(b, v, 0)
 		default:
 			if v.Len() == 0 {
 				b.WriteString("[ ]")
@@ -331,17 +357,19 @@ func formatBT2(meta *Metadata, it *Item, vals []Value) string {
 				if j > 0 {
 					b.WriteString(", ")
 				}
-				fmt.Fprintf(&b, "[%d] = ", j)
-				writeInt(&b, v, j)
+				fmt.Fprintf(b, "[%d] = ", j)
+				writeInt(b, v, j)
 			}
 			b.WriteString(" ]")
 		}
 	}
-	b.WriteString(" }")
-	return b.String()
 }
 
 func writeInt(b *strings.Builder, v Value, i int) {
+	if v.Field.Hex {
+		fmt.Fprintf(b, "0x%X", v.Uint(i))
+		return
+	}
 	if v.Field.Elem.Signed() {
 		fmt.Fprintf(b, "%d", v.Int(i))
 	} else {

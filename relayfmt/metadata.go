@@ -45,6 +45,11 @@ type Metadata struct {
 	// Tracer is the env's tracer_name; empty means "kconsume". A trace
 	// written in another tracer's dialect (profile lttng) names it here.
 	Tracer string
+	// StreamContext holds the fields every event of the stream carries
+	// after its header (and, in global mode, its CPU), the stream's
+	// event context as LTTng writes its contexts: fixed-size fields,
+	// which each class also holds as its first fields (Field.Context).
+	StreamContext []Field
 	// Classes is indexed by event id.
 	Classes []*EventClass
 }
@@ -197,8 +202,17 @@ stream {
 	event.header := struct event_header_compact;
 	packet.context := struct packet_context;
 `, clk, tsdlQuote(m.Clock.Description), freq, offS, mulDiv(uint64(offNs), freq, 1e9, false), clk, clk)
-	if m.Global {
-		b.WriteString("\tevent.context := struct {\n\t\tuint32_t _cpu;\n\t} align(8);\n")
+	if m.Global || len(m.StreamContext) > 0 {
+		b.WriteString("\tevent.context := struct {\n")
+		if m.Global {
+			b.WriteString("\t\tuint32_t _cpu;\n")
+		}
+		for _, f := range m.StreamContext {
+			b.WriteString("\t\t")
+			writeField(b, &f)
+			b.WriteString(";\n")
+		}
+		b.WriteString("\t} align(8);\n")
 	}
 	b.WriteString("};\n")
 }
@@ -210,9 +224,12 @@ func (m *Metadata) writeEvents(b *bytes.Buffer) {
 			continue
 		}
 		fmt.Fprintf(b, "\nevent {\n\tname = %s;\n\tid = %d;\n\tstream_id = 0;\n", tsdlQuote(c.Name), c.ID)
-		if c.Context > 0 {
+		// A class's first fields are the stream's event context, which
+		// the stream block declares.
+		sc := min(len(m.StreamContext), c.Context)
+		if c.Context > sc {
 			b.WriteString("\tcontext := struct {\n")
-			for _, f := range c.Fields[:c.Context] {
+			for _, f := range c.Fields[sc:c.Context] {
 				b.WriteString("\t\t")
 				writeField(b, &f)
 				b.WriteString(";\n")

@@ -256,11 +256,38 @@ func (m *Metadata) applyStream(es []entry) error {
 		return err
 	}
 	e, ok = lookup(es, "event.context")
-	if ok != m.Global {
-		return fmt.Errorf("event.context present: %t, but env global = %t", ok, m.Global)
+	if !ok {
+		if m.Global {
+			return errors.New("env global = 1, but no event.context with the CPU")
+		}
+		return nil
 	}
-	if ok {
-		return checkLayout("event.context", e.typ, []layoutField{{"_cpu", 32, 0}})
+	if e.typ == nil || e.typ.kind != ttStruct {
+		return errors.New("event.context is not a struct")
+	}
+	fields := e.typ.fields
+	if m.Global {
+		if len(fields) == 0 {
+			return errors.New("event.context: no _cpu, which env global = 1 needs first")
+		}
+		if err := checkLayout("event.context", &tType{kind: ttStruct, fields: fields[:1]}, []layoutField{{"_cpu", 32, 0}}); err != nil {
+			return err
+		}
+		fields = fields[1:]
+	}
+	if len(m.Classes) > 0 && len(fields) > 0 {
+		return errors.New("event.context: declared after event classes, which lack it")
+	}
+	for _, tf := range fields {
+		f, err := convertField(tf)
+		if err != nil {
+			return fmt.Errorf("event.context: line %d: %w", tf.line, err)
+		}
+		if f.Kind != Scalar && f.Kind != Array {
+			return fmt.Errorf("event.context: field %q: only fixed-size fields are supported", f.Name)
+		}
+		f.Context = true
+		m.StreamContext = append(m.StreamContext, f)
 	}
 	return nil
 }
@@ -276,7 +303,9 @@ func (m *Metadata) applyEvent(es []entry) error {
 	if e, ok := lookup(es, "stream_id"); ok && e.val != "0" {
 		return fmt.Errorf("event %q: stream_id %s, want 0", name, e.val)
 	}
-	var fields []Field
+	// The stream's event context comes first (a copy: Fields are the
+	// class's own).
+	fields := append([]Field(nil), m.StreamContext...)
 	for _, scope := range []string{"context", "fields"} {
 		e, ok := lookup(es, scope)
 		if !ok {

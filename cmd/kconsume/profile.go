@@ -49,7 +49,8 @@ func (f *profileFlag) lttng() bool { return f.p == profile.LTTng }
 
 // configure prepares cfg for the profile: under lttng, the statedump's
 // events are recorded, the scheduler priorities are written as
-// lttng-modules writes them (Profile.Adjust) and the trace is written
+// lttng-modules writes them (Profile.Adjust), the contexts go into the
+// stream's event context, and the trace is written
 // through the profile's sink, which names the metadata's classes and env
 // as lttng-modules does.
 // It runs once the output directory exists. It fails when the profile
@@ -70,6 +71,8 @@ func (f *profileFlag) configure(cfg *consumer.Config, session string) error {
 		return err
 	}
 	cfg.Adjust = f.p.Adjust()
+	// LTTng writes its contexts in the stream's event context.
+	cfg.ContextsInStream = true
 	cfg.Synth = append(cfg.Synth, statedump.Events()...)
 	cfg.Events = append(cfg.Events, statedump.Patterns()...)
 	inner := cfg.Sink // relayd's, when streaming

@@ -145,10 +145,12 @@ func TestRecordUserStack(t *testing.T) {
 	}
 }
 
-// TestRecordContextsLTTng: under --profile lttng, contexts named like
-// an event's fields (tid, pid and sched_process_exec's) are the event's
-// own context, and the payload still takes LTTng's names (tid, old_tid),
-// as babeltrace2 reads the trace.
+// TestRecordContextsLTTng: under --profile lttng the contexts are in the
+// stream's event context, as LTTng writes them: every event carries
+// them (the statedump's zeros), contexts named like an event's fields
+// (tid, pid and sched_process_exec's) do not clash with them, and the
+// payload still takes LTTng's names (tid, old_tid), as babeltrace2 reads
+// the trace.
 func TestRecordContextsLTTng(t *testing.T) {
 	testenv.RequireRoot(t)
 	out := filepath.Join(t.TempDir(), "t")
@@ -169,5 +171,24 @@ func TestRecordContextsLTTng(t *testing.T) {
 	}
 	if found != 1 {
 		t.Errorf("%d execs of true with their context, want 1:\n%s", found, strings.Join(lines, "\n"))
+	}
+	meta, err := os.ReadFile(filepath.Join(out, "kernel", "metadata"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`stream \{[^}]*event\.context := struct \{\s*int32_t _pid;\s*int32_t _tid;\s*\}`).Match(meta) {
+		t.Errorf("no stream event context of pid and tid in the metadata:\n%s", meta)
+	}
+	dumped := 0
+	for _, l := range lines {
+		if strings.Contains(l, "lttng_statedump_process_state: ") {
+			if !strings.Contains(l, "}, { pid = 0, tid = 0 }, {") {
+				t.Errorf("a statedump event without zero contexts: %s", l)
+			}
+			dumped++
+		}
+	}
+	if dumped == 0 {
+		t.Error("no statedump event in the trace")
 	}
 }
