@@ -65,13 +65,19 @@ type userMaps struct {
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once // closes stop
+	wake  int       // an eventfd halt writes, to end loop's poll
 	// started is set once loop runs.
 	started bool
 }
 
 // halt stops the loop, and waits for its last read.
 func (u *userMaps) halt() {
-	u.once.Do(func() { close(u.stop) })
+	u.once.Do(func() {
+		close(u.stop)
+		var one [8]byte
+		one[0] = 1
+		_, _ = unix.Write(u.wake, one[:])
+	})
 	<-u.done
 }
 
@@ -79,7 +85,11 @@ func (u *userMaps) halt() {
 // following the kernel's records of new ones, stamped on the clock
 // clockID (the trace's). It fails when the perf events cannot be opened.
 func startUserMaps(ncpu int, clockID int32) (*userMaps, error) {
-	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{})}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("following processes' mappings for user call chains: eventfd: %w", err)
+	}
+	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{}), wake: wake}
 	for cpu := range ncpu {
 		r, err := openSideRing(cpu, clockID)
 		if errors.Is(err, unix.ENODEV) {
@@ -107,10 +117,13 @@ func startUserMaps(ncpu int, clockID int32) (*userMaps, error) {
 // loop reads the rings until stop, then once more.
 func (u *userMaps) loop() {
 	defer close(u.done)
-	fds := make([]unix.PollFd, len(u.rings))
+	// It sleeps until the kernel has a record (the events wake at each)
+	// or halt writes the eventfd: an idle machine does not wake it.
+	fds := make([]unix.PollFd, len(u.rings)+1)
 	for i, r := range u.rings {
 		fds[i] = unix.PollFd{Fd: int32(r.fd), Events: unix.POLLIN}
 	}
+	fds[len(u.rings)] = unix.PollFd{Fd: int32(u.wake), Events: unix.POLLIN}
 	for {
 		select {
 		case <-u.stop:
@@ -118,7 +131,11 @@ func (u *userMaps) loop() {
 			return
 		default:
 		}
-		_, _ = unix.Poll(fds, 100)
+		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
+			// Poll cannot fail on these descriptors; should it, a
+			// period keeps the records read.
+			_, _ = unix.Poll(nil, 100)
+		}
 		u.drain()
 	}
 }
@@ -251,6 +268,10 @@ func (u *userMaps) close() {
 		}
 	}
 	u.held = nil
+	if u.wake > 0 {
+		_ = unix.Close(u.wake)
+		u.wake = -1
+	}
 }
 
 // writeUserSymbols writes f into dir as UserSymbols.
