@@ -145,15 +145,31 @@ func TestPacketsEqualWalk(t *testing.T) {
 		class   string
 		payload string
 	}
+	// The sessions stop one after the other, and the child's very last
+	// events (its final runtime and switch, after its parent reaped it)
+	// may come between: each trace is compared up to the child's last
+	// sched_process_exit, which both hold.
+	exited := func(dir string) (at uint64) {
+		walkTrace(t, dir, func(it *relayfmt.Item, _ []relayfmt.Value) {
+			if it.Kind == relayfmt.EventItem && it.Class.Name == "sched:sched_process_exit" {
+				at = max(at, it.Time)
+			}
+		})
+		return at
+	}
 	read := func(dir string) (map[uint32][]ev, int, uint64) {
+		until := exited(dir)
 		byCPU := map[uint32][]ev{}
 		total := 0
 		var lost uint64
 		walkTrace(t, dir, func(it *relayfmt.Item, _ []relayfmt.Value) {
 			switch it.Kind {
 			case relayfmt.EventItem:
-				byCPU[it.CPU] = append(byCPU[it.CPU], ev{it.Class.Name, string(it.Payload)})
 				total++
+				if it.Time > until {
+					return
+				}
+				byCPU[it.CPU] = append(byCPU[it.CPU], ev{it.Class.Name, string(it.Payload)})
 			case relayfmt.DiscardedEvents:
 				lost += it.Count
 			}
