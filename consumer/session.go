@@ -183,26 +183,6 @@ func New(cfg Config) (*Session, error) {
 	return s, nil
 }
 
-// streamContext returns the fields of cfg's contexts and their bytes
-// when they go into the stream's event context (ContextsInStream), else
-// none.
-func streamContext(cfg Config) ([]relayfmt.Field, int) {
-	if !cfg.ContextsInStream {
-		return nil, 0
-	}
-	ctxs, err := layout.ParseContexts(cfg.Contexts)
-	if err != nil || len(ctxs) == 0 {
-		return nil, 0 // Check refused bad names already
-	}
-	var fields []relayfmt.Field
-	n := 0
-	for _, c := range ctxs {
-		fields = append(fields, c.Field)
-		n += c.Size()
-	}
-	return fields, n
-}
-
 // linkWakeup tells the recorder's sched_switch hook the class of
 // wakeup_latency, which exists only once the synthetic events are
 // declared.
@@ -495,23 +475,6 @@ func (s *Session) Close() error {
 	return s.closeErr
 }
 
-// saveUserSymbols writes the user symbols (UserSymbols) of the processes
-// whose user call chains the trace holds.
-func (s *Session) saveUserSymbols() error {
-	procs, err := s.rec.UserStackProcs()
-	if err != nil {
-		return err
-	}
-	f := s.umaps.finish(procs)
-	s.mapsLost = s.umaps.lost.Load()
-	return writeUserSymbols(s.cfg.Dir, f)
-}
-
-// MappingsLost returns how many of the kernel's mmap, fork and exec
-// records it dropped while user call chains were recorded: frames of
-// those processes may stay unnamed.
-func (s *Session) MappingsLost() uint64 { return s.mapsLost }
-
 // release frees kernel objects and mappings.
 func (s *Session) release() {
 	if s.umaps != nil {
@@ -618,24 +581,6 @@ type Preemptible = recorder.Preemptible
 // LoadObject reads a BPF object built on bpf/kc_synth.h for
 // Config.Objects (recorder.LoadObject).
 func LoadObject(path string) (*ebpf.CollectionSpec, error) { return recorder.LoadObject(path) }
-
-// SymbolsErr returns why the trace lacks the kernel's symbols
-// (KernelSymbols) when it records kernel call chains, or nil.
-func (s *Session) SymbolsErr() error { return s.symErr }
-
-// StackCounts returns the call chains recorded cut at their depth and
-// those recorded empty (recorder.StackCounts), so far, or after Close
-// those at Close; zero when no event records any. It fails when the
-// counters cannot be read.
-func (s *Session) StackCounts() (recorder.StackCounts, error) {
-	if c := s.finalStacks.Load(); c != nil {
-		return *c, nil
-	}
-	if s.rec == nil || !s.rec.Loaded() {
-		return recorder.StackCounts{}, nil
-	}
-	return s.rec.StackCounts()
-}
 
 // FilterKept returns, for each recorded event with a field filter
 // (Config.Filters), how many of its events the filter kept so far; after

@@ -282,21 +282,13 @@ func ftraceAddr(t *testing.T, syms *kallsyms.Table, frame string) uint64 {
 // has exited and its file is deleted.
 func TestUserStacks(t *testing.T) {
 	testenv.RequireRoot(t)
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skipf("no C compiler: %v", err)
-	}
 	for _, fp := range []bool{true, false} {
 		name := map[bool]string{true: "frame-pointers", false: "no-frame-pointers"}[fp]
 		t.Run(name, func(t *testing.T) {
-			bin := filepath.Join(t.TempDir(), "kcstack")
 			// Optimising, gcc 12 leaves kcstack_c, a leaf, without a
 			// frame even with -mno-omit-leaf-frame-pointer, and its
 			// caller then drops out of the chain: -O0 keeps them all.
-			flags := map[bool][]string{true: {"-O0", "-fno-omit-frame-pointer"}, false: {"-O1", "-fomit-frame-pointer"}}[fp]
-			if out, err := exec.Command(cc, append([]string{"-o", bin, "testdata/kcstack.c"}, flags...)...).CombinedOutput(); err != nil {
-				t.Fatalf("cc: %v: %s", err, out)
-			}
+			bin := buildKCStack(t, map[bool][]string{true: {"-O0", "-fno-omit-frame-pointer"}, false: {"-O1", "-fomit-frame-pointer"}}[fp]...)
 			want := []string{"kcstack_c", "kcstack_b", "kcstack_a", "main"}
 			if !fp {
 				want = want[:1]
@@ -448,14 +440,7 @@ func TestStackDepthCounted(t *testing.T) {
 // (within a factor of 4: guests' clocks drift apart).
 func TestContextsMatchProc(t *testing.T) {
 	testenv.RequireRoot(t)
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skipf("no C compiler: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "kcstack")
-	if out, err := exec.Command(cc, "-O1", "-o", bin, "testdata/kcstack.c").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v: %s", err, out)
-	}
+	bin := buildKCStack(t, "-O1")
 	ctxs := []string{"procname", "pid", "tid", "ppid", "prio", "nice", "vpid", "vtid", "vppid", "cpu_id", "cgroup", "perf:cpu:cpu-clock"}
 	for _, tr := range transports(t) {
 		t.Run(tr.String(), func(t *testing.T) {
@@ -629,4 +614,20 @@ func TestRewindKeepsSymbols(t *testing.T) {
 	if _, err := ReadUserSymbols(rw); err != nil {
 		t.Errorf("user symbols of the rewind: %v", err)
 	}
+}
+
+// buildKCStack compiles testdata/kcstack.c with flags into a temporary
+// directory and returns the program's path; it skips t without a C
+// compiler.
+func buildKCStack(t *testing.T, flags ...string) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skipf("no C compiler: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "kcstack")
+	if out, err := exec.Command(cc, append([]string{"-o", bin, "testdata/kcstack.c"}, flags...)...).CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v: %s", err, out)
+	}
+	return bin
 }

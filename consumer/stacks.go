@@ -1,0 +1,66 @@
+package consumer
+
+import (
+	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/consumer/recorder"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// The session's side of call chains and contexts (docs/stacks.md): the
+// stream's event context under ContextsInStream, the symbol files, and
+// the counts the summary reports.
+
+// streamContext returns the fields of cfg's contexts and their bytes
+// when they go into the stream's event context (ContextsInStream), else
+// none.
+func streamContext(cfg Config) ([]relayfmt.Field, int) {
+	if !cfg.ContextsInStream {
+		return nil, 0
+	}
+	ctxs, err := layout.ParseContexts(cfg.Contexts)
+	if err != nil || len(ctxs) == 0 {
+		return nil, 0 // Check refused bad names already
+	}
+	var fields []relayfmt.Field
+	n := 0
+	for _, c := range ctxs {
+		fields = append(fields, c.Field)
+		n += c.Size()
+	}
+	return fields, n
+}
+
+// saveUserSymbols writes the user symbols (UserSymbols) of the processes
+// whose user call chains the trace holds.
+func (s *Session) saveUserSymbols() error {
+	procs, err := s.rec.UserStackProcs()
+	if err != nil {
+		return err
+	}
+	f := s.umaps.finish(procs)
+	s.mapsLost = s.umaps.lost.Load()
+	return writeUserSymbols(s.cfg.Dir, f)
+}
+
+// MappingsLost returns how many of the kernel's mmap, fork and exec
+// records it dropped while user call chains were recorded: frames of
+// those processes may stay unnamed.
+func (s *Session) MappingsLost() uint64 { return s.mapsLost }
+
+// SymbolsErr returns why the trace lacks the kernel's symbols
+// (KernelSymbols) when it records kernel call chains, or nil.
+func (s *Session) SymbolsErr() error { return s.symErr }
+
+// StackCounts returns the call chains recorded cut at their depth and
+// those recorded empty (recorder.StackCounts), so far, or after Close
+// those at Close; zero when no event records any. It fails when the
+// counters cannot be read.
+func (s *Session) StackCounts() (recorder.StackCounts, error) {
+	if c := s.finalStacks.Load(); c != nil {
+		return *c, nil
+	}
+	if s.rec == nil || !s.rec.Loaded() {
+		return recorder.StackCounts{}, nil
+	}
+	return s.rec.StackCounts()
+}
