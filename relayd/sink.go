@@ -88,7 +88,27 @@ type stream struct {
 	// its last packet or live beacon. Live viewers may have shown other
 	// streams' events up to it, so no packet may begin before it.
 	floor uint64
+
+	// confirmed counts the packets relayd said it has (data and index);
+	// unconfirmed holds the sizes of those sent after them, -1 for a
+	// packet that is none of the channel's. mark is the next packet's
+	// number when the last check began, at markAt: the next check asks
+	// relayd about the packets before it.
+	confirmed   uint64
+	unconfirmed []int64
+	mark        uint64
+	markAt      time.Time
 }
+
+// Packets go out faster than relayd's confirmation comes back; every
+// confirmEvery packets or confirmAfter, whichever comes first, the sink
+// asks relayd whether it has those sent before the previous check, one
+// round trip, so that a relayd killed or cut off later takes at most the
+// packets since then with it, and they are counted.
+const (
+	confirmEvery = 8
+	confirmAfter = 250 * time.Millisecond
+)
 
 // NewSink connects to relayd, creates the session and its streams, and
 // returns a sink ready for the channel's metadata and packets. It fails,
@@ -290,7 +310,66 @@ func (s *Sink) send(c *Client, st *stream, x Index, data []byte, padding uint32,
 	st.floor = max(st.floor, x.TimestampEnd)
 	s.sent.Add(1)
 	s.bytes.Add(uint64(size))
+	st.unconfirmed = append(st.unconfirmed, int64(size))
+	if st.next-st.mark < confirmEvery && time.Since(st.markAt) < confirmAfter {
+		return nil
+	}
+	if st.mark > st.confirmed {
+		pending, err := c.DataPending(st.handle, st.mark-1)
+		if err != nil {
+			s.fail(c, err)
+			return nil // the packet went out; the failure settles it
+		}
+		if !pending {
+			st.confirm(st.mark)
+		}
+	}
+	st.mark, st.markAt = st.next, time.Now()
 	return nil
+}
+
+// confirm records that relayd has st's packets before have.
+func (st *stream) confirm(have uint64) {
+	st.unconfirmed = st.unconfirmed[have-st.confirmed:]
+	st.confirmed = have
+}
+
+// received returns how many of st's packets relayd has, from its first
+// on: data pending is false for each packet up to the last relayd has,
+// so a binary search over the unconfirmed ones finds it. It fails when
+// relayd cannot be asked.
+func (st *stream) received(c *Client) (uint64, error) {
+	lo, hi := st.confirmed, st.next
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		pending, err := c.DataPending(st.handle, mid)
+		if err != nil {
+			return st.confirmed, err
+		}
+		if pending {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo, nil
+}
+
+// settle counts st's packets that relayd has not confirmed as not sent:
+// it never will, because the session failed or closed. The caller holds
+// st.mu.
+func (s *Sink) settle(st *stream) {
+	var n, bytes uint64
+	for _, size := range st.unconfirmed {
+		if size >= 0 {
+			n++
+			bytes += uint64(size)
+		}
+	}
+	s.sent.Add(-n)
+	s.bytes.Add(-bytes)
+	s.notSent.Add(n)
+	st.confirmed, st.unconfirmed = st.next, nil
 }
 
 // indexOf reads a packet's header into its index and splits the packet
@@ -420,7 +499,9 @@ func (s *Sink) Reconnect(ctx context.Context) error {
 	s.mu.Unlock()
 	for i, st := range streams {
 		st.mu.Lock()
+		s.settle(st)
 		st.handle, st.next, st.active, st.empty = handles[i], 0, false, false
+		st.confirmed, st.mark = 0, 0
 		st.mu.Unlock()
 	}
 	s.mu.Lock()
@@ -457,10 +538,22 @@ func (s *Sink) Close() error {
 	s.mu.Unlock()
 	if failed != nil {
 		c.Close()
+		s.settleAll(streams)
 		return fmt.Errorf("relayd %s: %w", s.cfg.URL, failed)
 	}
 	slices.SortFunc(streams, func(a, b *stream) int { return int(a.handle - b.handle) })
 	err := s.drain(c, streams)
+	if err != nil {
+		// What relayd has is confirmed; the rest it never will have.
+		for _, st := range streams {
+			st.mu.Lock()
+			if have, rerr := st.received(c); rerr == nil {
+				st.confirm(have)
+			}
+			s.settle(st)
+			st.mu.Unlock()
+		}
+	}
 	for _, st := range streams {
 		if err != nil {
 			break
@@ -472,9 +565,19 @@ func (s *Sink) Close() error {
 	}
 	if err != nil {
 		s.fail(c, err)
+		s.settleAll(streams)
 		return fmt.Errorf("relayd %s: %w", s.cfg.URL, err)
 	}
 	return c.Close()
+}
+
+// settleAll settles every stream of a session that ended.
+func (s *Sink) settleAll(streams []*stream) {
+	for _, st := range streams {
+		st.mu.Lock()
+		s.settle(st)
+		st.mu.Unlock()
+	}
 }
 
 // drain waits until relayd has the data and index of every packet it
@@ -491,6 +594,9 @@ func (s *Sink) drain(c *Client, streams []*stream) error {
 				return err
 			}
 			if !pending {
+				st.mu.Lock()
+				st.confirm(st.next)
+				st.mu.Unlock()
 				break
 			}
 			if time.Now().After(deadline) {
@@ -581,6 +687,7 @@ func (s *Sink) sendEmpty(c *Client, st *stream, m *relayfmt.Metadata, ts uint64)
 		return err
 	}
 	s.sent.Add(^uint64(0)) // not one of the channel's packets
+	st.unconfirmed[len(st.unconfirmed)-1] = -1
 	st.empty = true
 	return nil
 }

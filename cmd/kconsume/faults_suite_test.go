@@ -248,6 +248,11 @@ func faultRelaydSide(t *testing.T, r *testenv.Relayd, name, local, subbuf, out s
 		packets += packetsIn(t, d, int64(size))
 		checkSubsequence(t, d, local, size)
 	}
+	// relayd confirmed those it wrote; it may have written some of those
+	// in flight when it went, unconfirmed.
+	if packets < sent || packets > sent+notSent {
+		t.Errorf("relayd holds %d packets: want from the %d it confirmed to the %d sent\n%s", packets, sent, sent+notSent, out)
+	}
 	if events > localEvents {
 		t.Errorf("relayd holds %d events, more than the local copy's %d", events, localEvents)
 	}
