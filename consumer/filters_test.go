@@ -590,7 +590,10 @@ func TestSetFilterOnce(t *testing.T) {
 	})
 	t.Run("openat-refused", func(t *testing.T) {
 		// Linux 6.19+: the page-in program records the events with a
-		// user-space string, and their filter cannot change.
+		// user-space string, and their filter cannot change (on a
+		// preemptible kernel the tracepoints record them, unless told).
+		recorder.Testing.UserFaultRecords = true
+		defer func() { recorder.Testing.UserFaultRecords = false }()
 		fs, err := tracefs.Find()
 		if err != nil {
 			t.Fatal(err)

@@ -140,17 +140,21 @@ func TestSyscallUserFields(t *testing.T) {
 		t.Fatalf("syscall_user_buf_size is %d: the test expects the default %d", buf, recorder.SysUserDefault)
 	}
 	// kc_sys_user_fault records the events, or, with --syscalls
-	// tracepoint or a cgroup filter (which it cannot test), their
-	// tracepoints do.
+	// tracepoint, a cgroup filter (which it cannot test) or on a
+	// preemptible kernel, their tracepoints do; "fault-records" has it
+	// record them there too (one task: no other run to skip).
 	for _, v := range []struct {
-		name   string
-		sys    Syscalls
-		cgroup bool
-	}{{"auto", SyscallsAuto, false}, {"tracepoint", SyscallsTracepoint, false}, {"cgroup", SyscallsAuto, true}} {
+		name        string
+		sys         Syscalls
+		cgroup, rec bool
+	}{{"auto", SyscallsAuto, false, false}, {"tracepoint", SyscallsTracepoint, false, false}, {"cgroup", SyscallsAuto, true, false}, {"fault-records", SyscallsAuto, false, true}} {
+		if v.rec && !recorder.Preemptibility().On {
+			continue // "auto" records that way here
+		}
 		for _, pkt := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/packets=%v", v.name, pkt), func(t *testing.T) {
-				recorder.Testing.NoPackets = !pkt
-				defer func() { recorder.Testing.NoPackets = false }()
+				recorder.Testing.NoPackets, recorder.Testing.UserFaultRecords = !pkt, v.rec
+				defer func() { recorder.Testing.NoPackets, recorder.Testing.UserFaultRecords = false, false }()
 				testSyscallUserFields(t, fs, v.sys, v.cgroup)
 			})
 		}
@@ -201,7 +205,7 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls, cgroup boo
 	}
 	// There the program that pages memory in records the events too,
 	// unless they are to keep their tracepoints.
-	byFault := paging && sys != SyscallsTracepoint && !cgroup
+	byFault := paging && sys != SyscallsTracepoint && !cgroup && (!s.rec.Preempt().On || recorder.Testing.UserFaultRecords)
 	for i, p := range s.rec.Progs()[:len(s.events)] {
 		if (p == gen.RingbufProgKcSysUserFault) != byFault {
 			t.Fatalf("%s recorded by %q; by kc_sys_user_fault: %v, want %v", s.events[i].FullName(), p, !byFault, byFault)

@@ -161,6 +161,10 @@ var Testing = struct {
 	// RawFromPerf puts the raw syscall path on the perf tracepoints, as
 	// on kernels whose programs run preemptibly.
 	RawFromPerf bool
+	// UserFaultRecords lets kc_sys_user_fault record the events it
+	// pages memory in for on a preemptible kernel too, where a kernel
+	// without preemption in its programs would.
+	UserFaultRecords bool
 	// NewCollection loads a spec; tests make it refuse paths.
 	NewCollection func(*ebpf.CollectionSpec) (*ebpf.Collection, error)
 }{

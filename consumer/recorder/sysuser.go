@@ -190,14 +190,14 @@ type userPath struct {
 // setup readies spec for the recorded events with user-space
 // fields, where need says there are some. It keeps kc_sys_user_fault,
 // made sleepable, where the kernel takes it, else removes it, and
-// r.plan[PathUserFault] says why. The program then records those events itself
-// (kc_sys_user_rec, r.userRec) unless a cgroup filter, which it cannot
-// test, or Config.Syscalls SyscallsTracepoint keeps them on their
-// tracepoints. kc_tracepoint fills user-space fields (kc_sys_user_on,
-// r.userTP), which costs every copy of it a longer load, only where
-// some such event stays on its tracepoint: all of them without
-// r.userRec, else those whose syscall number the dispatch does not
-// know (byNr unset).
+// r.plan[PathUserFault] says why. The program then records those
+// events itself (kc_sys_user_rec, r.userRec) unless a cgroup filter,
+// which it cannot test, Config.Syscalls SyscallsTracepoint or a
+// preemptible kernel (Preemptible) keeps them on their tracepoints.
+// kc_tracepoint fills user-space fields (kc_sys_user_on, r.userTP),
+// which costs every copy of it a longer load, only where some such
+// event stays on its tracepoint: all of them without r.userRec, else
+// those whose syscall number the dispatch does not know (byNr unset).
 func (u *userPath) setup(r *Recorder, spec *ebpf.CollectionSpec, need, byNr bool) {
 	u.on = need
 	ps := spec.Programs[gen.RingbufProgKcSysUserFault]
@@ -216,7 +216,13 @@ func (u *userPath) setup(r *Recorder, spec *ebpf.CollectionSpec, need, byNr bool
 		delete(spec.Programs, gen.RingbufProgKcSysUserFault)
 	} else if ps != nil {
 		ps.Flags |= unix.BPF_F_SLEEPABLE
-		u.rec = r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint
+		// Where BPF tracing programs run preemptibly, a run preempted or
+		// asleep in a fault holds the program's per-CPU recursion guard
+		// and the kernel skips every other run on the CPU meanwhile:
+		// recording there would lose those events. The perf
+		// tracepoints keep preemption off; a skipped paging-in only
+		// leaves a value that may not be read, which is counted.
+		u.rec = r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint && (!r.preempt.On || Testing.UserFaultRecords)
 	}
 	u.tp = need && (!u.rec || !byNr)
 	u.setVars(spec)
