@@ -28,5 +28,6 @@
 #include "kc/sched_btf.bpf.h"  /* BTF sched events */
 #include "kc/inject.bpf.h"     /* injected records */
 #include "kc/pkt_flush.bpf.h"  /* packet mode's flush */
+#include "kc/probe.bpf.h"      /* uprobes */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -2,10 +2,12 @@ package consumer
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/consumer/recorder"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/filter"
@@ -97,9 +99,12 @@ var syscallStacks = filter.Release{Major: 6, Minor: 12}
 // pattern names, as Config.Events names them. It fails with ErrConfig for
 // a bad pattern or one that names no recorded event.
 func namedEvents(fs tracefs.FS, pattern string, formats []*tracefs.Format) ([]int, error) {
-	evs, err := fs.Events(pattern)
-	if err != nil {
-		return nil, fmt.Errorf("%w: filter for %s: %w", ErrConfig, pattern, err)
+	var evs []tracefs.Event
+	if !probe.IsProbe(pattern) {
+		var err error
+		if evs, err = fs.Events(pattern); err != nil && !slices.ContainsFunc(formats, isProbe) {
+			return nil, fmt.Errorf("%w: filter for %s: %w", ErrConfig, pattern, err)
+		}
 	}
 	named := map[tracefs.Event]bool{}
 	for _, e := range evs {
@@ -107,7 +112,7 @@ func namedEvents(fs tracefs.FS, pattern string, formats []*tracefs.Format) ([]in
 	}
 	var keys []int
 	for i, f := range formats {
-		if named[tracefs.Event{System: f.System, Name: f.Name}] {
+		if named[tracefs.Event{System: f.System, Name: f.Name}] || isProbe(f) && probeMatches(pattern, f) {
 			keys = append(keys, i)
 		}
 	}

@@ -109,7 +109,12 @@ func New(cfg Config) (*Session, error) {
 		return nil, err
 	}
 	tps, synths := splitSynth(cfg.Events)
+	tps, probeSpecs := splitProbes(tps)
 	formats, err := resolveEvents(fs, tps)
+	if err != nil {
+		return nil, err
+	}
+	probes, formats, err := addProbes(probeSpecs, formats)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +150,7 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, stacks, ctxs, len(synthDefs), wake)
+	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, stacks, ctxs, len(synthDefs), wake).WithProbes(probes)
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
 		return nil, err

@@ -53,6 +53,34 @@ type RingbufKcOp struct {
 	Elem uint16
 }
 
+type RingbufKcProbeDef struct {
+	_      structs.HostLayout
+	Nargs  uint16
+	Fixed  uint16
+	Ret    uint8
+	IpReg  uint8
+	SpReg  uint8
+	RetReg uint8
+	Args   [12]struct {
+		_      structs.HostLayout
+		N      int64
+		Deref  [4]int32
+		Off    uint16
+		Base   uint8
+		Nderef uint8
+		Size   uint8
+		Pad    [3]uint8
+	}
+}
+
+type RingbufKcProbeScratch struct {
+	_    structs.HostLayout
+	Rec  RingbufKcCtf
+	Regs [32]uint64
+	Busy uint32
+	_    [4]byte
+}
+
 type RingbufKcRec struct {
 	_   structs.HostLayout
 	Ts  uint64
@@ -126,6 +154,8 @@ const (
 	RingbufMapKcFilterKept     = "kc_filter_kept"
 	RingbufMapKcInjectBuf      = "kc_inject_buf"
 	RingbufMapKcPids           = "kc_pids"
+	RingbufMapKcProbeMap       = "kc_probe_map"
+	RingbufMapKcProbeScratch   = "kc_probe_scratch"
 	RingbufMapKcRings          = "kc_rings"
 	RingbufMapKcScratchMap     = "kc_scratch_map"
 	RingbufMapKcStackStats     = "kc_stack_stats"
@@ -144,6 +174,7 @@ const (
 	RingbufProgKcBtfWaking     = "kc_btf_waking"
 	RingbufProgKcInject        = "kc_inject"
 	RingbufProgKcPktFlush      = "kc_pkt_flush"
+	RingbufProgKcProbe         = "kc_probe"
 	RingbufProgKcSetEpoch      = "kc_set_epoch"
 	RingbufProgKcSysEnter      = "kc_sys_enter"
 	RingbufProgKcSysEnterTp    = "kc_sys_enter_tp"
@@ -168,6 +199,7 @@ const (
 	RingbufVarKcHooks          = "kc_hooks"
 	RingbufVarKcPidBits        = "kc_pid_bits"
 	RingbufVarKcPktOn          = "kc_pkt_on"
+	RingbufVarKcProbeFuncIp    = "kc_probe_func_ip"
 	RingbufVarKcRenameId       = "kc_rename_id"
 	RingbufVarKcRenameKey      = "kc_rename_key"
 	RingbufVarKcRenamePid      = "kc_rename_pid"
@@ -240,6 +272,7 @@ type RingbufProgramSpecs struct {
 	KcBtfWaking    *ebpf.ProgramSpec `ebpf:"kc_btf_waking"`
 	KcInject       *ebpf.ProgramSpec `ebpf:"kc_inject"`
 	KcPktFlush     *ebpf.ProgramSpec `ebpf:"kc_pkt_flush"`
+	KcProbe        *ebpf.ProgramSpec `ebpf:"kc_probe"`
 	KcSetEpoch     *ebpf.ProgramSpec `ebpf:"kc_set_epoch"`
 	KcSysEnter     *ebpf.ProgramSpec `ebpf:"kc_sys_enter"`
 	KcSysEnterTp   *ebpf.ProgramSpec `ebpf:"kc_sys_enter_tp"`
@@ -264,6 +297,8 @@ type RingbufMapSpecs struct {
 	KcFilterKept     *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.MapSpec `ebpf:"kc_inject_buf"`
 	KcPids           *ebpf.MapSpec `ebpf:"kc_pids"`
+	KcProbeMap       *ebpf.MapSpec `ebpf:"kc_probe_map"`
+	KcProbeScratch   *ebpf.MapSpec `ebpf:"kc_probe_scratch"`
 	KcRings          *ebpf.MapSpec `ebpf:"kc_rings"`
 	KcScratchMap     *ebpf.MapSpec `ebpf:"kc_scratch_map"`
 	KcStackStats     *ebpf.MapSpec `ebpf:"kc_stack_stats"`
@@ -296,6 +331,7 @@ type RingbufVariableSpecs struct {
 	KcHooks          *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcPidBits        *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
 	KcPktOn          *ebpf.VariableSpec `ebpf:"kc_pkt_on"`
+	KcProbeFuncIp    *ebpf.VariableSpec `ebpf:"kc_probe_func_ip"`
 	KcRenameId       *ebpf.VariableSpec `ebpf:"kc_rename_id"`
 	KcRenameKey      *ebpf.VariableSpec `ebpf:"kc_rename_key"`
 	KcRenamePid      *ebpf.VariableSpec `ebpf:"kc_rename_pid"`
@@ -348,6 +384,8 @@ type RingbufMaps struct {
 	KcFilterKept     *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.Map `ebpf:"kc_inject_buf"`
 	KcPids           *ebpf.Map `ebpf:"kc_pids"`
+	KcProbeMap       *ebpf.Map `ebpf:"kc_probe_map"`
+	KcProbeScratch   *ebpf.Map `ebpf:"kc_probe_scratch"`
 	KcRings          *ebpf.Map `ebpf:"kc_rings"`
 	KcScratchMap     *ebpf.Map `ebpf:"kc_scratch_map"`
 	KcStackStats     *ebpf.Map `ebpf:"kc_stack_stats"`
@@ -372,6 +410,8 @@ func (m *RingbufMaps) Close() error {
 		m.KcFilterKept,
 		m.KcInjectBuf,
 		m.KcPids,
+		m.KcProbeMap,
+		m.KcProbeScratch,
 		m.KcRings,
 		m.KcScratchMap,
 		m.KcStackStats,
@@ -405,6 +445,7 @@ type RingbufVariables struct {
 	KcHooks          *ebpf.Variable `ebpf:"kc_hooks"`
 	KcPidBits        *ebpf.Variable `ebpf:"kc_pid_bits"`
 	KcPktOn          *ebpf.Variable `ebpf:"kc_pkt_on"`
+	KcProbeFuncIp    *ebpf.Variable `ebpf:"kc_probe_func_ip"`
 	KcRenameId       *ebpf.Variable `ebpf:"kc_rename_id"`
 	KcRenameKey      *ebpf.Variable `ebpf:"kc_rename_key"`
 	KcRenamePid      *ebpf.Variable `ebpf:"kc_rename_pid"`
@@ -439,6 +480,7 @@ type RingbufPrograms struct {
 	KcBtfWaking    *ebpf.Program `ebpf:"kc_btf_waking"`
 	KcInject       *ebpf.Program `ebpf:"kc_inject"`
 	KcPktFlush     *ebpf.Program `ebpf:"kc_pkt_flush"`
+	KcProbe        *ebpf.Program `ebpf:"kc_probe"`
 	KcSetEpoch     *ebpf.Program `ebpf:"kc_set_epoch"`
 	KcSysEnter     *ebpf.Program `ebpf:"kc_sys_enter"`
 	KcSysEnterTp   *ebpf.Program `ebpf:"kc_sys_enter_tp"`
@@ -459,6 +501,7 @@ func (p *RingbufPrograms) Close() error {
 		p.KcBtfWaking,
 		p.KcInject,
 		p.KcPktFlush,
+		p.KcProbe,
 		p.KcSetEpoch,
 		p.KcSysEnter,
 		p.KcSysEnterTp,

@@ -261,7 +261,12 @@ func inlineField(fl tracefs.Field) relayfmt.Field {
 		return relayfmt.ArrayField(fl.Name, relayfmt.U8, fl.Size)
 	}
 	if t := intType(fl.Size, fl.Signed); t != 0 {
-		return relayfmt.ScalarField(fl.Name, t)
+		f := relayfmt.ScalarField(fl.Name, t)
+		// The probe events' x8 … x64 fetch types (trace_probe.c) and
+		// their addresses, which ftrace prints in hex.
+		f.Hex = len(fl.Type) > 1 && fl.Type[0] == 'x' && strings.Trim(fl.Type[1:], "0123456789") == "" ||
+			strings.HasPrefix(fl.Name, "__probe_")
+		return f
 	}
 	// Structs and odd sizes: their bytes.
 	return relayfmt.ArrayField(fl.Name, relayfmt.U8, fl.Size)

@@ -68,6 +68,12 @@ func (r *Recorder) AttachEvents(es Events) error {
 		if err := info.Put(uint32(i), ti); err != nil {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
 		}
+		if recorded && i < len(r.probe.of) && r.probe.of[i] != nil {
+			if err := r.probe.attach(r, i); err != nil {
+				return err
+			}
+			continue
+		}
 		var p string
 		if recorded {
 			p = r.sysProgs[i]

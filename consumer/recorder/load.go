@@ -320,6 +320,9 @@ func (l *loading) setupRest() error {
 	r.btf.setup(r, spec, set, uses)
 	r.plan[PathBTF].on = len(r.btf.keys) > 0
 	r.user.setup(r, spec, opts != nil && opts.user, opts != nil && opts.userNr)
+	if err := r.probe.setup(r, spec, set, opts, l.nevents); err != nil {
+		return err
+	}
 	return setVars(spec, set)
 }
 

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 )
@@ -53,5 +54,14 @@ func TestMirrorsC(t *testing.T) {
 		"KC_STACK_KERNEL":       stackKernel,
 		"KC_STACK_USER":         stackUser,
 		"KC_STACK_AT_LIMIT":     stackAtLimit,
+		"KC_PROBE_FIXED":        probeFixedMax,
+		"KC_PROBE_ARGS":         probe.MaxArgs,
+		"KC_PROBE_DEREFS":       probe.MaxDerefs,
+		"KC_PB_REG":             uint64(probe.Reg),
+		"KC_PB_STACK":           uint64(probe.Stack),
+		"KC_PB_RETVAL":          uint64(probe.Retval),
+		"KC_PB_COMM":            uint64(probe.Comm),
+		"KC_PB_IMM":             uint64(probe.Imm),
+		"KC_PB_MEM":             uint64(probe.Mem),
 	})
 }

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/layout"
+	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
@@ -54,18 +55,19 @@ type Recorder struct {
 	preempt   Preemptible          // whether tracing programs run preemptibly here (preempt.go)
 	raw       rawPath              // syscall events on the raw syscall programs (syscall.go)
 	tpProgs   []string             // the recorder copy attached for each event key
-	sysProgs  []string             // the syscall program that records each event, or ""
-	fentry    fentryPath           // syscall events on fentry/fexit programs (fentry.go)
-	btf       btfPath              // events built from tracepoint arguments (btfevent.go)
-	wake      wakeupHook           // wakeup_latency's sched_switch hook (wakeup.go)
-	user      userPath             // syscall events' user-space fields (sysuser.go)
-	objs      objects              // users' programs (Config.Objects; object.go)
-	areaMem   []byte               // kc_area, mapped (PathOwnRings, area.go)
-	pktElem   int                  // the size of its elements in packet mode (PathPackets, packet.go)
-	inj       injector             // the injector's record (inject.go)
-	stacks    []layout.Stack       // the call chains each event key records (stack.go)
-	ctxs      []layout.Context     // the contexts every event records (context.go)
-	perfFDs   []int                // the perf contexts' counters (context.go)
+	probe     probes
+	sysProgs  []string         // the syscall program that records each event, or ""
+	fentry    fentryPath       // syscall events on fentry/fexit programs (fentry.go)
+	btf       btfPath          // events built from tracepoint arguments (btfevent.go)
+	wake      wakeupHook       // wakeup_latency's sched_switch hook (wakeup.go)
+	user      userPath         // syscall events' user-space fields (sysuser.go)
+	objs      objects          // users' programs (Config.Objects; object.go)
+	areaMem   []byte           // kc_area, mapped (PathOwnRings, area.go)
+	pktElem   int              // the size of its elements in packet mode (PathPackets, packet.go)
+	inj       injector         // the injector's record (inject.go)
+	stacks    []layout.Stack   // the call chains each event key records (stack.go)
+	ctxs      []layout.Context // the contexts every event records (context.go)
+	perfFDs   []int            // the perf contexts' counters (context.go)
 }
 
 // Options replaces the recorder by another object built on kconsume.h
@@ -96,6 +98,9 @@ type Options struct {
 	// mode, else why not (pktEligible): with syscall events on the raw
 	// syscall path, and through their tracepoints.
 	pktRaw, pktTP error
+	// probes are the probe of each event key, nil for the others
+	// (WithProbes).
+	probes []*probe.Probe
 }
 
 func boolU32(b bool) uint32 {

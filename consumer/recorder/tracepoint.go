@@ -136,6 +136,9 @@ func (t *tracepoints) copies(spec *ebpf.CollectionSpec, transport Transport, nev
 		return nil
 	}
 	for i := 0; i < nevents; i++ {
+		if opts != nil && i < len(opts.probes) && opts.probes[i] != nil {
+			continue // kc_probe's copy has its filter (probes.setup)
+		}
 		if flt := t.filter(i); flt != nil {
 			ps, err := filterProg(base, filteredProg(i), flt, t.formats[i])
 			if err != nil {

@@ -1,0 +1,288 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * kc/probe.bpf.h: dynamic probes, uprobes and uretprobes (kc_probe):
+ * the record the kernel's own probe event of the same fetch arguments
+ * holds (kernel/trace/trace_uprobe.c: __uprobe_trace_func,
+ * kernel/trace/trace_probe_tmpl.h: store_trace_args), built from the
+ * probed task's registers and memory by the steps the consumer compiled
+ * the arguments into (consumer/probe).
+ */
+#ifndef KC_PROBE_BPF_H
+#define KC_PROBE_BPF_H
+
+#include "kc/event.h"
+#include "kc/fields.h"
+#include "kc/record.h"
+#include "kc/stack.h"
+
+#ifndef KC_PERF
+
+#define KC_PROBE_ARGS 12  /* probe.MaxArgs */
+#define KC_PROBE_DEREFS 4 /* probe.MaxDerefs */
+#define KC_PROBE_REGS 32  /* words read from struct pt_regs (x86-64 has 21) */
+#define KC_PROBE_STR 4096 /* a string's bytes with its NUL: MAX_STRING_SIZE (PATH_MAX) */
+#define KC_PROBE_FIXED 256 /* the most bytes before the dynamic area */
+
+/* Where an argument's value starts (probe.Base). */
+#define KC_PB_REG 0
+#define KC_PB_STACK 1
+#define KC_PB_RETVAL 2
+#define KC_PB_COMM 3
+#define KC_PB_IMM 4
+#define KC_PB_MEM 5
+
+/*
+ * struct kc_probe_arg is one fetch argument: its base (n: the register's
+ * word in pt_regs, the stack word or -1 for the stack pointer, the
+ * constant, the address), the dereferences applied in turn, and where
+ * and how its field is stored: size bytes at off of the trace record, or
+ * a string (size 0) behind a __data_loc there.
+ */
+struct kc_probe_arg {
+	__s64 n;
+	__s32 deref[KC_PROBE_DEREFS];
+	__u16 off;
+	__u8 base;
+	__u8 nderef;
+	__u8 size;
+	__u8 pad[3];
+};
+
+/*
+ * struct kc_probe_def is a probe event: its arguments, the trace record's
+ * bytes before its dynamic area, whether it fires on return (then
+ * __probe_func and __probe_ret_ip head the record, else __probe_ip),
+ * and the registers' words that hold the instruction pointer, the stack
+ * pointer and a return value.
+ */
+struct kc_probe_def {
+	__u16 nargs;
+	__u16 fixed;
+	__u8 ret;
+	__u8 ip_reg;
+	__u8 sp_reg;
+	__u8 ret_reg;
+	struct kc_probe_arg args[KC_PROBE_ARGS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* set to the number of events at load */
+	__type(key, __u32);     /* event key */
+	__type(value, struct kc_probe_def);
+} kc_probe_map SEC(".maps");
+
+/*
+ * kc_probe's scratch: slot 0 the record (a struct kc_scratch heads a
+ * struct kc_ctf), slot 1 packet mode's build of it. Not kc_scratch_map:
+ * a uprobe's program runs with preemption on in recent kernels
+ * (bpf_prog_run_array_uprobe), where a tracepoint's program on the same
+ * CPU would write over its record. busy keeps two runs of it apart: a
+ * plain load and store (BPF_FETCH atomics need Linux 5.12 and clang's
+ * -mcpu=v3), so a run preempted between the two, a window of two
+ * instructions, is the one case it misses.
+ */
+struct kc_probe_scratch {
+	struct kc_ctf rec;
+	__u64 regs[KC_PROBE_REGS];
+	__u32 busy;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct kc_probe_scratch);
+} kc_probe_scratch SEC(".maps");
+
+/*
+ * Set by the loader where bpf_get_func_ip knows a uprobe's address
+ * (Linux 6.6+): a uretprobe's __probe_func.
+ */
+const volatile __u32 kc_probe_func_ip = 0;
+
+/* kc_probe_word reads the word at addr of the probed process into *v. */
+static __always_inline long kc_probe_word(__u64 *v, __u64 addr, __u32 size)
+{
+	*v = 0;
+	/* Constant sizes: the verifier would lose a clamped one's bound. */
+	if (size >= 8)
+		return bpf_probe_read_user(v, 8, (const void *)addr);
+	if (size >= 4)
+		return bpf_probe_read_user(v, 4, (const void *)addr);
+	if (size >= 2)
+		return bpf_probe_read_user(v, 2, (const void *)addr);
+	return bpf_probe_read_user(v, 1, (const void *)addr);
+}
+
+/*
+ * kc_probe_value returns argument a's value, fetched from regs and the
+ * process's memory, into *v; the last dereference reads only the
+ * field's size, as the kernel's probe_mem_read does. A string's last
+ * memory access only gives its address: the string is read there
+ * (trace_probe.c turns it into a store of the string). It returns
+ * nonzero when a read faulted.
+ */
+static __always_inline int kc_probe_value(struct kc_probe_def *p, struct kc_probe_arg *a, __u64 *regs, __u64 *v)
+{
+	__u32 size = a->size ? a->size : 8;
+	int j;
+
+	switch (a->base) {
+	case KC_PB_REG:
+		*v = regs[a->n & (KC_PROBE_REGS - 1)];
+		break;
+	case KC_PB_RETVAL:
+		*v = regs[p->ret_reg & (KC_PROBE_REGS - 1)];
+		break;
+	case KC_PB_STACK:
+		*v = regs[p->sp_reg & (KC_PROBE_REGS - 1)];
+		if (a->n >= 0 && kc_probe_word(v, *v + 8 * a->n, a->nderef ? 8 : size))
+			return 1;
+		break;
+	case KC_PB_IMM:
+		*v = a->n;
+		break;
+	case KC_PB_MEM:
+		*v = a->n;
+		if (!(a->size == 0 && !a->nderef) && kc_probe_word(v, a->n, a->nderef ? 8 : size))
+			return 1;
+		break;
+	default:
+		return 1;
+	}
+	for (j = 0; j < KC_PROBE_DEREFS; j++) {
+		if (j >= a->nderef)
+			break;
+		if (j + 1 == a->nderef && a->size == 0) {
+			*v += a->deref[j];
+			break;
+		}
+		if (kc_probe_word(v, *v + a->deref[j], j + 1 == a->nderef ? size : 8))
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * kc_probe_string writes, at dst of the trace record in d (a ring
+ * record, KC_CUT bytes before), the string at addr of the process, or
+ * the task's name for $comm, and returns its bytes with the NUL; a read
+ * that faults stores nothing and returns 0 (the kernel's event then
+ * holds an empty value too).
+ */
+static __always_inline __u32 kc_probe_string(__u8 *d, __u32 dst, struct kc_probe_arg *a, __u64 addr, int fault)
+{
+	long r;
+
+	dst = (dst - KC_CUT) & (KC_PROBE_STR - 1);
+	if (a->base == KC_PB_COMM && !a->nderef) {
+		bpf_get_current_comm(d + dst, 16);
+		r = bpf_probe_read_kernel_str(d + dst, 16, d + dst);
+	} else if (fault) {
+		return 0;
+	} else {
+		r = bpf_probe_read_user_str(d + dst, KC_PROBE_STR, (const void *)addr);
+	}
+	return r > 0 ? r : 0;
+}
+
+/*
+ * kc_probe_fill builds probe p's record into d (a ring record past its
+ * entry) from regs and returns the trace record's size, or 0 for a
+ * probe the loader never writes.
+ */
+static __always_inline __u32 kc_probe_fill(struct pt_regs *ctx, struct kc_probe_def *p, __u64 *regs, __u8 *d)
+{
+	__u32 end = p->fixed, n;
+	struct kc_probe_arg *a;
+	__u64 v;
+	int i, fault;
+
+	if (end < 16 || end > KC_PROBE_FIXED)
+		return 0;
+	if (p->ret) {
+		kc_put(__u64, d, 8 - KC_CUT, kc_probe_func_ip ? bpf_get_func_ip(ctx) : 0);
+		kc_put(__u64, d, 16 - KC_CUT, regs[p->ip_reg & (KC_PROBE_REGS - 1)]);
+	} else {
+		kc_put(__u64, d, 8 - KC_CUT, regs[p->ip_reg & (KC_PROBE_REGS - 1)]);
+	}
+	for (i = 0; i < KC_PROBE_ARGS; i++) {
+		if (i >= p->nargs)
+			break;
+		a = &p->args[i];
+		fault = kc_probe_value(p, a, regs, &v);
+		n = (a->off - KC_CUT) & (KC_PROBE_FIXED - 1);
+		switch (a->size) {
+		case 0:
+			if (end > KC_PROBE_STR - 1)
+				return 0;
+			n = kc_probe_string(d, end, a, v, fault);
+			kc_put(__u32, d, (a->off - KC_CUT) & (KC_PROBE_FIXED - 1), (n << 16) | end);
+			end += n;
+			break;
+		case 1:
+			kc_put(__u8, d, n, fault ? 0 : v);
+			break;
+		case 2:
+			kc_put(__u16, d, n, fault ? 0 : v);
+			break;
+		case 4:
+			kc_put(__u32, d, n, fault ? 0 : v);
+			break;
+		default:
+			kc_put(__u64, d, n, fault ? 0 : v);
+		}
+	}
+	return end;
+}
+
+SEC("kprobe")
+int kc_probe(struct pt_regs *ctx)
+{
+	struct kc_probe_scratch *sc;
+	struct kc_cpu_state *st;
+	struct kc_tp_info *info;
+	struct kc_scratch *s;
+	struct kc_probe_def *p;
+	__u32 key, zero = 0, cpu, size, tail;
+
+	if (!kc_running || !kc_pass())
+		return 0;
+	key = kc_event_key(ctx);
+	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
+	p = bpf_map_lookup_elem(&kc_probe_map, &key);
+	if (!info || !p || !(info->flags & KC_TP_RECORD))
+		return 0;
+	cpu = bpf_get_smp_processor_id();
+	st = bpf_map_lookup_elem(&kc_state, &cpu);
+	sc = bpf_map_lookup_elem(&kc_probe_scratch, &zero);
+	if (!st || st->disabled || !sc)
+		return 0;
+	if (sc->busy) {
+		/* Another run on this CPU, preempted mid-record, holds it. */
+		__sync_fetch_and_add(&st->lost, 1);
+		return 0;
+	}
+	sc->busy = 1;
+	if (bpf_probe_read_kernel(sc->regs, 8 * KC_PROBE_REGS < sizeof(*ctx) ? 8 * KC_PROBE_REGS : sizeof(*ctx), ctx))
+		goto out;
+	s = (struct kc_scratch *)&sc->rec;
+	s->hdr.key = key;
+	s->hdr.cpu = cpu;
+	size = kc_probe_fill(ctx, p, sc->regs, s->data);
+	if (size < 16)
+		goto out;
+	size -= 8;
+	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
+		goto out;
+	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
+	kc_record_end(ctx, s, &kc_probe_scratch, 1, st, key, info, size, tail, 1);
+out:
+	sc->busy = 0;
+	return 0;
+}
+
+#endif
+
+#endif /* KC_PROBE_BPF_H */

@@ -1,0 +1,203 @@
+// Package probe reads dynamic probe events as record's -e takes them:
+// a probe point in bpftrace's spelling (uprobe:PATH:SYMBOL) and its
+// fetch arguments in the kernel's own syntax for kprobe_events and
+// uprobe_events (Documentation/trace/uprobetracer.rst), and lays out
+// their records as the kernel lays out those of its own probe events
+// (kernel/trace/trace_uprobe.c), so that a trace of either reads alike.
+package probe
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+)
+
+// ErrSyntax wraps every error of Parse.
+var ErrSyntax = errors.New("probe")
+
+// Kind is a probe's kind.
+type Kind uint8
+
+const (
+	// Uprobe fires when a process executes an instruction of a file.
+	Uprobe Kind = iota
+	// Uretprobe fires when a function of a file returns.
+	Uretprobe
+)
+
+var kindNames = [...]string{Uprobe: "uprobe", Uretprobe: "uretprobe"}
+
+func (k Kind) String() string { return kindNames[k] }
+
+// Return reports whether k fires on return.
+func (k Kind) Return() bool { return k == Uretprobe }
+
+// System returns the trace event system of k's events, ftrace's own
+// group for them.
+func (k Kind) System() string { return "uprobes" }
+
+// IsProbe reports whether s names a probe rather than a tracepoint.
+func IsProbe(s string) bool {
+	for _, n := range kindNames {
+		if strings.HasPrefix(s, n+":") {
+			return true
+		}
+	}
+	return false
+}
+
+// Probe is one probe event: where it fires and what it records.
+type Probe struct {
+	Kind Kind
+	// Path is the ELF file a uprobe is in; Symbol the function, Offset
+	// bytes into it.
+	Path   string
+	Symbol string
+	Offset uint64
+	// Name is the event's name: the symbol, with "__return" after it
+	// for a return probe (perf probe's names).
+	Name string
+	Args []Arg
+	// Spec is the text Parse read.
+	Spec string
+}
+
+// FullName returns "system:name".
+func (p *Probe) FullName() string { return p.Kind.System() + ":" + p.Name }
+
+// Parse reads a probe: KIND:PATH:SYMBOL[+OFFSET] followed by fetch
+// arguments, separated by blanks, each [NAME=]FETCHARG[:TYPE] as
+// uprobe_events takes them. It fails, wrapping ErrSyntax and naming
+// what is wrong, on anything else.
+func Parse(spec string) (*Probe, error) {
+	words := strings.Fields(spec)
+	if len(words) == 0 {
+		return nil, fmt.Errorf("%w: empty", ErrSyntax)
+	}
+	p := &Probe{Spec: strings.Join(words, " ")}
+	point := words[0]
+	kind, rest, ok := strings.Cut(point, ":")
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("%w %q: want uprobe:PATH:SYMBOL or uretprobe:PATH:SYMBOL", ErrSyntax, point)
+	case kind == "uprobe":
+		p.Kind = Uprobe
+	case kind == "uretprobe":
+		p.Kind = Uretprobe
+	default:
+		return nil, fmt.Errorf("%w %q: unknown kind %q (uprobe, uretprobe)", ErrSyntax, point, kind)
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 || i == len(rest)-1 {
+		return nil, fmt.Errorf("%w %q: want %s:PATH:SYMBOL", ErrSyntax, point, kind)
+	}
+	p.Path, p.Symbol = rest[:i], rest[i+1:]
+	if !strings.HasPrefix(p.Path, "/") {
+		return nil, fmt.Errorf("%w %q: the path %q is not absolute", ErrSyntax, point, p.Path)
+	}
+	if sym, off, ok := strings.Cut(p.Symbol, "+"); ok {
+		n, err := strconv.ParseUint(off, 0, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%w %q: offset %q: want a number", ErrSyntax, point, off)
+		}
+		if p.Kind.Return() && n != 0 {
+			return nil, fmt.Errorf("%w %q: a return probe takes no offset", ErrSyntax, point)
+		}
+		p.Symbol, p.Offset = sym, n
+	}
+	if !validName(p.Symbol) {
+		return nil, fmt.Errorf("%w %q: symbol %q: want a C identifier", ErrSyntax, point, p.Symbol)
+	}
+	p.Name = p.Symbol
+	if p.Kind.Return() {
+		p.Name += "__return"
+	}
+	seen := map[string]bool{}
+	for n, w := range words[1:] {
+		a, err := parseArg(w, n+1, p.Kind)
+		if err != nil {
+			return nil, fmt.Errorf("%w %q: argument %q: %w", ErrSyntax, point, w, err)
+		}
+		if seen[a.Name] || reserved(a.Name) {
+			return nil, fmt.Errorf("%w %q: argument name %q is taken", ErrSyntax, point, a.Name)
+		}
+		seen[a.Name] = true
+		p.Args = append(p.Args, a)
+	}
+	if len(p.Args) > MaxArgs {
+		return nil, fmt.Errorf("%w %q: %d arguments, at most %d", ErrSyntax, point, len(p.Args), MaxArgs)
+	}
+	return p, nil
+}
+
+// MaxArgs is the most fetch arguments a probe takes
+// (MAX_TRACE_ARGS of kernel/trace/trace_probe.h is 128; the recorder's
+// programs walk at most this many).
+const MaxArgs = 12
+
+// reserved reports whether name is one of the fields every probe event
+// has.
+func reserved(name string) bool {
+	return strings.HasPrefix(name, "common_") || strings.HasPrefix(name, "__probe_")
+}
+
+// validName reports whether s is a C identifier, as the kernel wants
+// event and argument names (is_good_name).
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, c := range s {
+		if c != '_' && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// Format returns the trace event format of p's records, as the kernel
+// writes that of its own probe event (trace_uprobe.c:
+// uprobe_event_define_fields): the common fields, __probe_ip (or, for a
+// return probe, __probe_func and __probe_ret_ip), then each argument at
+// its size, strings as __data_loc fields. common holds the common
+// fields, as this kernel's formats have them; id is the event's id.
+func (p *Probe) Format(common []tracefs.Field, id uint32) *tracefs.Format {
+	f := &tracefs.Format{System: p.Kind.System(), Name: p.Name, ID: id, Common: common}
+	off := 0
+	for _, c := range common {
+		off = max(off, c.Offset+c.Size)
+	}
+	off = (off + 7) &^ 7
+	ips := []string{"__probe_ip"}
+	if p.Kind.Return() {
+		ips = []string{"__probe_func", "__probe_ret_ip"}
+	}
+	for _, n := range ips {
+		f.Fields = append(f.Fields, tracefs.Field{Name: n, Type: "unsigned long", Offset: off, Size: 8})
+		off += 8
+	}
+	for _, a := range p.Args {
+		fl := tracefs.Field{Name: a.Name, Type: a.Type.Name, Offset: off, Size: a.Type.Size, Signed: a.Type.Signed}
+		if a.Type.String {
+			fl.Type, fl.Loc, fl.ArrayLen, fl.Size, fl.Signed = "char", tracefs.DataLoc, -1, 4, true
+		}
+		f.Fields = append(f.Fields, fl)
+		off += fl.Size
+	}
+	return f
+}
+
+// Common returns the common fields of every trace record, struct
+// trace_entry of include/linux/trace_events.h: the recorder's ring
+// records assume this layout (bpf/kc/event.h).
+func Common() []tracefs.Field {
+	return []tracefs.Field{
+		{Name: "common_type", Type: "unsigned short", Offset: 0, Size: 2},
+		{Name: "common_flags", Type: "unsigned char", Offset: 2, Size: 1},
+		{Name: "common_preempt_count", Type: "unsigned char", Offset: 3, Size: 1},
+		{Name: "common_pid", Type: "int", Offset: 4, Size: 4, Signed: true},
+	}
+}

@@ -1,0 +1,14 @@
+package probe
+
+// x86-64's registers as fetch arguments name them, in the order of the
+// kernel's struct pt_regs (arch/x86/include/asm/ptrace.h), whose words
+// a probe's program reads them from.
+var regs = []string{"r15", "r14", "r13", "r12", "bp", "bx", "r11", "r10", "r9", "r8",
+	"ax", "cx", "dx", "si", "di", "orig_ax", "ip", "cs", "flags", "sp", "ss"}
+
+// Indexes in regs of the registers the programs read themselves.
+const (
+	regRetval = 10 // ax
+	regIP     = 16 // ip
+	regSP     = 19 // sp
+)

@@ -1,0 +1,12 @@
+//go:build !amd64
+
+package probe
+
+// No register table yet: every %REG is refused.
+var regs []string
+
+const (
+	regRetval = 0
+	regIP     = 0
+	regSP     = 0
+)

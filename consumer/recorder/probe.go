@@ -1,0 +1,161 @@
+package recorder
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/kconsume/kconsume/consumer/probe"
+	"github.com/kconsume/kconsume/gen"
+)
+
+// The dynamic probes: kc_probe (bpf/kc/probe.bpf.h) on each uprobe,
+// told its event's key by the attach cookie, building the record of the
+// probe's fetch arguments from the steps in kc_probe_map.
+
+// probes is the probe kind's state: the probe of each event key, nil
+// for the events of other kinds.
+type probes struct {
+	of    []*probe.Probe
+	progs map[int]string // the program copy of each filtered probe's key
+}
+
+// probeProg names the program copy of filtered probe key i.
+func probeProg(i int) string { return "kc_prf_" + strconv.Itoa(i) }
+
+// WithProbes tells the load which event keys are probes: ps by key,
+// nil for the others. It returns o.
+func (o *Options) WithProbes(ps []*probe.Probe) *Options {
+	o.probes = ps
+	return o
+}
+
+// errProbeCookie says why a kernel before Linux 5.15 records no probe.
+var errProbeCookie = errors.New("probes need BPF attach cookies (Linux 5.15)")
+
+// setup keeps kc_probe and its maps, sized for nevents keys, where some
+// event is a probe, and removes them otherwise (no verifier time, no
+// scratch). It fails where probes cannot be recorded here.
+func (p *probes) setup(r *Recorder, spec *ebpf.CollectionSpec, set map[string]any, opts *Options, nevents int) error {
+	if opts != nil {
+		p.of = opts.probes
+	}
+	need := false
+	for _, pr := range p.of {
+		need = need || pr != nil
+	}
+	if !need {
+		delete(spec.Programs, gen.RingbufProgKcProbe)
+		delete(spec.Maps, gen.RingbufMapKcProbeMap)
+		delete(spec.Maps, gen.RingbufMapKcProbeScratch)
+		return nil
+	}
+	if r.transport != Ringbuf || spec.Programs[gen.RingbufProgKcProbe] == nil {
+		return fmt.Errorf("%w: probes need BPF ring buffers, not %s", ErrNotSupported, r.transport)
+	}
+	if !r.tp.cookie {
+		return fmt.Errorf("%w: %w", ErrNotSupported, errProbeCookie)
+	}
+	spec.Maps[gen.RingbufMapKcProbeMap].MaxEntries = uint32(max(nevents, 1))
+	major, minor, err := kernelRelease()
+	if err != nil {
+		return err
+	}
+	funcIP := major > 6 || major == 6 && minor >= 6
+	for _, pr := range p.of {
+		if pr != nil && pr.Kind.Return() && !funcIP {
+			return fmt.Errorf("%w: %s: a uretprobe's function address needs bpf_get_func_ip for uprobes (Linux 6.6)", ErrNotSupported, pr.FullName())
+		}
+	}
+	set[gen.RingbufVarKcProbeFuncIp] = boolU32(funcIP)
+	// A filtered probe gets a copy with its filter compiled in, as a
+	// filtered tracepoint does (filtercode.go).
+	p.progs = map[int]string{}
+	base := spec.Programs[gen.RingbufProgKcProbe]
+	for i, pr := range p.of {
+		if pr == nil || i >= len(opts.filters) || opts.filters[i] == nil || len(opts.filters[i].Prog) == 0 {
+			continue
+		}
+		ps, err := filterProg(base, probeProg(i), opts.filters[i], opts.formats[i])
+		if err != nil {
+			return fmt.Errorf("%s: %w", pr.FullName(), err)
+		}
+		spec.Programs[ps.Name] = ps
+		p.progs[i] = ps.Name
+	}
+	return nil
+}
+
+// attach writes probe key i's steps into kc_probe_map and attaches
+// kc_probe to it, with i as the cookie. It fails, naming the probe, when
+// the file or symbol is not there or the kernel refuses the uprobe.
+func (p *probes) attach(r *Recorder, i int) error {
+	pr := p.of[i]
+	def, err := probeDef(pr)
+	if err != nil {
+		return fmt.Errorf("%s: %w", pr.FullName(), err)
+	}
+	if err := r.coll.Maps[gen.RingbufMapKcProbeMap].Put(uint32(i), def); err != nil {
+		return fmt.Errorf("%s: %w", pr.FullName(), err)
+	}
+	ex, err := link.OpenExecutable(pr.Path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", pr.FullName(), err)
+	}
+	name := cmp.Or(p.progs[i], gen.RingbufProgKcProbe)
+	prog := r.coll.Programs[name]
+	opts := &link.UprobeOptions{Cookie: uint64(i), Offset: pr.Offset}
+	var l link.Link
+	if pr.Kind.Return() {
+		l, err = ex.Uretprobe(pr.Symbol, prog, opts)
+	} else {
+		l, err = ex.Uprobe(pr.Symbol, prog, opts)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", pr.FullName(), err)
+	}
+	r.links = append(r.links, l)
+	r.tpProgs = append(r.tpProgs, name)
+	return nil
+}
+
+// probeDef returns pr's steps as kc_probe reads them. It fails for a
+// probe the program cannot build: too many arguments or dereferences, a
+// dereference offset beyond 32 bits, a record too large.
+func probeDef(pr *probe.Probe) (gen.RingbufKcProbeDef, error) {
+	var d gen.RingbufKcProbeDef
+	f := pr.Format(probe.Common(), 0)
+	fixed := f.FixedSize()
+	if len(pr.Args) > len(d.Args) || fixed > probeFixedMax {
+		return d, fmt.Errorf("%d arguments, a record of %d bytes: at most %d and %d", len(pr.Args), fixed, len(d.Args), probeFixedMax)
+	}
+	d.Nargs, d.Fixed = uint16(len(pr.Args)), uint16(fixed)
+	d.Ret = uint8(boolU32(pr.Kind.Return()))
+	d.IpReg, d.SpReg, d.RetReg = uint8(probe.IPReg), uint8(probe.SPReg), uint8(probe.RetvalReg)
+	own := f.Fields[len(f.Fields)-len(pr.Args):]
+	for j, a := range pr.Args {
+		da := &d.Args[j]
+		da.N, da.Base, da.Off = a.Fetch.N, uint8(a.Fetch.Base), uint16(own[j].Offset)
+		if !a.Type.String {
+			da.Size = uint8(a.Type.Size)
+		}
+		if len(a.Fetch.Derefs) > len(da.Deref) {
+			return d, fmt.Errorf("argument %s: %d dereferences, at most %d", a.Name, len(a.Fetch.Derefs), len(da.Deref))
+		}
+		da.Nderef = uint8(len(a.Fetch.Derefs))
+		for k, off := range a.Fetch.Derefs {
+			if off != int64(int32(off)) {
+				return d, fmt.Errorf("argument %s: dereference offset %d beyond 32 bits", a.Name, off)
+			}
+			da.Deref[k] = int32(off)
+		}
+	}
+	return d, nil
+}
+
+// probeFixedMax is KC_PROBE_FIXED of bpf/kc/probe.bpf.h (TestMirrorsC
+// checks it).
+const probeFixedMax = 256
