@@ -33,6 +33,7 @@ func TestUprobesMatchFtrace(t *testing.T) {
 	if _, err := os.Stat(events); err != nil {
 		testenv.Missing(t, "no uprobe_events (CONFIG_UPROBE_EVENTS): %v", err)
 	}
+	requireProbes(t)
 	bin := buildKCProbe(t)
 	off := fileOffset(t, bin, "kcprobe_target")
 	const (
@@ -87,6 +88,14 @@ func TestUprobesMatchFtrace(t *testing.T) {
 		t.Fatalf("kconsume recorded %d events, ftrace %d, want %d each:\nkconsume: %q\nftrace:   %q", len(ours), len(theirs), calls*len(specs), ours, theirs)
 	}
 	t.Logf("%d events alike, the first: %s", len(ours), ours[0])
+}
+
+// requireProbes skips t on a kernel too old for kconsume's probes.
+func requireProbes(t *testing.T) {
+	t.Helper()
+	if major, minor, _ := testenv.KernelRelease(); major < 5 || major == 5 && minor < 15 {
+		t.Skipf("Linux %d.%d: kconsume's probes need BPF attach cookies (Linux 5.15)", major, minor)
+	}
 }
 
 // buildKCProbe compiles testdata/kcprobe.c into a temporary directory

@@ -6,13 +6,15 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"strings"
 
 	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
 func list(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("list", "list [-v] [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.", "kconsume list -v sched:sched_switch", stderr)
+	fs := newFlags("list", "list [-v] [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.\nuprobe:PATH[:GLOB] lists the functions of an ELF file a uprobe can name.", "kconsume list -v sched:sched_switch", stderr)
 	verbose := fs.Bool("v", false, "also list each tracepoint's fields, which -f expressions compare (docs/filters.md)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -27,6 +29,9 @@ func list(args []string, stdout, stderr io.Writer) error {
 		pattern = fs.Arg(0)
 	default:
 		return usageError{fmt.Errorf("want at most one pattern, got %d", fs.NArg())}
+	}
+	if kind, rest, ok := strings.Cut(pattern, ":"); ok && (kind == "uprobe" || kind == "uretprobe") {
+		return listProbes(stdout, kind, rest)
 	}
 	t, err := needTracefs("list", stderr)
 	if err != nil {
@@ -82,5 +87,25 @@ func listFields(w io.Writer, t tracefs.FS, e tracefs.Event) error {
 	}
 	fmt.Fprintf(w, "\t%-24s %s\n", "COMM (comm)", "the task's name, a string")
 	fmt.Fprintf(w, "\t%-24s %s\n", "CPU (cpu, common_cpu)", "the CPU, an int")
+	return nil
+}
+
+// listProbes prints the functions of the ELF file in rest
+// ("PATH[:GLOB]") that a probe of kind can name, as -e takes them.
+func listProbes(w io.Writer, kind, rest string) error {
+	file, glob := rest, "*"
+	if i := strings.LastIndexByte(rest, ':'); i > 0 {
+		file, glob = rest[:i], rest[i+1:]
+	}
+	names, err := probe.Functions(file, glob)
+	if err != nil {
+		return usageError{err}
+	}
+	if len(names) == 0 {
+		return usageError{fmt.Errorf("no function of %s matches %q", file, glob)}
+	}
+	for _, n := range names {
+		fmt.Fprintf(w, "%s:%s:%s\n", kind, file, n)
+	}
 	return nil
 }

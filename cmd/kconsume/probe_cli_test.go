@@ -1,0 +1,100 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kconsume/kconsume/internal/testenv"
+)
+
+// buildKCProbe compiles consumer's kcprobe workload into a temporary
+// directory and returns its path.
+func buildKCProbe(t *testing.T) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		testenv.Missing(t, "a C compiler is required for the workload (apt-get install gcc): %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "kcprobe")
+	if out, err := exec.Command(cc, "-O1", "-o", bin, "../../consumer/testdata/kcprobe.c").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v: %s", err, out)
+	}
+	return bin
+}
+
+// TestRecordUprobe records a C program's function from the command
+// line with fetch arguments and a filter on one of them: babeltrace2
+// reads the kept calls with their values, named as given, and a
+// malformed probe is a usage error that says what is wrong.
+func TestRecordUprobe(t *testing.T) {
+	testenv.RequireRoot(t)
+	if major, minor, _ := testenv.KernelRelease(); major < 5 || major == 5 && minor < 15 {
+		t.Skipf("Linux %d.%d: kconsume's probes need BPF attach cookies (Linux 5.15)", major, minor)
+	}
+	bin := buildKCProbe(t)
+	out := filepath.Join(t.TempDir(), "t")
+	code, stdout, stderr := runCmd("record", "-q", "-o", out,
+		"-e", "uprobe:"+bin+":kcprobe_target a=%di:s64 s=+0(%si):string", "-f", "a < -5000",
+		"--", bin, "9")
+	if code != 0 {
+		t.Fatalf("record: exit %d\n%s%s", code, stdout, stderr)
+	}
+	lines, discards := testenv.RunBT2(t, out)
+	if len(discards) > 0 {
+		t.Fatalf("events discarded: %v", discards)
+	}
+	var got []string
+	for _, l := range lines {
+		if i := strings.Index(l, "a = "); i >= 0 && strings.Contains(l, "uprobes:kcprobe_target") {
+			got = append(got, l[i:])
+		}
+	}
+	want := []string{`a = -5993, s = "call-6-with-a-longer-tail" }`, `a = -6993, s = "call-7" }`, `a = -7993, s = "call-8" }`}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("babeltrace2 read:\n%s\nwant the payloads\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+	for _, bad := range []struct{ spec, says string }{
+		{"uprobe:" + bin + ":kcprobe_target x=%nope", `register "%nope": unknown`},
+		{"uprobe:relative:kcprobe_target", "is not absolute"},
+		{"uprobe:" + bin + ":no_such_function", "no_such_function"},
+		{"uprobe:" + bin + ":kcprobe_target s=%di:string", "a string needs a memory address"},
+	} {
+		code, stdout, stderr := runCmd("record", "-q", "-o", filepath.Join(t.TempDir(), "t"), "-e", bad.spec, "--", "true")
+		if code == 0 || !strings.Contains(stderr, bad.says) {
+			t.Errorf("record -e %q: exit %d, want an error saying %q\n%s%s", bad.spec, code, bad.says, stdout, stderr)
+		}
+	}
+}
+
+// TestListUprobe lists the functions of an ELF file as bpftrace -l
+// lists them, with and without a glob.
+func TestListUprobe(t *testing.T) {
+	bt, err := exec.LookPath("bpftrace")
+	if err != nil {
+		testenv.Missing(t, "bpftrace is the judge of the listing (apt-get install bpftrace): %v", err)
+	}
+	testenv.RequireRoot(t)
+	bin := buildKCProbe(t)
+	for _, pattern := range []string{"uprobe:" + bin, "uprobe:" + bin + ":*", "uprobe:" + bin + ":*tm_clones"} {
+		code, stdout, stderr := runCmd("list", pattern)
+		if code != 0 {
+			t.Fatalf("list %s: exit %d\n%s", pattern, code, stderr)
+		}
+		want := pattern
+		if strings.Count(want, ":") == 1 {
+			want += ":*"
+		}
+		theirs, err := exec.Command(bt, "-l", want).Output()
+		if err != nil {
+			t.Fatalf("bpftrace -l %s: %v", want, err)
+		}
+		if stdout != string(theirs) || stdout == "" {
+			t.Errorf("list %s:\n%s\nbpftrace -l:\n%s", pattern, stdout, theirs)
+		}
+	}
+	if code, _, stderr := runCmd("list", "uprobe:"+bin+":nothing_like_this*"); code == 0 || !strings.Contains(stderr, "no function") {
+		t.Errorf("list of no function: exit %d: %s", code, stderr)
+	}
+}
