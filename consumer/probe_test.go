@@ -197,6 +197,14 @@ func probeLine(t *testing.T, class string, vals []relayfmt.Value) string {
 	} else {
 		fmt.Fprintf(&b, " 0x%x <- 0x%x", field(vals, "__probe_func").Uint(0), field(vals, "__probe_ret_ip").Uint(0))
 	}
+	b.WriteString(probeArgs(vals))
+	return b.String()
+}
+
+// probeArgs writes the arguments of a probe event of our trace as
+// ftrace prints their types, each after a blank.
+func probeArgs(vals []relayfmt.Value) string {
+	var b strings.Builder
 	for _, v := range vals {
 		n := v.Field.Name
 		if strings.HasPrefix(n, "common_") || strings.HasPrefix(n, "__probe_") {
@@ -217,51 +225,63 @@ func probeLine(t *testing.T, class string, vals []relayfmt.Value) string {
 }
 
 // TestProbeSpecsKernelParses checks Parse against the kernel's own
-// parser: each spec Parse takes, uprobe_events takes too, and each it
-// refuses for a reason the kernel shares, the kernel refuses.
+// parsers: each spec Parse takes, uprobe_events (or kprobe_events) takes
+// too, and each it refuses for a reason the kernel shares, the kernel
+// refuses.
 func TestProbeSpecsKernelParses(t *testing.T) {
 	testenv.RequireRoot(t)
 	fs, err := tracefs.Find()
 	if err != nil {
 		t.Fatal(err)
 	}
-	events := filepath.Join(fs.Root, "uprobe_events")
-	if _, err := os.Stat(events); err != nil {
-		testenv.Missing(t, "no uprobe_events (CONFIG_UPROBE_EVENTS): %v", err)
-	}
 	bin, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	group := fmt.Sprintf("kcparse%d", os.Getpid())
-	for i, c := range []struct {
+	type tc struct {
 		args string
 		ok   bool
-	}{
+	}
+	common := []tc{
 		{"%di", true}, {"x=%ax:u8 y=%bx:s16 z=%cx:x32", true}, {"p=+8(+0(%sp)):u64", true},
-		{"s=+0(%di):string", true}, {"s=@0x1000:string", true}, {"c=$comm", true}, {"k=$stack3:s32", true},
+		{"s=+0(%di):string", true}, {"c=$comm", true}, {"k=$stack3:s32", true},
 		{`i=\42`, true}, {"m=@0x601040:u32", true},
 		{"%nope", false}, {"s=%di:string", false}, {"x=%di:u12", false}, {"r=$retval", false},
 		{"1x=%di", false}, {"a=%di a=%si", false}, {"x=+0(%di", false},
+	}
+	for _, k := range []struct {
+		file, kind, at string
+		cases          []tc
+	}{
+		{"uprobe_events", "uprobe:" + bin + ":main", bin + ":0x1000", append(common, tc{"s=@0x1000:string", true}, tc{"a=$arg1", false})},
+		{"kprobe_events", "kprobe:vfs_read", "vfs_read", append(common, tc{"a=$arg2:s32", true}, tc{"s=+u0(%si):string", true}, tc{"s=+0(%si):ustring", true})},
 	} {
-		spec := "uprobe:" + bin + ":main " + c.args
-		_, perr := probe.Parse(spec)
-		if (perr == nil) != c.ok {
-			t.Errorf("Parse(%q): %v, want ok %v", spec, perr, c.ok)
+		events := filepath.Join(fs.Root, k.file)
+		if _, err := os.Stat(events); err != nil {
+			t.Logf("%s: no %s: %v", k.kind, k.file, err)
 			continue
 		}
-		def := fmt.Sprintf("p:%s/p%d %s:0x1000 %s\n", group, i, bin, c.args)
-		f, err := os.OpenFile(events, os.O_WRONLY|os.O_APPEND, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, kerr := f.WriteString(def)
-		f.Close()
-		if kerr == nil {
-			appendProbe(t, events, fmt.Sprintf("-:%s/p%d", group, i))
-		}
-		if (kerr == nil) != c.ok {
-			t.Errorf("the kernel's uprobe_events took %q: %v; Parse: %v", def, kerr, perr)
+		group := fmt.Sprintf("kcparse%d", os.Getpid())
+		for i, c := range k.cases {
+			spec := k.kind + " " + c.args
+			_, perr := probe.Parse(spec)
+			if (perr == nil) != c.ok {
+				t.Errorf("Parse(%q): %v, want ok %v", spec, perr, c.ok)
+				continue
+			}
+			def := fmt.Sprintf("p:%s/p%d %s %s\n", group, i, k.at, c.args)
+			f, err := os.OpenFile(events, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, kerr := f.WriteString(def)
+			f.Close()
+			if kerr == nil {
+				appendProbe(t, events, fmt.Sprintf("-:%s/p%d", group, i))
+			}
+			if (kerr == nil) != c.ok {
+				t.Errorf("the kernel's %s took %q: %v; Parse: %v", k.file, def, kerr, perr)
+			}
 		}
 	}
 }

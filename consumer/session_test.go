@@ -109,6 +109,11 @@ func child(mode string) int {
 		}
 	case "sysuser":
 		return sysUserCalls()
+	case "openat":
+		// Opens that fail at once, of names that number them.
+		for i := 0; i < n; i++ {
+			_, _ = unix.Openat(unix.AT_FDCWD, fmt.Sprintf("/nonexistent-kcprobe/%d", i), unix.O_RDONLY|i%2*unix.O_CLOEXEC, 0)
+		}
 	case "int80":
 		// 32-bit getpid through int $0x80, then one close as a marker.
 		for i := 0; i < n; i++ {

@@ -61,6 +61,8 @@ type RingbufKcProbeDef struct {
 	IpReg  uint8
 	SpReg  uint8
 	RetReg uint8
+	FuncIp uint8
+	Pad    [7]uint8
 	Args   [12]struct {
 		_      structs.HostLayout
 		N      int64
@@ -69,7 +71,8 @@ type RingbufKcProbeDef struct {
 		Base   uint8
 		Nderef uint8
 		Size   uint8
-		Pad    [3]uint8
+		User   uint8
+		Pad    [2]uint8
 	}
 }
 
@@ -199,7 +202,6 @@ const (
 	RingbufVarKcHooks          = "kc_hooks"
 	RingbufVarKcPidBits        = "kc_pid_bits"
 	RingbufVarKcPktOn          = "kc_pkt_on"
-	RingbufVarKcProbeFuncIp    = "kc_probe_func_ip"
 	RingbufVarKcRenameId       = "kc_rename_id"
 	RingbufVarKcRenameKey      = "kc_rename_key"
 	RingbufVarKcRenamePid      = "kc_rename_pid"
@@ -331,7 +333,6 @@ type RingbufVariableSpecs struct {
 	KcHooks          *ebpf.VariableSpec `ebpf:"kc_hooks"`
 	KcPidBits        *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
 	KcPktOn          *ebpf.VariableSpec `ebpf:"kc_pkt_on"`
-	KcProbeFuncIp    *ebpf.VariableSpec `ebpf:"kc_probe_func_ip"`
 	KcRenameId       *ebpf.VariableSpec `ebpf:"kc_rename_id"`
 	KcRenameKey      *ebpf.VariableSpec `ebpf:"kc_rename_key"`
 	KcRenamePid      *ebpf.VariableSpec `ebpf:"kc_rename_pid"`
@@ -445,7 +446,6 @@ type RingbufVariables struct {
 	KcHooks          *ebpf.Variable `ebpf:"kc_hooks"`
 	KcPidBits        *ebpf.Variable `ebpf:"kc_pid_bits"`
 	KcPktOn          *ebpf.Variable `ebpf:"kc_pkt_on"`
-	KcProbeFuncIp    *ebpf.Variable `ebpf:"kc_probe_func_ip"`
 	KcRenameId       *ebpf.Variable `ebpf:"kc_rename_id"`
 	KcRenameKey      *ebpf.Variable `ebpf:"kc_rename_key"`
 	KcRenamePid      *ebpf.Variable `ebpf:"kc_rename_pid"`

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * kc/probe.bpf.h: dynamic probes, uprobes and uretprobes (kc_probe):
- * the record the kernel's own probe event of the same fetch arguments
- * holds (kernel/trace/trace_uprobe.c: __uprobe_trace_func,
- * kernel/trace/trace_probe_tmpl.h: store_trace_args), built from the
- * probed task's registers and memory by the steps the consumer compiled
- * the arguments into (consumer/probe).
+ * kc/probe.bpf.h: dynamic probes, kprobes, kretprobes, uprobes and
+ * uretprobes (kc_probe): the record the kernel's own probe event of the
+ * same fetch arguments holds (kernel/trace/trace_kprobe.c,
+ * trace_uprobe.c, and trace_probe_tmpl.h: store_trace_args), built
+ * from the registers and memory by the steps the consumer compiled the
+ * arguments into (consumer/probe).
  */
 #ifndef KC_PROBE_BPF_H
 #define KC_PROBE_BPF_H
@@ -36,7 +36,9 @@
  * word in pt_regs, the stack word or -1 for the stack pointer, the
  * constant, the address), the dereferences applied in turn, and where
  * and how its field is stored: size bytes at off of the trace record, or
- * a string (size 0) behind a __data_loc there.
+ * a string (size 0) behind a __data_loc there. user says which memory
+ * accesses read the process's memory rather than the kernel's: bit 0
+ * the base's, bit j + 1 dereference j's, KC_PU_STR the string's.
  */
 struct kc_probe_arg {
 	__s64 n;
@@ -45,15 +47,21 @@ struct kc_probe_arg {
 	__u8 base;
 	__u8 nderef;
 	__u8 size;
-	__u8 pad[3];
+	__u8 user;
+	__u8 pad[2];
 };
+
+#define KC_PU_STR 0x80
 
 /*
  * struct kc_probe_def is a probe event: its arguments, the trace record's
  * bytes before its dynamic area, whether it fires on return (then
  * __probe_func and __probe_ret_ip head the record, else __probe_ip),
- * and the registers' words that hold the instruction pointer, the stack
- * pointer and a return value.
+ * the registers' words that hold the instruction pointer, the stack
+ * pointer and a return value, and whether the probed address (a
+ * kprobe's __probe_ip, a return probe's __probe_func) comes from
+ * bpf_get_func_ip (a kprobe's kp.addr, as trace_kprobe.c writes it; a
+ * uprobe's needs Linux 6.6) rather than the instruction pointer.
  */
 struct kc_probe_def {
 	__u16 nargs;
@@ -62,6 +70,8 @@ struct kc_probe_def {
 	__u8 ip_reg;
 	__u8 sp_reg;
 	__u8 ret_reg;
+	__u8 func_ip; /* the probed address from bpf_get_func_ip, not the registers */
+	__u8 pad[7];
 	struct kc_probe_arg args[KC_PROBE_ARGS];
 };
 
@@ -95,24 +105,29 @@ struct {
 	__type(value, struct kc_probe_scratch);
 } kc_probe_scratch SEC(".maps");
 
-/*
- * Set by the loader where bpf_get_func_ip knows a uprobe's address
- * (Linux 6.6+): a uretprobe's __probe_func.
- */
-const volatile __u32 kc_probe_func_ip = 0;
+/* kc_probe_read reads n bytes at addr, of the process or the kernel. */
+static __always_inline long kc_probe_read(void *dst, __u32 n, __u64 addr, int user)
+{
+	if (user)
+		return bpf_probe_read_user(dst, n, (const void *)addr);
+	return bpf_probe_read_kernel(dst, n, (const void *)addr);
+}
 
-/* kc_probe_word reads the word at addr of the probed process into *v. */
-static __always_inline long kc_probe_word(__u64 *v, __u64 addr, __u32 size)
+/*
+ * kc_probe_word reads the size bytes (the word, at most) at addr, of
+ * the process or the kernel, into *v.
+ */
+static __always_inline long kc_probe_word(__u64 *v, __u64 addr, __u32 size, int user)
 {
 	*v = 0;
 	/* Constant sizes: the verifier would lose a clamped one's bound. */
 	if (size >= 8)
-		return bpf_probe_read_user(v, 8, (const void *)addr);
+		return kc_probe_read(v, 8, addr, user);
 	if (size >= 4)
-		return bpf_probe_read_user(v, 4, (const void *)addr);
+		return kc_probe_read(v, 4, addr, user);
 	if (size >= 2)
-		return bpf_probe_read_user(v, 2, (const void *)addr);
-	return bpf_probe_read_user(v, 1, (const void *)addr);
+		return kc_probe_read(v, 2, addr, user);
+	return kc_probe_read(v, 1, addr, user);
 }
 
 /*
@@ -137,7 +152,7 @@ static __always_inline int kc_probe_value(struct kc_probe_def *p, struct kc_prob
 		break;
 	case KC_PB_STACK:
 		*v = regs[p->sp_reg & (KC_PROBE_REGS - 1)];
-		if (a->n >= 0 && kc_probe_word(v, *v + 8 * a->n, a->nderef ? 8 : size))
+		if (a->n >= 0 && kc_probe_word(v, *v + 8 * a->n, a->nderef ? 8 : size, a->user & 1))
 			return 1;
 		break;
 	case KC_PB_IMM:
@@ -145,7 +160,7 @@ static __always_inline int kc_probe_value(struct kc_probe_def *p, struct kc_prob
 		break;
 	case KC_PB_MEM:
 		*v = a->n;
-		if (!(a->size == 0 && !a->nderef) && kc_probe_word(v, a->n, a->nderef ? 8 : size))
+		if (!(a->size == 0 && !a->nderef) && kc_probe_word(v, a->n, a->nderef ? 8 : size, a->user & 1))
 			return 1;
 		break;
 	default:
@@ -158,7 +173,7 @@ static __always_inline int kc_probe_value(struct kc_probe_def *p, struct kc_prob
 			*v += a->deref[j];
 			break;
 		}
-		if (kc_probe_word(v, *v + a->deref[j], j + 1 == a->nderef ? size : 8))
+		if (kc_probe_word(v, *v + a->deref[j], j + 1 == a->nderef ? size : 8, a->user & (2 << j)))
 			return 1;
 	}
 	return 0;
@@ -181,8 +196,10 @@ static __always_inline __u32 kc_probe_string(__u8 *d, __u32 dst, struct kc_probe
 		r = bpf_probe_read_kernel_str(d + dst, 16, d + dst);
 	} else if (fault) {
 		return 0;
-	} else {
+	} else if (a->user & KC_PU_STR) {
 		r = bpf_probe_read_user_str(d + dst, KC_PROBE_STR, (const void *)addr);
+	} else {
+		r = bpf_probe_read_kernel_str(d + dst, KC_PROBE_STR, (const void *)addr);
 	}
 	return r > 0 ? r : 0;
 }
@@ -196,16 +213,18 @@ static __always_inline __u32 kc_probe_fill(struct pt_regs *ctx, struct kc_probe_
 {
 	__u32 end = p->fixed, n;
 	struct kc_probe_arg *a;
-	__u64 v;
+	__u64 v, ip, func;
 	int i, fault;
 
 	if (end < 16 || end > KC_PROBE_FIXED)
 		return 0;
+	ip = regs[p->ip_reg & (KC_PROBE_REGS - 1)];
+	func = p->func_ip ? bpf_get_func_ip(ctx) : ip;
 	if (p->ret) {
-		kc_put(__u64, d, 8 - KC_CUT, kc_probe_func_ip ? bpf_get_func_ip(ctx) : 0);
-		kc_put(__u64, d, 16 - KC_CUT, regs[p->ip_reg & (KC_PROBE_REGS - 1)]);
+		kc_put(__u64, d, 8 - KC_CUT, func);
+		kc_put(__u64, d, 16 - KC_CUT, ip);
 	} else {
-		kc_put(__u64, d, 8 - KC_CUT, regs[p->ip_reg & (KC_PROBE_REGS - 1)]);
+		kc_put(__u64, d, 8 - KC_CUT, func);
 	}
 	for (i = 0; i < KC_PROBE_ARGS; i++) {
 		if (i >= p->nargs)

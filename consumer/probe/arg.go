@@ -35,7 +35,15 @@ type Fetch struct {
 	// the stack word, -1 for the stack pointer (Stack), the constant
 	// (Imm) or the address (Mem).
 	N      int64
-	Derefs []int64
+	Derefs []Deref
+}
+
+// Deref is one dereference: the offset added to the value, and whether
+// the memory is the process's (+uOFFS(...) of a kprobe, and every
+// access of a uprobe) rather than the kernel's.
+type Deref struct {
+	Off  int64
+	User bool
 }
 
 // Type is how a fetched value is stored: an integer of Size bytes,
@@ -92,11 +100,17 @@ func parseArg(s string, n int, k Kind) (Arg, error) {
 	return a, nil
 }
 
-// parseType reads a fetch type: u8 to u64, s8 to s64, x8 to x64, or
-// string.
+// parseType reads a fetch type: u8 to u64, s8 to s64, x8 to x64,
+// string, or ustring (a string in the process's memory).
 func parseType(t string) (Type, error) {
-	if t == "string" {
-		return Type{Name: "string", String: true}, nil
+	switch t {
+	case "string", "ustring":
+		return Type{Name: t, String: true}, nil
+	case "symbol", "symstr", "char":
+		return Type{}, fmt.Errorf("type %q is not supported yet", t)
+	}
+	if strings.HasPrefix(t, "b") || strings.Contains(t, "[") {
+		return Type{}, fmt.Errorf("type %q: bitfields and arrays are not supported yet", t)
 	}
 	if len(t) >= 2 {
 		bits, err := strconv.Atoi(t[1:])
@@ -125,7 +139,11 @@ func parseFetch(s string, k Kind) (Fetch, error) {
 		if open < 0 || s[len(s)-1] != ')' {
 			return Fetch{}, fmt.Errorf("%q: want +OFFS(FETCHARG)", s)
 		}
-		off, err := strconv.ParseInt(s[:open], 0, 64)
+		num, user := s[:open], k.User()
+		if len(num) > 1 && num[1] == 'u' {
+			num, user = num[:1]+num[2:], true
+		}
+		off, err := strconv.ParseInt(num, 0, 64)
 		if err != nil {
 			return Fetch{}, fmt.Errorf("offset %q: want a number", s[:open])
 		}
@@ -139,7 +157,7 @@ func parseFetch(s string, k Kind) (Fetch, error) {
 		if len(f.Derefs) >= MaxDerefs {
 			return f, fmt.Errorf("more than %d dereferences", MaxDerefs)
 		}
-		f.Derefs = append(f.Derefs, off)
+		f.Derefs = append(f.Derefs, Deref{Off: off, User: user})
 		return f, nil
 	case s[0] == '%':
 		i, ok := regIndex(s[1:])
@@ -162,6 +180,21 @@ func parseFetch(s string, k Kind) (Fetch, error) {
 		return Fetch{Base: Retval}, nil
 	case s == "$comm":
 		return Fetch{Base: Comm}, nil
+	case strings.HasPrefix(s, "$arg"):
+		n, err := strconv.ParseUint(s[len("$arg"):], 10, 8)
+		if err != nil || n == 0 {
+			return Fetch{}, fmt.Errorf("%q: want $argN, N from 1", s)
+		}
+		if k.User() {
+			return Fetch{}, errors.New("$argN is only for kprobes")
+		}
+		if int(n) <= len(argRegs) {
+			i, _ := regIndex(argRegs[n-1])
+			return Fetch{Base: Reg, N: int64(i)}, nil
+		}
+		// Past the registers, on the stack above the return address
+		// (regs_get_kernel_argument).
+		return Fetch{Base: Stack, N: int64(int(n) - len(argRegs))}, nil
 	case s[0] == '\\':
 		n, err := parseInt(s[1:])
 		if err != nil {
@@ -174,11 +207,11 @@ func parseFetch(s string, k Kind) (Fetch, error) {
 		}
 		n, err := strconv.ParseUint(s[1:], 0, 64)
 		if err != nil {
-			return Fetch{}, fmt.Errorf("address %q: want @ADDR, a number", s)
+			return Fetch{}, fmt.Errorf("address %q: want @ADDR, a number (@SYMBOL is not supported yet)", s)
 		}
 		return Fetch{Base: Mem, N: int64(n)}, nil
 	}
-	return Fetch{}, fmt.Errorf("%q: want %%REG, $stackN, $stack, $retval, $comm, \\IMM, @ADDR or +|-OFFS(FETCHARG)", s)
+	return Fetch{}, fmt.Errorf("%q: want %%REG, $argN, $stackN, $stack, $retval, $comm, \\IMM, @ADDR or +|-[u]OFFS(FETCHARG)", s)
 }
 
 // MaxDerefs is the most dereferences of one argument the recorder

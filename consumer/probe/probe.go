@@ -9,6 +9,7 @@ package probe
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -26,18 +27,31 @@ const (
 	Uprobe Kind = iota
 	// Uretprobe fires when a function of a file returns.
 	Uretprobe
+	// Kprobe fires when the kernel executes an instruction of a
+	// function.
+	Kprobe
+	// Kretprobe fires when a kernel function returns.
+	Kretprobe
 )
 
-var kindNames = [...]string{Uprobe: "uprobe", Uretprobe: "uretprobe"}
+var kindNames = [...]string{Uprobe: "uprobe", Uretprobe: "uretprobe", Kprobe: "kprobe", Kretprobe: "kretprobe"}
 
 func (k Kind) String() string { return kindNames[k] }
 
 // Return reports whether k fires on return.
-func (k Kind) Return() bool { return k == Uretprobe }
+func (k Kind) Return() bool { return k == Uretprobe || k == Kretprobe }
+
+// User reports whether k probes a user program.
+func (k Kind) User() bool { return k == Uprobe || k == Uretprobe }
 
 // System returns the trace event system of k's events, ftrace's own
 // group for them.
-func (k Kind) System() string { return "uprobes" }
+func (k Kind) System() string {
+	if k.User() {
+		return "uprobes"
+	}
+	return "kprobes"
+}
 
 // IsProbe reports whether s names a probe rather than a tracepoint.
 func IsProbe(s string) bool {
@@ -52,8 +66,8 @@ func IsProbe(s string) bool {
 // Probe is one probe event: where it fires and what it records.
 type Probe struct {
 	Kind Kind
-	// Path is the ELF file a uprobe is in; Symbol the function, Offset
-	// bytes into it.
+	// Path is the ELF file a uprobe is in; Symbol the function (of the
+	// file, or of the kernel), Offset bytes into it.
 	Path   string
 	Symbol string
 	Offset uint64
@@ -68,9 +82,10 @@ type Probe struct {
 // FullName returns "system:name".
 func (p *Probe) FullName() string { return p.Kind.System() + ":" + p.Name }
 
-// Parse reads a probe: KIND:PATH:SYMBOL[+OFFSET] followed by fetch
-// arguments, separated by blanks, each [NAME=]FETCHARG[:TYPE] as
-// uprobe_events takes them. It fails, wrapping ErrSyntax and naming
+// Parse reads a probe: uprobe:PATH:SYMBOL[+OFFSET],
+// uretprobe:PATH:SYMBOL, kprobe:FUNCTION[+OFFSET] or kretprobe:FUNCTION,
+// followed by fetch arguments, separated by blanks, each
+// [NAME=]FETCHARG[:TYPE] as uprobe_events and kprobe_events take them. It fails, wrapping ErrSyntax and naming
 // what is wrong, on anything else.
 func Parse(spec string) (*Probe, error) {
 	words := strings.Fields(spec)
@@ -80,23 +95,21 @@ func Parse(spec string) (*Probe, error) {
 	p := &Probe{Spec: strings.Join(words, " ")}
 	point := words[0]
 	kind, rest, ok := strings.Cut(point, ":")
-	switch {
-	case !ok:
-		return nil, fmt.Errorf("%w %q: want uprobe:PATH:SYMBOL or uretprobe:PATH:SYMBOL", ErrSyntax, point)
-	case kind == "uprobe":
-		p.Kind = Uprobe
-	case kind == "uretprobe":
-		p.Kind = Uretprobe
-	default:
-		return nil, fmt.Errorf("%w %q: unknown kind %q (uprobe, uretprobe)", ErrSyntax, point, kind)
+	k := slices.Index(kindNames[:], kind)
+	if !ok || k < 0 {
+		return nil, fmt.Errorf("%w %q: want uprobe:PATH:SYMBOL, uretprobe:PATH:SYMBOL, kprobe:FUNCTION or kretprobe:FUNCTION", ErrSyntax, point)
 	}
-	i := strings.LastIndexByte(rest, ':')
-	if i <= 0 || i == len(rest)-1 {
-		return nil, fmt.Errorf("%w %q: want %s:PATH:SYMBOL", ErrSyntax, point, kind)
-	}
-	p.Path, p.Symbol = rest[:i], rest[i+1:]
-	if !strings.HasPrefix(p.Path, "/") {
-		return nil, fmt.Errorf("%w %q: the path %q is not absolute", ErrSyntax, point, p.Path)
+	p.Kind = Kind(k)
+	p.Symbol = rest
+	if p.Kind.User() {
+		i := strings.LastIndexByte(rest, ':')
+		if i <= 0 || i == len(rest)-1 {
+			return nil, fmt.Errorf("%w %q: want %s:PATH:SYMBOL", ErrSyntax, point, kind)
+		}
+		p.Path, p.Symbol = rest[:i], rest[i+1:]
+		if !strings.HasPrefix(p.Path, "/") {
+			return nil, fmt.Errorf("%w %q: the path %q is not absolute", ErrSyntax, point, p.Path)
+		}
 	}
 	if sym, off, ok := strings.Cut(p.Symbol, "+"); ok {
 		n, err := strconv.ParseUint(off, 0, 64)
@@ -160,7 +173,7 @@ func validName(s string) bool {
 
 // Format returns the trace event format of p's records, as the kernel
 // writes that of its own probe event (trace_uprobe.c:
-// uprobe_event_define_fields): the common fields, __probe_ip (or, for a
+// uprobe_event_define_fields, trace_kprobe.c: kprobe_event_define_fields): the common fields, __probe_ip (or, for a
 // return probe, __probe_func and __probe_ret_ip), then each argument at
 // its size, strings as __data_loc fields. common holds the common
 // fields, as this kernel's formats have them; id is the event's id.

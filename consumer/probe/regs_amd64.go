@@ -12,3 +12,7 @@ const (
 	regIP     = 16 // ip
 	regSP     = 19 // sp
 )
+
+// The registers of a kernel function's first arguments, in order
+// (regs_get_kernel_argument).
+var argRegs = []string{"di", "si", "dx", "cx", "r8", "r9"}

@@ -3,7 +3,7 @@
 package probe
 
 // No register table yet: every %REG is refused.
-var regs []string
+var regs, argRegs []string
 
 const (
 	regRetval = 0

@@ -55,6 +55,7 @@ func TestMirrorsC(t *testing.T) {
 		"KC_STACK_USER":         stackUser,
 		"KC_STACK_AT_LIMIT":     stackAtLimit,
 		"KC_PROBE_FIXED":        probeFixedMax,
+		"KC_PU_STR":             probeUserString,
 		"KC_PROBE_ARGS":         probe.MaxArgs,
 		"KC_PROBE_DEREFS":       probe.MaxDerefs,
 		"KC_PB_REG":             uint64(probe.Reg),

@@ -12,7 +12,8 @@ import (
 	"github.com/kconsume/kconsume/gen"
 )
 
-// The dynamic probes: kc_probe (bpf/kc/probe.bpf.h) on each uprobe,
+// The dynamic probes: kc_probe (bpf/kc/probe.bpf.h) on each kprobe or
+// uprobe,
 // told its event's key by the attach cookie, building the record of the
 // probe's fetch arguments from the steps in kc_probe_map.
 
@@ -64,13 +65,11 @@ func (p *probes) setup(r *Recorder, spec *ebpf.CollectionSpec, set map[string]an
 	if err != nil {
 		return err
 	}
-	funcIP := major > 6 || major == 6 && minor >= 6
 	for _, pr := range p.of {
-		if pr != nil && pr.Kind.Return() && !funcIP {
+		if pr != nil && pr.Kind == probe.Uretprobe && (major < 6 || major == 6 && minor < 6) {
 			return fmt.Errorf("%w: %s: a uretprobe's function address needs bpf_get_func_ip for uprobes (Linux 6.6)", ErrNotSupported, pr.FullName())
 		}
 	}
-	set[gen.RingbufVarKcProbeFuncIp] = boolU32(funcIP)
 	// A filtered probe gets a copy with its filter compiled in, as a
 	// filtered tracepoint does (filtercode.go).
 	p.progs = map[int]string{}
@@ -101,25 +100,33 @@ func (p *probes) attach(r *Recorder, i int) error {
 	if err := r.coll.Maps[gen.RingbufMapKcProbeMap].Put(uint32(i), def); err != nil {
 		return fmt.Errorf("%s: %w", pr.FullName(), err)
 	}
-	ex, err := link.OpenExecutable(pr.Path)
-	if err != nil {
-		return fmt.Errorf("%s: %w", pr.FullName(), err)
-	}
 	name := cmp.Or(p.progs[i], gen.RingbufProgKcProbe)
-	prog := r.coll.Programs[name]
-	opts := &link.UprobeOptions{Cookie: uint64(i), Offset: pr.Offset}
-	var l link.Link
-	if pr.Kind.Return() {
-		l, err = ex.Uretprobe(pr.Symbol, prog, opts)
-	} else {
-		l, err = ex.Uprobe(pr.Symbol, prog, opts)
-	}
+	l, err := attachProbe(pr, r.coll.Programs[name], uint64(i))
 	if err != nil {
 		return fmt.Errorf("%s: %w", pr.FullName(), err)
 	}
 	r.links = append(r.links, l)
 	r.tpProgs = append(r.tpProgs, name)
 	return nil
+}
+
+// attachProbe attaches prog where pr fires, with cookie.
+func attachProbe(pr *probe.Probe, prog *ebpf.Program, cookie uint64) (link.Link, error) {
+	switch pr.Kind {
+	case probe.Kprobe:
+		return link.Kprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie, Offset: pr.Offset})
+	case probe.Kretprobe:
+		return link.Kretprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie})
+	}
+	ex, err := link.OpenExecutable(pr.Path)
+	if err != nil {
+		return nil, err
+	}
+	opts := &link.UprobeOptions{Cookie: cookie, Offset: pr.Offset}
+	if pr.Kind == probe.Uretprobe {
+		return ex.Uretprobe(pr.Symbol, prog, opts)
+	}
+	return ex.Uprobe(pr.Symbol, prog, opts)
 }
 
 // probeDef returns pr's steps as kc_probe reads them. It fails for a
@@ -135,6 +142,10 @@ func probeDef(pr *probe.Probe) (gen.RingbufKcProbeDef, error) {
 	d.Nargs, d.Fixed = uint16(len(pr.Args)), uint16(fixed)
 	d.Ret = uint8(boolU32(pr.Kind.Return()))
 	d.IpReg, d.SpReg, d.RetReg = uint8(probe.IPReg), uint8(probe.SPReg), uint8(probe.RetvalReg)
+	// A kprobe's address is kp.addr (trace_kprobe.c), which the
+	// instruction pointer passed; a return probe's function is not in
+	// the registers.
+	d.FuncIp = uint8(boolU32(!pr.Kind.User() || pr.Kind.Return()))
 	own := f.Fields[len(f.Fields)-len(pr.Args):]
 	for j, a := range pr.Args {
 		da := &d.Args[j]
@@ -146,16 +157,32 @@ func probeDef(pr *probe.Probe) (gen.RingbufKcProbeDef, error) {
 			return d, fmt.Errorf("argument %s: %d dereferences, at most %d", a.Name, len(a.Fetch.Derefs), len(da.Deref))
 		}
 		da.Nderef = uint8(len(a.Fetch.Derefs))
-		for k, off := range a.Fetch.Derefs {
-			if off != int64(int32(off)) {
-				return d, fmt.Errorf("argument %s: dereference offset %d beyond 32 bits", a.Name, off)
+		user := pr.Kind.User()
+		if user {
+			da.User = 1 // the stack and @ADDR
+		}
+		for k, dr := range a.Fetch.Derefs {
+			if dr.Off != int64(int32(dr.Off)) {
+				return d, fmt.Errorf("argument %s: dereference offset %d beyond 32 bits", a.Name, dr.Off)
 			}
-			da.Deref[k] = int32(off)
+			da.Deref[k] = int32(dr.Off)
+			if dr.User || user {
+				da.User |= 2 << k
+			}
+			// The string is where the last access points; a user
+			// one is the process's (fetch_store_string_user).
+			user = dr.User || pr.Kind.User()
+		}
+		if a.Type.String && (user || a.Type.Name == "ustring") {
+			da.User |= probeUserString
 		}
 	}
 	return d, nil
 }
 
-// probeFixedMax is KC_PROBE_FIXED of bpf/kc/probe.bpf.h (TestMirrorsC
-// checks it).
-const probeFixedMax = 256
+// probeFixedMax and probeUserString are KC_PROBE_FIXED and KC_PU_STR
+// of bpf/kc/probe.bpf.h (TestMirrorsC checks them).
+const (
+	probeFixedMax   = 256
+	probeUserString = 0x80
+)

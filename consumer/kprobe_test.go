@@ -1,0 +1,130 @@
+package consumer
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
+	"github.com/kconsume/kconsume/internal/kallsyms"
+	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
+)
+
+// TestKprobesMatchFtrace records a child's failing openat calls with a
+// kprobe and a kretprobe on do_sys_openat2, the same fetch arguments
+// given to kconsume and to the kernel's kprobe_events for an ftrace
+// instance recording the child at the same time: every call's values
+// (registers, $argN, a user string, kernel memory of each size, $comm,
+// $stack0, the return value) and probe addresses must be ftrace's.
+func TestKprobesMatchFtrace(t *testing.T) {
+	testenv.RequireRoot(t)
+	requireProbes(t)
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := filepath.Join(fs.Root, "kprobe_events")
+	if _, err := os.Stat(events); err != nil {
+		t.Skipf("this kernel has no kprobe_events (CONFIG_KPROBE_EVENTS): %v", err)
+	}
+	syms, err := kallsyms.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fn = "do_sys_openat2" // Linux 5.6+
+	if _, _, ok := syms.Lookup(fn); !ok {
+		t.Fatalf("no %s in the kernel's symbols", fn)
+	}
+	const (
+		args    = `dfd=%di:s32 name=+0(%si):ustring flags=+0(%dx):x64 mode=+8(%dx):u16 a1=$arg1:s32 c=$comm st=$stack0:x64 dflt=%si`
+		retArgs = `r=$retval:s64`
+	)
+	group := fmt.Sprintf("kckprobe%d", os.Getpid())
+	defs := []string{
+		fmt.Sprintf("p:%s/%s %s %s", group, fn, fn, args),
+		fmt.Sprintf("r:%s/%s__return %s %s", group, fn, fn, retArgs),
+	}
+	for _, d := range defs {
+		appendProbe(t, events, d)
+		name := strings.Fields(d)[0][2:]
+		t.Cleanup(func() { appendProbe(t, events, "-:"+name) })
+	}
+	c := startChild(t, "openat", 40)
+	inst, enable := ftraceInstance(t, fs, "kprobe", []string{group + ":" + fn, group + ":" + fn + "__return"})
+	if err := os.WriteFile(filepath.Join(inst, "set_event_pid"), []byte(fmt.Sprint(c.tid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := enable("1"); err != nil {
+		t.Fatal(err)
+	}
+	s, dir := newTestSession(t, Config{Events: []string{"kprobe:" + fn + " " + args, "kretprobe:" + fn + " " + retArgs}, PIDs: []int{c.tid}})
+	recordChild(t, s, c)
+	if err := enable("0"); err != nil {
+		t.Fatal(err)
+	}
+	theirs := ftraceKprobeLines(t, inst, fn)
+	var ours []string
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind == relayfmt.DiscardedEvents {
+			t.Errorf("%d events discarded", it.Count)
+		}
+		if it.Kind == relayfmt.EventItem {
+			ours = append(ours, kprobeLine(t, syms, it.Class.Name, vals))
+		}
+	})
+	if len(ours) != 2*40 || !slices.Equal(ours, theirs) {
+		t.Fatalf("kconsume recorded %d events, ftrace %d, want %d each:\nkconsume: %q\nftrace:   %q", len(ours), len(theirs), 2*40, ours, theirs)
+	}
+	t.Logf("%d events alike, the first: %s", len(ours), ours[0])
+}
+
+// kprobeAddr matches a kernel address as ftrace prints it: sym+off/size.
+var kprobeAddr = regexp.MustCompile(`(\S+)/0x[0-9a-f]+`)
+
+// ftraceKprobeLines returns the events of function fn's probes in the
+// instance at inst as kprobeLine writes them.
+func ftraceKprobeLines(t *testing.T, inst, fn string) []string {
+	t.Helper()
+	line := regexp.MustCompile(`\s(` + fn + `(?:__return)?): \(([^)]*)\)(.*)$`)
+	b, err := os.ReadFile(filepath.Join(inst, "trace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if m := line.FindStringSubmatch(l); m != nil {
+			out = append(out, m[1]+" "+kprobeAddr.ReplaceAllString(m[2], "$1")+m[3])
+		}
+	}
+	return out
+}
+
+// kprobeLine writes a kprobe event of our trace as ftraceKprobeLines
+// writes ftrace's: the addresses named by the kernel's symbols, then
+// the arguments as probeLine writes them.
+func kprobeLine(t *testing.T, syms *kallsyms.Table, class string, vals []relayfmt.Value) string {
+	t.Helper()
+	sym := func(a uint64, off bool) string {
+		n, o, ok := syms.Name(a)
+		switch {
+		case !ok:
+			return fmt.Sprintf("0x%x", a)
+		case off:
+			return fmt.Sprintf("%s+0x%x", n, o)
+		}
+		return n
+	}
+	_, name, _ := strings.Cut(class, ":")
+	addrs := ""
+	if v := field(vals, "__probe_ip"); v.Field != nil {
+		addrs = sym(v.Uint(0), true)
+	} else {
+		addrs = sym(field(vals, "__probe_ret_ip").Uint(0), true) + " <- " + sym(field(vals, "__probe_func").Uint(0), false)
+	}
+	return name + " " + addrs + probeArgs(vals)
+}
