@@ -77,7 +77,7 @@ func defineRecordFlags(fs *flag.FlagSet, o *recordOpts, f *recordFlags) {
 	fs.BoolVar(&o.quiet, "q", false, "no live status line")
 	fs.StringVar(&o.synthFile, "synth", "", "also define the synthetic events in this `file` (one definition per line)")
 	fs.StringVar(&o.metrics, "metrics", "", "serve the per-CPU counters in Prometheus text format at http://`addr`/metrics")
-	fs.Var(&f.events, "e", "`event`s to record (repeat or separate with commas)")
+	fs.Var(&f.events, "e", "`event`s to record (repeat or separate with commas); a probe and its fetch arguments in one quoted value: 'kprobe:FUNC ARGS', 'uprobe:PATH:SYMBOL ARGS' (docs/probes.md)")
 	f.filters.events = &f.events
 	fs.Var(&f.filters, "f", "keep only the events of the -e before it whose fields pass this `expression`, in ftrace's event filter language (docs/filters.md): -e sched:sched_switch -f 'prev_comm == \"nginx\"'")
 	f.stacks.events = &f.events
