@@ -63,6 +63,7 @@ fuzz:
 	$(FUZZ) -fuzz '^FuzzMatch$$' ./filter/
 	$(FUZZ) -fuzz '^FuzzIndexOf$$' ./relayd/
 	$(FUZZ) -fuzz '^FuzzParseURL$$' ./relayd/
+	$(FUZZ) -fuzz '^FuzzNotes$$' ./consumer/probe/
 
 # bpf2go output (gen/); needs clang and llvm-strip. vmlinux.h is not rebuilt here: it comes from the running
 # kernel's BTF (make vmlinux) and is committed.

@@ -67,4 +67,4 @@ func probeMatches(pattern string, f *tracefs.Format) bool {
 }
 
 // isProbe reports whether f is a probe's format.
-func isProbe(f *tracefs.Format) bool { return f.System == probe.Uprobe.System() }
+func isProbe(f *tracefs.Format) bool { return probe.IsSystem(f.System) }

@@ -14,7 +14,7 @@ import (
 )
 
 func list(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("list", "list [-v] [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.\nuprobe:PATH[:GLOB] lists the functions of an ELF file a uprobe can name.", "kconsume list -v sched:sched_switch", stderr)
+	fs := newFlags("list", "list [-v] [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.\nuprobe:PATH[:GLOB] lists the functions of an ELF file a uprobe can name,\nusdt:PATH[:PROVIDER[:NAME]] its USDT probes (globs allowed).", "kconsume list -v sched:sched_switch", stderr)
 	verbose := fs.Bool("v", false, "also list each tracepoint's fields, which -f expressions compare (docs/filters.md)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -32,6 +32,8 @@ func list(args []string, stdout, stderr io.Writer) error {
 	}
 	if kind, rest, ok := strings.Cut(pattern, ":"); ok && (kind == "uprobe" || kind == "uretprobe") {
 		return listProbes(stdout, kind, rest)
+	} else if ok && kind == "usdt" {
+		return listUSDT(stdout, rest)
 	}
 	t, err := needTracefs("list", stderr)
 	if err != nil {
@@ -106,6 +108,29 @@ func listProbes(w io.Writer, kind, rest string) error {
 	}
 	for _, n := range names {
 		fmt.Fprintf(w, "%s:%s:%s\n", kind, file, n)
+	}
+	return nil
+}
+
+// listUSDT prints the USDT probes of the ELF file in rest
+// ("PATH[:PROVIDER[:NAME]]", globs allowed), as -e takes them.
+func listUSDT(w io.Writer, rest string) error {
+	file, pattern := rest, "*:*"
+	if i := strings.IndexByte(rest, ':'); i > 0 {
+		file, pattern = rest[:i], rest[i+1:]
+		if !strings.Contains(pattern, ":") {
+			pattern += ":*"
+		}
+	}
+	names, err := probe.ListUSDT(file, pattern)
+	if err != nil {
+		return usageError{err}
+	}
+	if len(names) == 0 {
+		return usageError{fmt.Errorf("no USDT probe of %s matches %q", file, pattern)}
+	}
+	for _, n := range names {
+		fmt.Fprintln(w, n)
 	}
 	return nil
 }

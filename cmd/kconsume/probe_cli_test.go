@@ -68,8 +68,8 @@ func TestRecordUprobe(t *testing.T) {
 	}
 }
 
-// TestListUprobe lists the functions of an ELF file as bpftrace -l
-// lists them, with and without a glob.
+// TestListUprobe lists the functions of an ELF file, and its USDT
+// probes, as bpftrace -l lists them, with and without a glob.
 func TestListUprobe(t *testing.T) {
 	bt, err := exec.LookPath("bpftrace")
 	if err != nil {
@@ -97,4 +97,34 @@ func TestListUprobe(t *testing.T) {
 	if code, _, stderr := runCmd("list", "uprobe:"+bin+":nothing_like_this*"); code == 0 || !strings.Contains(stderr, "no function") {
 		t.Errorf("list of no function: exit %d: %s", code, stderr)
 	}
+	sdt := buildKCUSDT(t)
+	for _, pattern := range []string{"usdt:" + sdt, "usdt:" + sdt + ":kcusdt:g*"} {
+		code, stdout, stderr := runCmd("list", pattern)
+		want := pattern
+		if strings.Count(want, ":") == 1 {
+			want += ":*"
+		}
+		theirs, err := exec.Command(bt, "-l", want).Output()
+		if err != nil {
+			t.Fatalf("bpftrace -l %s: %v", want, err)
+		}
+		if code != 0 || stdout != string(theirs) || stdout == "" {
+			t.Errorf("list %s: exit %d\n%s%s\nbpftrace -l:\n%s", pattern, code, stdout, stderr, theirs)
+		}
+	}
+}
+
+// buildKCUSDT compiles consumer's kcusdt workload, which has USDT
+// probes, into a temporary directory and returns its path.
+func buildKCUSDT(t *testing.T) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		testenv.Missing(t, "a C compiler is required for the workload (apt-get install gcc): %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "kcusdt")
+	if out, err := exec.Command(cc, "-O2", "-o", bin, "../../consumer/testdata/kcusdt.c").CombinedOutput(); err != nil {
+		testenv.Missing(t, "building the USDT workload needs sys/sdt.h (apt-get install systemtap-sdt-dev): %v: %s", err, out)
+	}
+	return bin
 }

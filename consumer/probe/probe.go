@@ -32,9 +32,11 @@ const (
 	Kprobe
 	// Kretprobe fires when a kernel function returns.
 	Kretprobe
+	// Usdt fires at the sites of a user program's static probe.
+	Usdt
 )
 
-var kindNames = [...]string{Uprobe: "uprobe", Uretprobe: "uretprobe", Kprobe: "kprobe", Kretprobe: "kretprobe"}
+var kindNames = [...]string{Uprobe: "uprobe", Uretprobe: "uretprobe", Kprobe: "kprobe", Kretprobe: "kretprobe", Usdt: "usdt"}
 
 func (k Kind) String() string { return kindNames[k] }
 
@@ -42,15 +44,23 @@ func (k Kind) String() string { return kindNames[k] }
 func (k Kind) Return() bool { return k == Uretprobe || k == Kretprobe }
 
 // User reports whether k probes a user program.
-func (k Kind) User() bool { return k == Uprobe || k == Uretprobe }
+func (k Kind) User() bool { return k == Uprobe || k == Uretprobe || k == Usdt }
 
-// System returns the trace event system of k's events, ftrace's own
-// group for them.
-func (k Kind) System() string {
-	if k.User() {
+// System returns the trace event system of p's events: ftrace's own
+// group for them, or perf's for a USDT probe (sdt_PROVIDER).
+func (p *Probe) System() string {
+	switch {
+	case p.Kind == Usdt:
+		return "sdt_" + p.Provider
+	case p.Kind.User():
 		return "uprobes"
 	}
 	return "kprobes"
+}
+
+// IsSystem reports whether system is one of the probes' systems.
+func IsSystem(system string) bool {
+	return system == "uprobes" || system == "kprobes" || strings.HasPrefix(system, "sdt_")
 }
 
 // IsProbe reports whether s names a probe rather than a tracepoint.
@@ -72,15 +82,19 @@ type Probe struct {
 	Symbol string
 	Offset uint64
 	// Name is the event's name: the symbol, with "__return" after it
-	// for a return probe (perf probe's names).
+	// for a return probe (perf probe's names), or a USDT probe's name.
 	Name string
-	Args []Arg
+	// Provider is a USDT probe's provider; Sites are its sites in the
+	// file, one uprobe each.
+	Provider string
+	Sites    []Note
+	Args     []Arg
 	// Spec is the text Parse read.
 	Spec string
 }
 
 // FullName returns "system:name".
-func (p *Probe) FullName() string { return p.Kind.System() + ":" + p.Name }
+func (p *Probe) FullName() string { return p.System() + ":" + p.Name }
 
 // Parse reads a probe: uprobe:PATH:SYMBOL[+OFFSET],
 // uretprobe:PATH:SYMBOL, kprobe:FUNCTION[+OFFSET] or kretprobe:FUNCTION,
@@ -101,6 +115,9 @@ func Parse(spec string) (*Probe, error) {
 	}
 	p.Kind = Kind(k)
 	p.Symbol = rest
+	if p.Kind == Usdt {
+		return parseUSDT(p, point, rest, len(words) > 1)
+	}
 	if p.Kind.User() {
 		i := strings.LastIndexByte(rest, ':')
 		if i <= 0 || i == len(rest)-1 {
@@ -146,6 +163,34 @@ func Parse(spec string) (*Probe, error) {
 	return p, nil
 }
 
+// parseUSDT reads the rest of a USDT probe, PATH:PROVIDER:NAME, and its
+// arguments from the file's notes.
+func parseUSDT(p *Probe, point, rest string, args bool) (*Probe, error) {
+	i := strings.LastIndexByte(rest, ':')
+	j := -1
+	if i > 0 {
+		j = strings.LastIndexByte(rest[:i], ':')
+	}
+	if j <= 0 || i == len(rest)-1 {
+		return nil, fmt.Errorf("%w %q: want usdt:PATH:PROVIDER:NAME", ErrSyntax, point)
+	}
+	p.Path, p.Provider, p.Symbol = rest[:j], rest[j+1:i], rest[i+1:]
+	if !strings.HasPrefix(p.Path, "/") {
+		return nil, fmt.Errorf("%w %q: the path %q is not absolute", ErrSyntax, point, p.Path)
+	}
+	if !validName(p.Provider) || !validName(p.Symbol) {
+		return nil, fmt.Errorf("%w %q: want a C identifier for the provider and the name", ErrSyntax, point)
+	}
+	if args {
+		return nil, fmt.Errorf("%w %q: a USDT probe's arguments come from its note, arg1 to argN", ErrSyntax, point)
+	}
+	p.Name = p.Symbol
+	if err := p.resolveUSDT(); err != nil {
+		return nil, fmt.Errorf("%w %q: %w", ErrSyntax, point, err)
+	}
+	return p, nil
+}
+
 // MaxArgs is the most fetch arguments a probe takes
 // (MAX_TRACE_ARGS of kernel/trace/trace_probe.h is 128; the recorder's
 // programs walk at most this many).
@@ -178,7 +223,7 @@ func validName(s string) bool {
 // its size, strings as __data_loc fields. common holds the common
 // fields, as this kernel's formats have them; id is the event's id.
 func (p *Probe) Format(common []tracefs.Field, id uint32) *tracefs.Format {
-	f := &tracefs.Format{System: p.Kind.System(), Name: p.Name, ID: id, Common: common}
+	f := &tracefs.Format{System: p.System(), Name: p.Name, ID: id, Common: common}
 	off := 0
 	for _, c := range common {
 		off = max(off, c.Offset+c.Size)

@@ -3,6 +3,7 @@ package probe
 import (
 	"errors"
 	"runtime"
+	"strings"
 )
 
 var errNoRegs = errors.New("probes: no register table for " + runtime.GOARCH + " yet")
@@ -40,4 +41,16 @@ func Supported() error {
 		return errNoRegs
 	}
 	return nil
+}
+
+// subReg returns the index of the register whose part name is (eax,
+// r8d, dil, rax, ax …), and whether it is one.
+func subReg(name string) (int, bool) {
+	if r, ok := subRegs[name]; ok {
+		name = r
+	} else if strings.HasPrefix(name, "r") && len(name) > 2 {
+		// r8 to r15 and their d, w and b parts.
+		name = strings.TrimRight(name, "dwb")
+	}
+	return regIndex(name)
 }

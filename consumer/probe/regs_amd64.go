@@ -16,3 +16,13 @@ const (
 // The registers of a kernel function's first arguments, in order
 // (regs_get_kernel_argument).
 var argRegs = []string{"di", "si", "dx", "cx", "r8", "r9"}
+
+// subRegs names each register's narrower parts, as the assembler spells
+// the operands of USDT notes.
+var subRegs = map[string]string{
+	"rax": "ax", "eax": "ax", "al": "ax", "rbx": "bx", "ebx": "bx", "bl": "bx",
+	"rcx": "cx", "ecx": "cx", "cl": "cx", "rdx": "dx", "edx": "dx", "dl": "dx",
+	"rsi": "si", "esi": "si", "sil": "si", "rdi": "di", "edi": "di", "dil": "di",
+	"rbp": "bp", "ebp": "bp", "bpl": "bp", "rsp": "sp", "esp": "sp", "spl": "sp",
+	"rip": "ip", "eip": "ip",
+}

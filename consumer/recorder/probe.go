@@ -101,32 +101,52 @@ func (p *probes) attach(r *Recorder, i int) error {
 		return fmt.Errorf("%s: %w", pr.FullName(), err)
 	}
 	name := cmp.Or(p.progs[i], gen.RingbufProgKcProbe)
-	l, err := attachProbe(pr, r.coll.Programs[name], uint64(i))
+	ls, err := attachProbe(pr, r.coll.Programs[name], uint64(i))
+	r.links = append(r.links, ls...)
 	if err != nil {
 		return fmt.Errorf("%s: %w", pr.FullName(), err)
 	}
-	r.links = append(r.links, l)
 	r.tpProgs = append(r.tpProgs, name)
 	return nil
 }
 
-// attachProbe attaches prog where pr fires, with cookie.
-func attachProbe(pr *probe.Probe, prog *ebpf.Program, cookie uint64) (link.Link, error) {
+// attachProbe attaches prog where pr fires, with cookie: a link, or
+// for a USDT probe one a site, with its semaphore counted up while the
+// link lasts (the kernel's ref_ctr_offset, Linux 4.20). It returns the
+// links made before a failure too.
+func attachProbe(pr *probe.Probe, prog *ebpf.Program, cookie uint64) ([]link.Link, error) {
+	one := func(l link.Link, err error) ([]link.Link, error) {
+		if err != nil {
+			return nil, err
+		}
+		return []link.Link{l}, nil
+	}
 	switch pr.Kind {
 	case probe.Kprobe:
-		return link.Kprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie, Offset: pr.Offset})
+		return one(link.Kprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie, Offset: pr.Offset}))
 	case probe.Kretprobe:
-		return link.Kretprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie})
+		return one(link.Kretprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie}))
 	}
 	ex, err := link.OpenExecutable(pr.Path)
 	if err != nil {
 		return nil, err
 	}
 	opts := &link.UprobeOptions{Cookie: cookie, Offset: pr.Offset}
-	if pr.Kind == probe.Uretprobe {
-		return ex.Uretprobe(pr.Symbol, prog, opts)
+	switch pr.Kind {
+	case probe.Uretprobe:
+		return one(ex.Uretprobe(pr.Symbol, prog, opts))
+	case probe.Usdt:
+		var ls []link.Link
+		for _, s := range pr.Sites {
+			l, err := ex.Uprobe("", prog, &link.UprobeOptions{Cookie: cookie, Address: s.Offset, RefCtrOffset: s.Semaphore})
+			if err != nil {
+				return ls, fmt.Errorf("site at 0x%x: %w", s.Offset, err)
+			}
+			ls = append(ls, l)
+		}
+		return ls, nil
 	}
-	return ex.Uprobe(pr.Symbol, prog, opts)
+	return one(ex.Uprobe(pr.Symbol, prog, opts))
 }
 
 // probeDef returns pr's steps as kc_probe reads them. It fails for a
