@@ -175,6 +175,8 @@ const (
 	RingbufProgKcBtfWakeup     = "kc_btf_wakeup"
 	RingbufProgKcBtfWakeupNew  = "kc_btf_wakeup_new"
 	RingbufProgKcBtfWaking     = "kc_btf_waking"
+	RingbufProgKcFentry        = "kc_fentry"
+	RingbufProgKcFexit         = "kc_fexit"
 	RingbufProgKcInject        = "kc_inject"
 	RingbufProgKcPktFlush      = "kc_pkt_flush"
 	RingbufProgKcProbe         = "kc_probe"
@@ -272,6 +274,8 @@ type RingbufProgramSpecs struct {
 	KcBtfWakeup    *ebpf.ProgramSpec `ebpf:"kc_btf_wakeup"`
 	KcBtfWakeupNew *ebpf.ProgramSpec `ebpf:"kc_btf_wakeup_new"`
 	KcBtfWaking    *ebpf.ProgramSpec `ebpf:"kc_btf_waking"`
+	KcFentry       *ebpf.ProgramSpec `ebpf:"kc_fentry"`
+	KcFexit        *ebpf.ProgramSpec `ebpf:"kc_fexit"`
 	KcInject       *ebpf.ProgramSpec `ebpf:"kc_inject"`
 	KcPktFlush     *ebpf.ProgramSpec `ebpf:"kc_pkt_flush"`
 	KcProbe        *ebpf.ProgramSpec `ebpf:"kc_probe"`
@@ -478,6 +482,8 @@ type RingbufPrograms struct {
 	KcBtfWakeup    *ebpf.Program `ebpf:"kc_btf_wakeup"`
 	KcBtfWakeupNew *ebpf.Program `ebpf:"kc_btf_wakeup_new"`
 	KcBtfWaking    *ebpf.Program `ebpf:"kc_btf_waking"`
+	KcFentry       *ebpf.Program `ebpf:"kc_fentry"`
+	KcFexit        *ebpf.Program `ebpf:"kc_fexit"`
 	KcInject       *ebpf.Program `ebpf:"kc_inject"`
 	KcPktFlush     *ebpf.Program `ebpf:"kc_pkt_flush"`
 	KcProbe        *ebpf.Program `ebpf:"kc_probe"`
@@ -499,6 +505,8 @@ func (p *RingbufPrograms) Close() error {
 		p.KcBtfWakeup,
 		p.KcBtfWakeupNew,
 		p.KcBtfWaking,
+		p.KcFentry,
+		p.KcFexit,
 		p.KcInject,
 		p.KcPktFlush,
 		p.KcProbe,

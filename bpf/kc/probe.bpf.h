@@ -30,6 +30,7 @@
 #define KC_PB_COMM 3
 #define KC_PB_IMM 4
 #define KC_PB_MEM 5
+#define KC_PB_FARG 6 /* fentry/fexit: the function's argument n (bpf_get_func_arg) */
 
 /*
  * struct kc_probe_arg is one fetch argument: its base (n: the register's
@@ -135,22 +136,37 @@ static __always_inline long kc_probe_word(__u64 *v, __u64 addr, __u32 size, int 
  * process's memory, into *v; the last dereference reads only the
  * field's size, as the kernel's probe_mem_read does. A string's last
  * memory access only gives its address: the string is read there
- * (trace_probe.c turns it into a store of the string). It returns
- * nonzero when a read faulted.
+ * (trace_probe.c turns it into a store of the string). tracing, a
+ * constant, is set for the fentry and fexit programs, which have the
+ * function's arguments and no registers. It returns nonzero when a read
+ * faulted.
  */
-static __always_inline int kc_probe_value(struct kc_probe_def *p, struct kc_probe_arg *a, __u64 *regs, __u64 *v)
+static __always_inline int kc_probe_value(void *ctx, struct kc_probe_def *p, struct kc_probe_arg *a, __u64 *regs, __u64 *v, const int tracing)
 {
 	__u32 size = a->size ? a->size : 8;
 	int j;
 
 	switch (a->base) {
 	case KC_PB_REG:
+		if (tracing)
+			return 1;
 		*v = regs[a->n & (KC_PROBE_REGS - 1)];
 		break;
 	case KC_PB_RETVAL:
+		if (tracing)
+			return bpf_get_func_ret(ctx, v) != 0;
 		*v = regs[p->ret_reg & (KC_PROBE_REGS - 1)];
 		break;
+	case KC_PB_FARG:
+		if (!tracing)
+			return 1;
+		/* A string's value is its address: no dereference follows. */
+		if (bpf_get_func_arg(ctx, a->n, v))
+			return 1;
+		break;
 	case KC_PB_STACK:
+		if (tracing)
+			return 1;
 		*v = regs[p->sp_reg & (KC_PROBE_REGS - 1)];
 		if (a->n >= 0 && kc_probe_word(v, *v + 8 * a->n, a->nderef ? 8 : size, a->user & 1))
 			return 1;
@@ -209,7 +225,7 @@ static __always_inline __u32 kc_probe_string(__u8 *d, __u32 dst, struct kc_probe
  * entry) from regs and returns the trace record's size, or 0 for a
  * probe the loader never writes.
  */
-static __always_inline __u32 kc_probe_fill(struct pt_regs *ctx, struct kc_probe_def *p, __u64 *regs, __u8 *d)
+static __always_inline __u32 kc_probe_fill(void *ctx, struct kc_probe_def *p, __u64 *regs, __u8 *d, const int tracing)
 {
 	__u32 end = p->fixed, n;
 	struct kc_probe_arg *a;
@@ -218,8 +234,8 @@ static __always_inline __u32 kc_probe_fill(struct pt_regs *ctx, struct kc_probe_
 
 	if (end < 16 || end > KC_PROBE_FIXED)
 		return 0;
-	ip = regs[p->ip_reg & (KC_PROBE_REGS - 1)];
-	func = p->func_ip ? bpf_get_func_ip(ctx) : ip;
+	ip = tracing ? 0 : regs[p->ip_reg & (KC_PROBE_REGS - 1)];
+	func = tracing || p->func_ip ? bpf_get_func_ip(ctx) : ip;
 	if (p->ret) {
 		kc_put(__u64, d, 8 - KC_CUT, func);
 		kc_put(__u64, d, 16 - KC_CUT, ip);
@@ -230,7 +246,7 @@ static __always_inline __u32 kc_probe_fill(struct pt_regs *ctx, struct kc_probe_
 		if (i >= p->nargs)
 			break;
 		a = &p->args[i];
-		fault = kc_probe_value(p, a, regs, &v);
+		fault = kc_probe_value(ctx, p, a, regs, &v, tracing);
 		n = (a->off - KC_CUT) & (KC_PROBE_FIXED - 1);
 		switch (a->size) {
 		case 0:
@@ -256,19 +272,19 @@ static __always_inline __u32 kc_probe_fill(struct pt_regs *ctx, struct kc_probe_
 	return end;
 }
 
-SEC("kprobe")
-int kc_probe(struct pt_regs *ctx)
+/*
+ * kc_probe_run records probe event key: the program of every kind of
+ * probe, tracing set (a constant) for fentry and fexit.
+ */
+static __always_inline int kc_probe_run(void *ctx, __u32 key, const int tracing)
 {
 	struct kc_probe_scratch *sc;
 	struct kc_cpu_state *st;
 	struct kc_tp_info *info;
 	struct kc_scratch *s;
 	struct kc_probe_def *p;
-	__u32 key, zero = 0, cpu, size, tail;
+	__u32 zero = 0, cpu, size, tail;
 
-	if (!kc_running || !kc_pass())
-		return 0;
-	key = kc_event_key(ctx);
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	p = bpf_map_lookup_elem(&kc_probe_map, &key);
 	if (!info || !p || !(info->flags & KC_TP_RECORD))
@@ -284,12 +300,12 @@ int kc_probe(struct pt_regs *ctx)
 		return 0;
 	}
 	sc->busy = 1;
-	if (bpf_probe_read_kernel(sc->regs, 8 * KC_PROBE_REGS < sizeof(*ctx) ? 8 * KC_PROBE_REGS : sizeof(*ctx), ctx))
+	if (!tracing && bpf_probe_read_kernel(sc->regs, 8 * KC_PROBE_REGS < sizeof(struct pt_regs) ? 8 * KC_PROBE_REGS : sizeof(struct pt_regs), ctx))
 		goto out;
 	s = (struct kc_scratch *)&sc->rec;
 	s->hdr.key = key;
 	s->hdr.cpu = cpu;
-	size = kc_probe_fill(ctx, p, sc->regs, s->data);
+	size = kc_probe_fill(ctx, p, sc->regs, s->data, tracing);
 	if (size < 16)
 		goto out;
 	size -= 8;
@@ -300,6 +316,35 @@ int kc_probe(struct pt_regs *ctx)
 out:
 	sc->busy = 0;
 	return 0;
+}
+
+SEC("kprobe")
+int kc_probe(struct pt_regs *ctx)
+{
+	if (!kc_running || !kc_pass())
+		return 0;
+	return kc_probe_run(ctx, kc_event_key(ctx), 0);
+}
+
+/*
+ * fentry and fexit probes: a copy of these per probe, attached to its
+ * function (the loader sets AttachTo) with its key patched in (the
+ * loader's patchImm of KC_KEY_PLACEHOLDER).
+ */
+SEC("fentry/kc_probe_stub")
+int kc_fentry(__u64 *ctx)
+{
+	if (!kc_running || !kc_pass())
+		return 0;
+	return kc_probe_run(ctx, kc_patched_key(), 1);
+}
+
+SEC("fexit/kc_probe_stub")
+int kc_fexit(__u64 *ctx)
+{
+	if (!kc_running || !kc_pass())
+		return 0;
+	return kc_probe_run(ctx, kc_patched_key(), 1);
 }
 
 #endif

@@ -24,6 +24,8 @@ const (
 	Imm
 	// Mem is the word at an address of the process (@ADDR).
 	Mem
+	// FuncArg is argument N of an fentry or fexit probe's function.
+	FuncArg
 )
 
 // Fetch is where an argument's value comes from: its base, then each

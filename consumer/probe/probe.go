@@ -34,14 +34,23 @@ const (
 	Kretprobe
 	// Usdt fires at the sites of a user program's static probe.
 	Usdt
+	// Fentry fires when a kernel function is called, through its BPF
+	// trampoline, with its arguments typed from BTF.
+	Fentry
+	// Fexit fires when it returns.
+	Fexit
 )
 
-var kindNames = [...]string{Uprobe: "uprobe", Uretprobe: "uretprobe", Kprobe: "kprobe", Kretprobe: "kretprobe", Usdt: "usdt"}
+var kindNames = [...]string{Uprobe: "uprobe", Uretprobe: "uretprobe", Kprobe: "kprobe", Kretprobe: "kretprobe", Usdt: "usdt", Fentry: "fentry", Fexit: "fexit"}
 
 func (k Kind) String() string { return kindNames[k] }
 
 // Return reports whether k fires on return.
-func (k Kind) Return() bool { return k == Uretprobe || k == Kretprobe }
+func (k Kind) Return() bool { return k == Uretprobe || k == Kretprobe || k == Fexit }
+
+// Tracing reports whether k is recorded by a BPF trampoline (fentry,
+// fexit) rather than a kprobe or uprobe.
+func (k Kind) Tracing() bool { return k == Fentry || k == Fexit }
 
 // User reports whether k probes a user program.
 func (k Kind) User() bool { return k == Uprobe || k == Uretprobe || k == Usdt }
@@ -54,13 +63,15 @@ func (p *Probe) System() string {
 		return "sdt_" + p.Provider
 	case p.Kind.User():
 		return "uprobes"
+	case p.Kind.Tracing():
+		return "fprobes"
 	}
 	return "kprobes"
 }
 
 // IsSystem reports whether system is one of the probes' systems.
 func IsSystem(system string) bool {
-	return system == "uprobes" || system == "kprobes" || strings.HasPrefix(system, "sdt_")
+	return system == "uprobes" || system == "kprobes" || system == "fprobes" || strings.HasPrefix(system, "sdt_")
 }
 
 // IsProbe reports whether s names a probe rather than a tracepoint.
@@ -99,7 +110,10 @@ func (p *Probe) FullName() string { return p.System() + ":" + p.Name }
 // Parse reads a probe: uprobe:PATH:SYMBOL[+OFFSET],
 // uretprobe:PATH:SYMBOL, kprobe:FUNCTION[+OFFSET] or kretprobe:FUNCTION,
 // followed by fetch arguments, separated by blanks, each
-// [NAME=]FETCHARG[:TYPE] as uprobe_events and kprobe_events take them. It fails, wrapping ErrSyntax and naming
+// [NAME=]FETCHARG[:TYPE] as uprobe_events and kprobe_events take them;
+// usdt:PATH:PROVIDER:NAME, whose arguments its note gives; or
+// fentry:FUNCTION and fexit:FUNCTION, whose arguments are the
+// function's, typed from the kernel's BTF (parseFentry). It fails, wrapping ErrSyntax and naming
 // what is wrong, on anything else.
 func Parse(spec string) (*Probe, error) {
 	words := strings.Fields(spec)
@@ -117,6 +131,12 @@ func Parse(spec string) (*Probe, error) {
 	p.Symbol = rest
 	if p.Kind == Usdt {
 		return parseUSDT(p, point, rest, len(words) > 1)
+	}
+	if p.Kind.Tracing() {
+		if !validName(p.Symbol) {
+			return nil, fmt.Errorf("%w %q: function %q: want a C identifier", ErrSyntax, point, p.Symbol)
+		}
+		return parseFentry(p, point, words[1:])
 	}
 	if p.Kind.User() {
 		i := strings.LastIndexByte(rest, ':')
@@ -230,7 +250,11 @@ func (p *Probe) Format(common []tracefs.Field, id uint32) *tracefs.Format {
 	}
 	off = (off + 7) &^ 7
 	ips := []string{"__probe_ip"}
-	if p.Kind.Return() {
+	switch {
+	case p.Kind == Fexit:
+		// A trampoline knows the function, not where it returns to.
+		ips = []string{"__probe_func"}
+	case p.Kind.Return():
 		ips = []string{"__probe_func", "__probe_ret_ip"}
 	}
 	for _, n := range ips {

@@ -64,5 +64,6 @@ func TestMirrorsC(t *testing.T) {
 		"KC_PB_COMM":            uint64(probe.Comm),
 		"KC_PB_IMM":             uint64(probe.Imm),
 		"KC_PB_MEM":             uint64(probe.Mem),
+		"KC_PB_FARG":            uint64(probe.FuncArg),
 	})
 }

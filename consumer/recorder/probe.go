@@ -24,7 +24,8 @@ type probes struct {
 	progs map[int]string // the program copy of each filtered probe's key
 }
 
-// probeProg names the program copy of filtered probe key i.
+// probeProg names the program copy of probe key i: a filtered one's,
+// or an fentry or fexit probe's.
 func probeProg(i int) string { return "kc_prf_" + strconv.Itoa(i) }
 
 // WithProbes tells the load which event keys are probes: ps by key,
@@ -57,33 +58,53 @@ func (p *probes) setup(r *Recorder, spec *ebpf.CollectionSpec, set map[string]an
 	if r.transport != Ringbuf || spec.Programs[gen.RingbufProgKcProbe] == nil {
 		return fmt.Errorf("%w: probes need BPF ring buffers, not %s", ErrNotSupported, r.transport)
 	}
-	if !r.tp.cookie {
-		return fmt.Errorf("%w: %w", ErrNotSupported, errProbeCookie)
-	}
 	spec.Maps[gen.RingbufMapKcProbeMap].MaxEntries = uint32(max(nevents, 1))
 	major, minor, err := kernelRelease()
 	if err != nil {
 		return err
 	}
 	for _, pr := range p.of {
-		if pr != nil && pr.Kind == probe.Uretprobe && (major < 6 || major == 6 && minor < 6) {
+		switch {
+		case pr == nil:
+		case pr.Kind.Tracing() && (major < 5 || major == 5 && minor < 17):
+			return fmt.Errorf("%w: %s: fentry and fexit probes need bpf_get_func_arg (Linux 5.17)", ErrNotSupported, pr.FullName())
+		case !pr.Kind.Tracing() && !r.tp.cookie:
+			return fmt.Errorf("%w: %s: %w", ErrNotSupported, pr.FullName(), errProbeCookie)
+		case pr.Kind == probe.Uretprobe && (major < 6 || major == 6 && minor < 6):
 			return fmt.Errorf("%w: %s: a uretprobe's function address needs bpf_get_func_ip for uprobes (Linux 6.6)", ErrNotSupported, pr.FullName())
 		}
 	}
 	// A filtered probe gets a copy with its filter compiled in, as a
-	// filtered tracepoint does (filtercode.go).
+	// filtered tracepoint does (filtercode.go); an fentry or fexit
+	// probe a copy for its function, its key patched in.
 	p.progs = map[int]string{}
-	base := spec.Programs[gen.RingbufProgKcProbe]
+	kprobe, fentry, fexit := spec.Programs[gen.RingbufProgKcProbe], spec.Programs[gen.RingbufProgKcFentry], spec.Programs[gen.RingbufProgKcFexit]
+	delete(spec.Programs, gen.RingbufProgKcFentry)
+	delete(spec.Programs, gen.RingbufProgKcFexit)
 	for i, pr := range p.of {
-		if pr == nil || i >= len(opts.filters) || opts.filters[i] == nil || len(opts.filters[i].Prog) == 0 {
+		if pr == nil {
 			continue
 		}
-		ps, err := filterProg(base, probeProg(i), opts.filters[i], opts.formats[i])
-		if err != nil {
-			return fmt.Errorf("%s: %w", pr.FullName(), err)
+		ps := kprobe
+		if pr.Kind.Tracing() {
+			base := fentry
+			if pr.Kind == probe.Fexit {
+				base = fexit
+			}
+			if ps, err = patchImm(base, probeProg(i), keyPlaceholder, uint32(i)); err != nil {
+				return err
+			}
+			ps.AttachTo = pr.Symbol
 		}
-		spec.Programs[ps.Name] = ps
-		p.progs[i] = ps.Name
+		if i < len(opts.filters) && opts.filters[i] != nil && len(opts.filters[i].Prog) > 0 {
+			if ps, err = filterProg(ps, probeProg(i), opts.filters[i], opts.formats[i]); err != nil {
+				return fmt.Errorf("%s: %w", pr.FullName(), err)
+			}
+		}
+		if ps != kprobe {
+			spec.Programs[ps.Name] = ps
+			p.progs[i] = ps.Name
+		}
 	}
 	return nil
 }
@@ -122,6 +143,8 @@ func attachProbe(pr *probe.Probe, prog *ebpf.Program, cookie uint64) ([]link.Lin
 		return []link.Link{l}, nil
 	}
 	switch pr.Kind {
+	case probe.Fentry, probe.Fexit:
+		return one(link.AttachTracing(link.TracingOptions{Program: prog}))
 	case probe.Kprobe:
 		return one(link.Kprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie, Offset: pr.Offset}))
 	case probe.Kretprobe:
@@ -160,7 +183,8 @@ func probeDef(pr *probe.Probe) (gen.RingbufKcProbeDef, error) {
 		return d, fmt.Errorf("%d arguments, a record of %d bytes: at most %d and %d", len(pr.Args), fixed, len(d.Args), probeFixedMax)
 	}
 	d.Nargs, d.Fixed = uint16(len(pr.Args)), uint16(fixed)
-	d.Ret = uint8(boolU32(pr.Kind.Return()))
+	// Two addresses head a return probe's record, but a trampoline's.
+	d.Ret = uint8(boolU32(pr.Kind.Return() && !pr.Kind.Tracing()))
 	d.IpReg, d.SpReg, d.RetReg = uint8(probe.IPReg), uint8(probe.SPReg), uint8(probe.RetvalReg)
 	// A kprobe's address is kp.addr (trace_kprobe.c), which the
 	// instruction pointer passed; a return probe's function is not in
