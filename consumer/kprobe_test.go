@@ -3,12 +3,14 @@ package consumer
 import (
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/internal/kallsyms"
 	"github.com/kconsume/kconsume/internal/testenv"
@@ -127,4 +129,71 @@ func kprobeLine(t *testing.T, syms *kallsyms.Table, class string, vals []relayfm
 		addrs = sym(field(vals, "__probe_ret_ip").Uint(0), true) + " <- " + sym(field(vals, "__probe_func").Uint(0), false)
 	}
 	return name + " " + addrs + probeArgs(vals)
+}
+
+// TestKprobeGlobMatchesFtrace records a glob of kernel functions,
+// kprobe:do_sys_open*, through one kprobe.multi link where the kernel
+// has them: each function matched is an event of its own, and the
+// child's opens come out as ftrace records them with a kprobe_events
+// probe on each of those functions.
+func TestKprobeGlobMatchesFtrace(t *testing.T) {
+	testenv.RequireRoot(t)
+	requireProbes(t)
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := filepath.Join(fs.Root, "kprobe_events")
+	if _, err := os.Stat(events); err != nil {
+		t.Skipf("this kernel has no kprobe_events (CONFIG_KPROBE_EVENTS): %v", err)
+	}
+	syms, err := kallsyms.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := probe.TraceableFunctions(fs.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const glob, args = "do_sys_open*", `dfd=%di:s32 name=+0(%si):ustring`
+	var fns []string
+	for _, f := range all {
+		if ok, _ := path.Match(glob, f); ok && !slices.Contains(fns, f) {
+			fns = append(fns, f)
+		}
+	}
+	if len(fns) == 0 {
+		t.Fatalf("no traceable function matches %s", glob)
+	}
+	group := fmt.Sprintf("kcglob%d", os.Getpid())
+	var names []string
+	for _, f := range fns {
+		appendProbe(t, events, fmt.Sprintf("p:%s/%s %s %s", group, f, f, args))
+		t.Cleanup(func() { appendProbe(t, events, "-:"+group+"/"+f) })
+		names = append(names, group+":"+f)
+	}
+	c := startChild(t, "openat", 20)
+	inst, enable := ftraceInstance(t, fs, "kglob", names)
+	if err := os.WriteFile(filepath.Join(inst, "set_event_pid"), []byte(fmt.Sprint(c.tid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := enable("1"); err != nil {
+		t.Fatal(err)
+	}
+	s, dir := newTestSession(t, Config{Events: []string{"kprobe:" + glob + " " + args}, PIDs: []int{c.tid}})
+	recordChild(t, s, c)
+	if err := enable("0"); err != nil {
+		t.Fatal(err)
+	}
+	theirs := ftraceKprobeLines(t, inst, "do_sys_open[a-z0-9_]*")
+	var ours []string
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind == relayfmt.EventItem {
+			ours = append(ours, kprobeLine(t, syms, it.Class.Name, vals))
+		}
+	})
+	if len(ours) < 20 || !slices.Equal(ours, theirs) {
+		t.Fatalf("%s (%v): kconsume recorded %d events, ftrace %d:\nkconsume: %q\nftrace:   %q", glob, fns, len(ours), len(theirs), ours, theirs)
+	}
+	t.Logf("%s: %v, %d events alike, through %v", glob, fns, len(ours), s.rec.Progs())
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"fmt"
 	"path"
+	"strings"
 
 	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -21,13 +22,14 @@ func splitProbes(patterns []string) (tracepoints, probes []string) {
 	return tracepoints, probes
 }
 
-// addProbes parses specs and appends each probe's format to formats,
+// addProbes parses specs, a glob of functions into a probe each
+// (probe.Expand), and appends each probe's format to formats,
 // after the tracepoints': it returns the probe of each event key (nil
 // for a tracepoint, nil altogether without probes) and the formats. It
 // fails with ErrConfig on a spec that does not parse or two probes of
 // one name, and with ErrNotSupported where this architecture has no
 // probes.
-func addProbes(specs []string, formats []*tracefs.Format) ([]*probe.Probe, []*tracefs.Format, error) {
+func addProbes(fs tracefs.FS, specs []string, formats []*tracefs.Format) ([]*probe.Probe, []*tracefs.Format, error) {
 	if len(specs) == 0 {
 		return nil, formats, nil
 	}
@@ -39,18 +41,21 @@ func addProbes(specs []string, formats []*tracefs.Format) ([]*probe.Probe, []*tr
 	for _, f := range formats {
 		seen[f.FullName()] = f.FullName()
 	}
+	funcs := func() ([]string, error) { return probe.TraceableFunctions(fs.Root) }
 	for _, s := range specs {
-		p, err := probe.Parse(s)
+		ps, err := probe.Expand(s, funcs)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: %w", ErrConfig, err)
 		}
-		if prev, ok := seen[p.FullName()]; ok {
-			return nil, nil, fmt.Errorf("%w: %q and %q are both event %s", ErrConfig, prev, s, p.FullName())
+		for _, p := range ps {
+			if prev, ok := seen[p.FullName()]; ok {
+				return nil, nil, fmt.Errorf("%w: %q and %q are both event %s", ErrConfig, prev, s, p.FullName())
+			}
+			seen[p.FullName()] = s
+			// No kernel event of theirs: common_type 0.
+			formats = append(formats, p.Format(probe.Common(), 0))
+			byKey = append(byKey, p)
 		}
-		seen[p.FullName()] = s
-		// No kernel event of theirs: common_type 0.
-		formats = append(formats, p.Format(probe.Common(), 0))
-		byKey = append(byKey, p)
 	}
 	return byKey, formats, nil
 }
@@ -58,6 +63,19 @@ func addProbes(specs []string, formats []*tracefs.Format) ([]*probe.Probe, []*tr
 // probeMatches reports whether pattern names the recorded event f:
 // its spec (uprobe:PATH:SYMBOL …) or a glob of its name (uprobes:NAME).
 func probeMatches(pattern string, f *tracefs.Format) bool {
+	if probe.IsGlob(pattern) {
+		// The events a glob of functions made: their names match it.
+		kind, glob, _ := strings.Cut(strings.Fields(pattern)[0], ":")
+		system := "kprobes"
+		if kind == "fentry" || kind == "fexit" {
+			system = "fprobes"
+		}
+		if kind == "kretprobe" || kind == "fexit" {
+			glob += "__return"
+		}
+		ok, _ := path.Match(system+":"+glob, f.FullName())
+		return ok
+	}
 	if probe.IsProbe(pattern) {
 		p, err := probe.Parse(pattern)
 		return err == nil && p.FullName() == f.FullName()

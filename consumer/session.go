@@ -114,7 +114,7 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, err
 	}
-	probes, formats, err := addProbes(probeSpecs, formats)
+	probes, formats, err := addProbes(fs, probeSpecs, formats)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/kconsume/kconsume/consumer"
@@ -14,7 +15,7 @@ import (
 )
 
 func list(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("list", "list [-v] [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.\nuprobe:PATH[:GLOB] lists the functions of an ELF file a uprobe can name,\nusdt:PATH[:PROVIDER[:NAME]] its USDT probes (globs allowed).", "kconsume list -v sched:sched_switch", stderr)
+	fs := newFlags("list", "list [-v] [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.\nuprobe:PATH[:GLOB] lists the functions of an ELF file a uprobe can name,\nusdt:PATH[:PROVIDER[:NAME]] its USDT probes (globs allowed);\nkprobe:GLOB the kernel functions kprobes can name (available_filter_functions),\nfentry:GLOB those of the kernel's BTF.", "kconsume list -v sched:sched_switch", stderr)
 	verbose := fs.Bool("v", false, "also list each tracepoint's fields, which -f expressions compare (docs/filters.md)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -34,6 +35,8 @@ func list(args []string, stdout, stderr io.Writer) error {
 		return listProbes(stdout, kind, rest)
 	} else if ok && kind == "usdt" {
 		return listUSDT(stdout, rest)
+	} else if ok && (kind == "kprobe" || kind == "kretprobe" || kind == "fentry" || kind == "fexit") {
+		return listFunctions(stdout, stderr, kind, rest)
 	}
 	t, err := needTracefs("list", stderr)
 	if err != nil {
@@ -133,4 +136,46 @@ func listUSDT(w io.Writer, rest string) error {
 		fmt.Fprintln(w, n)
 	}
 	return nil
+}
+
+// listFunctions prints the kernel functions matching glob that a probe
+// of kind can name: the traceable ones for kprobes, those of the BTF
+// for fentry and fexit.
+func listFunctions(w, stderr io.Writer, kind, glob string) error {
+	var names []string
+	var err error
+	if kind == "fentry" || kind == "fexit" {
+		names, err = probe.BTFFunctions(glob)
+	} else {
+		t, terr := needTracefs("list", stderr)
+		if terr != nil {
+			return terr
+		}
+		var all []string
+		if all, err = probe.TraceableFunctions(t.Root); err == nil {
+			names = matchAll(all, glob)
+		}
+	}
+	if err != nil {
+		return usageError{err}
+	}
+	if len(names) == 0 {
+		return usageError{fmt.Errorf("no kernel function matches %q", glob)}
+	}
+	for _, n := range names {
+		fmt.Fprintf(w, "%s:%s\n", kind, n)
+	}
+	return nil
+}
+
+// matchAll returns the names of all that match glob, sorted, each once.
+func matchAll(all []string, glob string) []string {
+	var out []string
+	for _, n := range all {
+		if ok, _ := path.Match(glob, n); ok {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

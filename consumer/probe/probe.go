@@ -99,6 +99,8 @@ type Probe struct {
 	// file, one uprobe each.
 	Provider string
 	Sites    []Note
+	// Group is the glob this probe was made from (Expand), "" for none.
+	Group string
 	Args     []Arg
 	// Spec is the text Parse read.
 	Spec string

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/gen"
@@ -22,6 +23,10 @@ import (
 type probes struct {
 	of    []*probe.Probe
 	progs map[int]string // the program copy of each filtered probe's key
+	// multi holds the keys of the kprobes of each glob attached at once
+	// (kprobe.multi, Linux 5.18), done those attached.
+	multi map[string][]int
+	done  map[string]bool
 }
 
 // probeProg names the program copy of probe key i: a filtered one's,
@@ -106,6 +111,53 @@ func (p *probes) setup(r *Recorder, spec *ebpf.CollectionSpec, set map[string]an
 			p.progs[i] = ps.Name
 		}
 	}
+	p.setupMulti(spec)
+	return nil
+}
+
+// setupMulti gathers the unfiltered kprobes and kretprobes of each glob
+// into one kprobe.multi link where the kernel has them, with a copy of
+// kc_probe made for that attach type: one attach for hundreds of
+// functions, where a kprobe each costs the kernel a registration each.
+func (p *probes) setupMulti(spec *ebpf.CollectionSpec) {
+	p.multi, p.done = map[string][]int{}, map[string]bool{}
+	if features.HaveBPFLinkKprobeMulti() != nil {
+		return
+	}
+	for i, pr := range p.of {
+		if pr != nil && pr.Group != "" && (pr.Kind == probe.Kprobe || pr.Kind == probe.Kretprobe) && p.progs[i] == "" {
+			p.multi[pr.Group] = append(p.multi[pr.Group], i)
+		}
+	}
+	if len(p.multi) == 0 {
+		return
+	}
+	ps := spec.Programs[gen.RingbufProgKcProbe].Copy()
+	ps.Name, ps.AttachType = probeMultiProg, ebpf.AttachTraceKprobeMulti
+	spec.Programs[ps.Name] = ps
+}
+
+// probeMultiProg names kc_probe's copy for kprobe.multi links.
+const probeMultiProg = "kc_probe_multi"
+
+// attachMulti attaches the kprobes of group, keys, with one
+// kprobe.multi link, each function's key its cookie.
+func (p *probes) attachMulti(r *Recorder, group string, keys []int) error {
+	var opts link.KprobeMultiOptions
+	for _, k := range keys {
+		opts.Symbols = append(opts.Symbols, p.of[k].Symbol)
+		opts.Cookies = append(opts.Cookies, uint64(k))
+	}
+	attach := link.KprobeMulti
+	if p.of[keys[0]].Kind == probe.Kretprobe {
+		attach = link.KretprobeMulti
+	}
+	l, err := attach(r.coll.Programs[probeMultiProg], opts)
+	if err != nil {
+		return fmt.Errorf("%s: %d functions through kprobe.multi: %w", group, len(keys), err)
+	}
+	r.links = append(r.links, l)
+	p.done[group] = true
 	return nil
 }
 
@@ -120,6 +172,13 @@ func (p *probes) attach(r *Recorder, i int) error {
 	}
 	if err := r.coll.Maps[gen.RingbufMapKcProbeMap].Put(uint32(i), def); err != nil {
 		return fmt.Errorf("%s: %w", pr.FullName(), err)
+	}
+	if keys := p.multi[pr.Group]; len(keys) > 0 {
+		r.tpProgs = append(r.tpProgs, probeMultiProg)
+		if p.done[pr.Group] {
+			return nil
+		}
+		return p.attachMulti(r, pr.Group, keys)
 	}
 	name := cmp.Or(p.progs[i], gen.RingbufProgKcProbe)
 	ls, err := attachProbe(pr, r.coll.Programs[name], uint64(i))
