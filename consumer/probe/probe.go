@@ -101,7 +101,7 @@ type Probe struct {
 	Sites    []Note
 	// Group is the glob this probe was made from (Expand), "" for none.
 	Group string
-	Args     []Arg
+	Args  []Arg
 	// Spec is the text Parse read.
 	Spec string
 }
