@@ -156,6 +156,7 @@ func rows() []sectionRow {
 		{"fieldreject-rename", "fieldreject-rename", "(d) prctl(PR_SET_NAME), `-e task:task_rename -f 'newcomm == \"nothing\"'`: every event rejected by a string filter"},
 		{"stack-kernel", "stack-kernel", "(e) prctl(PR_SET_NAME), `-e task:task_rename --stack kernel` (trace-cmd -T, perf -g --kernel-callchains)"},
 		{"stack-user", "stack-user", "(e) getpid, `-e syscalls:sys_enter_getpid --stack user` (trace-cmd -O userstacktrace, perf -g --user-callchains; a static binary without frame pointers)"},
+		{"uprobe", "uprobe", "(f) a call of the workload's kc_target, `-e 'uprobe:LOAD:kc_target a=%di:s64'` (trace-cmd and perf: the same probe in uprobe_events)"},
 	} {
 		for _, pin := range []string{"pinned", "unpinned"} {
 			k := w.name + "-" + pin
@@ -165,7 +166,7 @@ func rows() []sectionRow {
 			field := strings.HasPrefix(w.name, "field")
 			stack := strings.HasPrefix(w.name, "stack")
 			for _, tool := range []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd", "perf"} {
-				if tool == "kconsume-tp" && (strings.Contains(w.name, "rename") || w.name == "switch" || w.name == "stack-kernel") || tool == "kconsume-nf" && !field && !stack {
+				if tool == "kconsume-tp" && (strings.Contains(w.name, "rename") || w.name == "switch" || w.name == "stack-kernel" || w.name == "uprobe") || tool == "kconsume-nf" && !field && !stack {
 					continue
 				}
 				name := tool
@@ -196,7 +197,7 @@ func rows() []sectionRow {
 						extra{m("EventCost", k+"-vs-unfiltered"), "× unfiltered, whole loop"})
 					r.target, r.needRatio = "≤ 1.1 × kconsume unfiltered (issue 49 item 6)", true
 					r.ok = func(_ results, _, rat stat) bool { return rat.med <= 1.1 }
-				case tool == "kconsume" && stack:
+				case tool == "kconsume" && (stack || w.name == "uprobe"):
 					// Measured, no target yet: what a chain costs.
 					r.ratioOf, r.baseName = pm("EventCost", k+"-ratio-chunk"), "trace-cmd's added cost (with its call chain)"
 					r.extra = append(r.extra, extra{m("EventCost", k+"-ratio"), "× trace-cmd's whole loop"},

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/internal/control"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
@@ -27,7 +29,8 @@ import (
 // rename changes the thread's name (prctl PR_SET_NAME), which fires
 // task:task_rename, a tracepoint carrying two comm strings; lseek seeks
 // fd -1 to the call's index (sys_enter_lseek's fields fd, offset,
-// whence; it fails with EBADF).
+// whence; it fails with EBADF); call calls kc_target, which the uprobe
+// session probes.
 const eventLoadC = `#define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +50,13 @@ static double now(void)
 	return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
+/* The function the uprobe session probes. */
+__attribute__((noinline)) long kc_target(long i)
+{
+	asm volatile("" ::: "memory");
+	return i + 1;
+}
+
 static int cmp(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -58,9 +68,10 @@ int main(int argc, char **argv)
 	long i, j, n, k;
 	double t0, t, *ch;
 	int mode, p1[2], p2[2];
+	volatile long sink = 0;
 	pid_t child = -1;
 	if (argc != 3 || (n = atol(argv[2])) < CHUNK) {
-		fprintf(stderr, "usage: %s getpid|getppid|rename|pingpong|lseek N (N >= %d)\n", argv[0], CHUNK);
+		fprintf(stderr, "usage: %s getpid|getppid|rename|pingpong|lseek|call N (N >= %d)\n", argv[0], CHUNK);
 		return 2;
 	}
 	if (!strcmp(argv[1], "getpid"))
@@ -73,6 +84,8 @@ int main(int argc, char **argv)
 		mode = 3;
 	else if (!strcmp(argv[1], "lseek"))
 		mode = 4;
+	else if (!strcmp(argv[1], "call"))
+		mode = 5;
 	else {
 		fprintf(stderr, "unknown workload %s\n", argv[1]);
 		return 2;
@@ -106,6 +119,8 @@ int main(int argc, char **argv)
 				prctl(PR_SET_NAME, (i & 1) ? "kcload-a" : "kcload-b", 0, 0, 0);
 			else if (mode == 4)
 				syscall(SYS_lseek, -1, i, 0);
+			else if (mode == 5)
+				sink += kc_target(i);
 			else {
 				char c = 'x';
 				if (write(p1[1], &c, 1) != 1 || read(p2[0], &c, 1) != 1)
@@ -168,7 +183,13 @@ type eventSession struct {
 	// userstacktrace, perf -g --user-callchains); kconsume-nf records
 	// none.
 	stack string
-	runs  []eventRun
+	// probe: the event is a uprobe on the workload's kc_target with its
+	// argument, uprobes:kc_target in uprobe_events for trace-cmd and
+	// perf, uprobe:LOAD:kc_target for kconsume (kcEvent, set once the
+	// workload is built).
+	probe   bool
+	kcEvent string
+	runs    []eventRun
 }
 
 var eventSessions = []eventSession{
@@ -213,6 +234,38 @@ var eventSessions = []eventSession{
 	{name: "stack-user", event: "syscalls:sys_enter_getpid", stack: "user", runs: []eventRun{
 		{"stack-user-pinned", "getpid", true}, {"stack-user-unpinned", "getpid", false},
 	}},
+	// A uprobe on a function of the workload, with its argument: what a
+	// probe hit costs (its breakpoint's trap is most of it, for every
+	// tool alike).
+	{name: "uprobe", event: "uprobes:kc_target", probe: true, runs: []eventRun{
+		{"uprobe-pinned", "call", true}, {"uprobe-unpinned", "call", false},
+	}},
+}
+
+// probeArgs are the uprobe session's fetch arguments, the same for
+// every tool.
+const benchProbeArgs = "a=%di:s64"
+
+// setupProbeSessions defines, for the sessions with a probe, the
+// uprobe_events probe trace-cmd and perf record and kconsume's -e, on
+// the workload load; the probe is removed when b ends.
+func setupProbeSessions(b *testing.B, sessions []eventSession, load string) {
+	b.Helper()
+	for i := range sessions {
+		s := &sessions[i]
+		if !s.probe {
+			continue
+		}
+		fs, err := tracefs.Find()
+		if err != nil {
+			b.Fatal(err)
+		}
+		events := filepath.Join(fs.Root, "uprobe_events")
+		_, name, _ := strings.Cut(s.event, ":")
+		appendProbe(b, events, fmt.Sprintf("p:uprobes/%s %s:0x%x %s", name, load, fileOffset(b, load, "kc_target"), benchProbeArgs))
+		b.Cleanup(func() { appendProbe(b, events, "-:uprobes/"+name) })
+		s.kcEvent = "uprobe:" + load + ":kc_target " + benchProbeArgs
+	}
 }
 
 // eventTools are the tracers measured, in the order of a round.
@@ -257,10 +310,12 @@ var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd",
 // with the user's (stack-user: --stack user, trace-cmd -O
 // userstacktrace, perf -g --user-callchains), kconsume-nf recording
 // the same events without (its vs-unfiltered ratio is then the stack's
-// own cost, reported as vs-nostack).
+// own cost, reported as vs-nostack). uprobe: a uprobe with one argument
+// on a function the workload calls (kconsume -e 'uprobe:…', trace-cmd
+// and perf the same probe defined in uprobe_events), no target yet.
 // KCONSUME_BENCH_SESSIONS, a comma-separated list of session names
 // (getpid, rename, switch, pidfilter, fieldreject, fieldaccept,
-// fieldreject-rename, stack-kernel, stack-user), runs only those.
+// fieldreject-rename, stack-kernel, stack-user, uprobe), runs only those.
 func BenchmarkEventCost(b *testing.B) {
 	testenv.RequireRoot(b)
 	if b.N < 100000 {
@@ -292,6 +347,8 @@ func BenchmarkEventCost(b *testing.B) {
 	load := buildEventLoad(b)
 	restore := testenv.SaveTracing(b)
 	defer restore()
+	sessions = slices.Clone(sessions)
+	setupProbeSessions(b, sessions, load)
 	rounds := benchRounds(5)
 	n := strconv.Itoa(b.N)
 	work := func(r eventRun) [2]float64 {
@@ -436,7 +493,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 	var args []string
 	switch tool {
 	case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base":
-		args = []string{"record", "-q", "-e", s.event, "-o", filepath.Join(dir, "t"), "--session", session}
+		args = []string{"record", "-q", "-e", cmp.Or(s.kcEvent, s.event), "-o", filepath.Join(dir, "t"), "--session", session}
 		if s.expr != "" && tool != "kconsume-nf" {
 			args = append(args, "-f", s.expr)
 		}

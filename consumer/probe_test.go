@@ -115,7 +115,7 @@ func buildKCProbe(t *testing.T) string {
 
 // fileOffset returns where function sym of the ELF file bin starts in
 // the file, as uprobe_events takes it.
-func fileOffset(t *testing.T, bin, sym string) uint64 {
+func fileOffset(t testing.TB, bin, sym string) uint64 {
 	t.Helper()
 	f, err := elf.Open(bin)
 	if err != nil {
@@ -142,7 +142,7 @@ func fileOffset(t *testing.T, bin, sym string) uint64 {
 
 // appendProbe writes def to the kernel's uprobe_events, as a line of its
 // own.
-func appendProbe(t *testing.T, events, def string) {
+func appendProbe(t testing.TB, events, def string) {
 	t.Helper()
 	f, err := os.OpenFile(events, os.O_WRONLY|os.O_APPEND, 0)
 	if err == nil {

@@ -56,6 +56,8 @@ func (p *probes) setup(r *Recorder, spec *ebpf.CollectionSpec, set map[string]an
 	}
 	if !need {
 		delete(spec.Programs, gen.RingbufProgKcProbe)
+		delete(spec.Programs, gen.RingbufProgKcFentry)
+		delete(spec.Programs, gen.RingbufProgKcFexit)
 		delete(spec.Maps, gen.RingbufMapKcProbeMap)
 		delete(spec.Maps, gen.RingbufMapKcProbeScratch)
 		return nil
