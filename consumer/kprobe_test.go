@@ -24,20 +24,7 @@ import (
 // (registers, $argN, a user string, kernel memory of each size, $comm,
 // $stack0, the return value) and probe addresses must be ftrace's.
 func TestKprobesMatchFtrace(t *testing.T) {
-	testenv.RequireRoot(t)
-	requireProbes(t)
-	fs, err := tracefs.Find()
-	if err != nil {
-		t.Fatal(err)
-	}
-	events := filepath.Join(fs.Root, "kprobe_events")
-	if _, err := os.Stat(events); err != nil {
-		t.Skipf("this kernel has no kprobe_events (CONFIG_KPROBE_EVENTS): %v", err)
-	}
-	syms, err := kallsyms.Read()
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, events, syms := kprobeSetup(t)
 	const fn = "do_sys_openat2" // Linux 5.6+
 	if _, _, ok := syms.Lookup(fn); !ok {
 		t.Fatalf("no %s in the kernel's symbols", fn)
@@ -83,6 +70,28 @@ func TestKprobesMatchFtrace(t *testing.T) {
 		t.Fatalf("kconsume recorded %d events, ftrace %d, want %d each:\nkconsume: %q\nftrace:   %q", len(ours), len(theirs), 2*40, ours, theirs)
 	}
 	t.Logf("%d events alike, the first: %s", len(ours), ours[0])
+}
+
+// kprobeSetup skips t where kconsume's probes or the kernel's
+// kprobe_events are missing, and returns tracefs, the kprobe_events file
+// and the kernel's symbols.
+func kprobeSetup(t *testing.T) (tracefs.FS, string, *kallsyms.Table) {
+	t.Helper()
+	testenv.RequireRoot(t)
+	requireProbes(t)
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := filepath.Join(fs.Root, "kprobe_events")
+	if _, err := os.Stat(events); err != nil {
+		t.Skipf("this kernel has no kprobe_events (CONFIG_KPROBE_EVENTS): %v", err)
+	}
+	syms, err := kallsyms.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs, events, syms
 }
 
 // kprobeAddr matches a kernel address as ftrace prints it: sym+off/size.
@@ -137,20 +146,7 @@ func kprobeLine(t *testing.T, syms *kallsyms.Table, class string, vals []relayfm
 // child's opens come out as ftrace records them with a kprobe_events
 // probe on each of those functions.
 func TestKprobeGlobMatchesFtrace(t *testing.T) {
-	testenv.RequireRoot(t)
-	requireProbes(t)
-	fs, err := tracefs.Find()
-	if err != nil {
-		t.Fatal(err)
-	}
-	events := filepath.Join(fs.Root, "kprobe_events")
-	if _, err := os.Stat(events); err != nil {
-		t.Skipf("this kernel has no kprobe_events (CONFIG_KPROBE_EVENTS): %v", err)
-	}
-	syms, err := kallsyms.Read()
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, events, syms := kprobeSetup(t)
 	all, err := probe.TraceableFunctions(fs.Root)
 	if err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ func TestUprobesMatchFtrace(t *testing.T) {
 		testenv.Missing(t, "no uprobe_events (CONFIG_UPROBE_EVENTS): %v", err)
 	}
 	requireProbes(t)
-	bin := buildKCProbe(t)
+	bin := testenv.BuildC(t, "testdata/kcprobe.c", "-O1")
 	off := fileOffset(t, bin, "kcprobe_target")
 	const (
 		args    = `a=%di:s64 s=+0(%si):string b=%dx:u32 c=$comm w=+0(%si):x64 n=+1(%si):s8 st=$stack0:x64 bad=+0(%cx):string dflt=%dx`
@@ -96,21 +96,6 @@ func requireProbes(t *testing.T) {
 	if major, minor, _ := testenv.KernelRelease(); major < 5 || major == 5 && minor < 15 {
 		t.Skipf("Linux %d.%d: kconsume's probes need BPF attach cookies (Linux 5.15)", major, minor)
 	}
-}
-
-// buildKCProbe compiles testdata/kcprobe.c into a temporary directory
-// and returns the program's path.
-func buildKCProbe(t *testing.T) string {
-	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		testenv.Missing(t, "a C compiler is required for the workload (apt-get install gcc): %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "kcprobe")
-	if out, err := exec.Command(cc, "-O1", "-o", bin, "testdata/kcprobe.c").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v: %s", err, out)
-	}
-	return bin
 }
 
 // fileOffset returns where function sym of the ELF file bin starts in

@@ -2,9 +2,7 @@ package consumer
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/kconsume/kconsume/internal/testenv"
@@ -19,21 +17,10 @@ import (
 func TestUSDTKnownArgs(t *testing.T) {
 	testenv.RequireRoot(t)
 	requireProbes(t)
-	if _, err := os.Stat("/usr/include/x86_64-linux-gnu/sys/sdt.h"); err != nil {
-		if _, err := os.Stat("/usr/include/sys/sdt.h"); err != nil {
-			testenv.Missing(t, "sys/sdt.h is required for the workload (apt-get install systemtap-sdt-dev): %v", err)
-		}
-	}
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		testenv.Missing(t, "a C compiler is required for the workload (apt-get install gcc): %v", err)
-	}
+	testenv.RequireSDT(t)
 	for _, opt := range []string{"-O0", "-O2"} {
 		t.Run(opt, func(t *testing.T) {
-			bin := filepath.Join(t.TempDir(), "kcusdt")
-			if out, err := exec.Command(cc, opt, "-o", bin, "testdata/kcusdt.c").CombinedOutput(); err != nil {
-				t.Fatalf("cc: %v: %s", err, out)
-			}
+			bin := testenv.BuildC(t, "testdata/kcusdt.c", opt)
 			s, dir := newTestSession(t, Config{Events: []string{"usdt:" + bin + ":kcusdt:tick", "usdt:" + bin + ":kcusdt:gated"}})
 			if err := s.Start(); err != nil {
 				t.Fatal(err)

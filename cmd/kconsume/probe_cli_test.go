@@ -9,21 +9,6 @@ import (
 	"github.com/kconsume/kconsume/internal/testenv"
 )
 
-// buildKCProbe compiles consumer's kcprobe workload into a temporary
-// directory and returns its path.
-func buildKCProbe(t *testing.T) string {
-	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		testenv.Missing(t, "a C compiler is required for the workload (apt-get install gcc): %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "kcprobe")
-	if out, err := exec.Command(cc, "-O1", "-o", bin, "../../consumer/testdata/kcprobe.c").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v: %s", err, out)
-	}
-	return bin
-}
-
 // TestRecordUprobe records a C program's function from the command
 // line with fetch arguments and a filter on one of them: babeltrace2
 // reads the kept calls with their values, named as given, and a
@@ -33,7 +18,7 @@ func TestRecordUprobe(t *testing.T) {
 	if major, minor, _ := testenv.KernelRelease(); major < 5 || major == 5 && minor < 15 {
 		t.Skipf("Linux %d.%d: kconsume's probes need BPF attach cookies (Linux 5.15)", major, minor)
 	}
-	bin := buildKCProbe(t)
+	bin := testenv.BuildC(t, "../../consumer/testdata/kcprobe.c", "-O1")
 	out := filepath.Join(t.TempDir(), "t")
 	code, stdout, stderr := runCmd("record", "-q", "-o", out,
 		"-e", "uprobe:"+bin+":kcprobe_target a=%di:s64 s=+0(%si):string", "-f", "a < -5000",
@@ -76,29 +61,10 @@ func TestListUprobe(t *testing.T) {
 		testenv.Missing(t, "bpftrace is the judge of the listing (apt-get install bpftrace): %v", err)
 	}
 	testenv.RequireRoot(t)
-	bin := buildKCProbe(t)
-	for _, pattern := range []string{"uprobe:" + bin, "uprobe:" + bin + ":*", "uprobe:" + bin + ":*tm_clones"} {
-		code, stdout, stderr := runCmd("list", pattern)
-		if code != 0 {
-			t.Fatalf("list %s: exit %d\n%s", pattern, code, stderr)
-		}
-		want := pattern
-		if strings.Count(want, ":") == 1 {
-			want += ":*"
-		}
-		theirs, err := exec.Command(bt, "-l", want).Output()
-		if err != nil {
-			t.Fatalf("bpftrace -l %s: %v", want, err)
-		}
-		if stdout != string(theirs) || stdout == "" {
-			t.Errorf("list %s:\n%s\nbpftrace -l:\n%s", pattern, stdout, theirs)
-		}
-	}
-	if code, _, stderr := runCmd("list", "uprobe:"+bin+":nothing_like_this*"); code == 0 || !strings.Contains(stderr, "no function") {
-		t.Errorf("list of no function: exit %d: %s", code, stderr)
-	}
-	sdt := buildKCUSDT(t)
-	for _, pattern := range []string{"usdt:" + sdt, "usdt:" + sdt + ":kcusdt:g*"} {
+	bin := testenv.BuildC(t, "../../consumer/testdata/kcprobe.c", "-O1")
+	testenv.RequireSDT(t)
+	sdt := testenv.BuildC(t, "../../consumer/testdata/kcusdt.c", "-O2")
+	for _, pattern := range []string{"uprobe:" + bin, "uprobe:" + bin + ":*", "uprobe:" + bin + ":*tm_clones", "usdt:" + sdt, "usdt:" + sdt + ":kcusdt:g*"} {
 		code, stdout, stderr := runCmd("list", pattern)
 		want := pattern
 		if strings.Count(want, ":") == 1 {
@@ -112,19 +78,7 @@ func TestListUprobe(t *testing.T) {
 			t.Errorf("list %s: exit %d\n%s%s\nbpftrace -l:\n%s", pattern, code, stdout, stderr, theirs)
 		}
 	}
-}
-
-// buildKCUSDT compiles consumer's kcusdt workload, which has USDT
-// probes, into a temporary directory and returns its path.
-func buildKCUSDT(t *testing.T) string {
-	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		testenv.Missing(t, "a C compiler is required for the workload (apt-get install gcc): %v", err)
+	if code, _, stderr := runCmd("list", "uprobe:"+bin+":nothing_like_this*"); code == 0 || !strings.Contains(stderr, "no function") {
+		t.Errorf("list of no function: exit %d: %s", code, stderr)
 	}
-	bin := filepath.Join(t.TempDir(), "kcusdt")
-	if out, err := exec.Command(cc, "-O2", "-o", bin, "../../consumer/testdata/kcusdt.c").CombinedOutput(); err != nil {
-		testenv.Missing(t, "building the USDT workload needs sys/sdt.h (apt-get install systemtap-sdt-dev): %v: %s", err, out)
-	}
-	return bin
 }

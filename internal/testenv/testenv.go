@@ -229,3 +229,32 @@ func FaultRuns(t testing.TB, runs int) (int, int64) {
 	t.Logf("%d runs from seed %d; KC_FAULT_SEED=S KC_FAULT_RUNS=1 repeats the run of seed S", runs, seed)
 	return runs, seed
 }
+
+// BuildC compiles the C file src with cc and flags into t's temporary
+// directory and returns the program's path, named as src without .c. It
+// skips t without a C compiler (fails it in strict mode) and fails it
+// when the compiler does.
+func BuildC(t testing.TB, src string, flags ...string) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		Missing(t, "a C compiler is required for the workload (apt-get install gcc): %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), strings.TrimSuffix(filepath.Base(src), ".c"))
+	if out, err := exec.Command(cc, append(append([]string(nil), flags...), "-o", bin, src)...).CombinedOutput(); err != nil {
+		t.Fatalf("cc %s: %v\n%s", src, err, out)
+	}
+	return bin
+}
+
+// RequireSDT skips t, or fails it in strict mode, without systemtap's
+// sys/sdt.h, which the USDT workloads include.
+func RequireSDT(t testing.TB) {
+	t.Helper()
+	for _, h := range []string{"/usr/include/x86_64-linux-gnu/sys/sdt.h", "/usr/include/aarch64-linux-gnu/sys/sdt.h", "/usr/include/sys/sdt.h"} {
+		if _, err := os.Stat(h); err == nil {
+			return
+		}
+	}
+	Missing(t, "sys/sdt.h is required for the USDT workload (apt-get install systemtap-sdt-dev)")
+}
