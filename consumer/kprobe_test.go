@@ -21,8 +21,9 @@ import (
 // kprobe and a kretprobe on do_sys_openat2, the same fetch arguments
 // given to kconsume and to the kernel's kprobe_events for an ftrace
 // instance recording the child at the same time: every call's values
-// (registers, $argN, a user string, kernel memory of each size, $comm,
-// $stack0, the return value) and probe addresses must be ftrace's.
+// (registers, parameters by their BTF names, $argN, a user string,
+// kernel memory of each size, $comm, $stack0, the return value) and
+// probe addresses must be ftrace's.
 func TestKprobesMatchFtrace(t *testing.T) {
 	fs, events, syms := kprobeSetup(t)
 	const fn = "do_sys_openat2" // Linux 5.6+
@@ -30,7 +31,9 @@ func TestKprobesMatchFtrace(t *testing.T) {
 		t.Fatalf("no %s in the kernel's symbols", fn)
 	}
 	const (
-		args    = `dfd=%di:s32 name=+0(%si):ustring flags=+0(%dx):x64 mode=+8(%dx):u16 a1=$arg1:s32 c=$comm st=$stack0:x64 dflt=%si`
+		args = `dfd=%di:s32 filename=+0(%si):ustring flags=+0(%dx):x64 mode=+8(%dx):u16 a1=$arg1:s32 c=$comm st=$stack0:x64 dflt=%si`
+		// kconsume names the first two by their BTF names instead.
+		kcArgs  = `dfd filename:ustring flags=+0(%dx):x64 mode=+8(%dx):u16 a1=$arg1:s32 c=$comm st=$stack0:x64 dflt=%si`
 		retArgs = `r=$retval:s64`
 	)
 	group := fmt.Sprintf("kckprobe%d", os.Getpid())
@@ -51,7 +54,7 @@ func TestKprobesMatchFtrace(t *testing.T) {
 	if err := enable("1"); err != nil {
 		t.Fatal(err)
 	}
-	s, dir := newTestSession(t, Config{Events: []string{"kprobe:" + fn + " " + args, "kretprobe:" + fn + " " + retArgs}, PIDs: []int{c.tid}})
+	s, dir := newTestSession(t, Config{Events: []string{"kprobe:" + fn + " " + kcArgs, "kretprobe:" + fn + " " + retArgs}, PIDs: []int{c.tid}})
 	recordChild(t, s, c)
 	if err := enable("0"); err != nil {
 		t.Fatal(err)

@@ -165,3 +165,34 @@ func intType(size int, signed bool) (Type, error) {
 	}
 	return t, nil
 }
+
+// btfParamArg returns the argument w, NAME[:TYPE], of a kprobe at the
+// start of kernel function fn: parameter NAME, typed from fn's BTF,
+// fetched from the register or stack slot the calling convention puts
+// it in (regs_get_kernel_argument). It fails when BTF does not know fn
+// or its parameter, or the parameter is past the registers.
+func btfParamArg(fn, w string) (Arg, error) {
+	spec, err := KernelBTF()
+	if err != nil {
+		return Arg{}, fmt.Errorf("the kernel's BTF: %w", err)
+	}
+	var f *btf.Func
+	if err := spec.TypeByName(fn, &f); err != nil {
+		return Arg{}, fmt.Errorf("%s is not in the kernel's BTF: name its register", fn)
+	}
+	proto, ok := f.Type.(*btf.FuncProto)
+	if !ok {
+		return Arg{}, fmt.Errorf("%s has no prototype in BTF", fn)
+	}
+	name, typ, _ := strings.Cut(w, ":")
+	a, err := fentryArg(&Probe{Kind: Fentry}, proto, name, typ)
+	if err != nil {
+		return a, err
+	}
+	if int(a.Fetch.N) >= len(argRegs) {
+		return a, fmt.Errorf("%s is past the argument registers", name)
+	}
+	r, _ := regIndex(argRegs[a.Fetch.N])
+	a.Fetch.Base, a.Fetch.N = Reg, int64(r)
+	return a, nil
+}

@@ -170,6 +170,11 @@ func Parse(spec string) (*Probe, error) {
 	seen := map[string]bool{}
 	for n, w := range words[1:] {
 		a, err := parseArg(w, n+1, p.Kind)
+		if name, _, _ := strings.Cut(w, ":"); err != nil && validName(name) && !strings.Contains(w, "=") && p.Kind == Kprobe && p.Offset == 0 {
+			// A parameter by its name, as kprobe_events takes it with
+			// BTF (Linux 6.6): where the function's BTF knows it.
+			a, err = btfParamArg(p.Symbol, w)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w %q: argument %q: %w", ErrSyntax, point, w, err)
 		}

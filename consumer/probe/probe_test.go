@@ -3,6 +3,7 @@ package probe
 import (
 	"bytes"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,6 +58,28 @@ func TestParse(t *testing.T) {
 		if _, err := Parse(bad.spec); err == nil || !strings.Contains(err.Error(), bad.says) {
 			t.Errorf("Parse(%q): %v, want an error saying %q", bad.spec, err, bad.says)
 		}
+	}
+}
+
+// TestKprobeBTFParams names a kprobe's arguments by their BTF names:
+// each comes from the register its position gives it, typed from BTF.
+func TestKprobeBTFParams(t *testing.T) {
+	if _, err := KernelBTF(); err != nil {
+		t.Skipf("no kernel BTF: %v", err)
+	}
+	p, err := Parse("kprobe:do_sys_openat2 dfd filename:ustring how")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range p.Args {
+		got = append(got, fmt.Sprintf("%s=%%%s:%s", a.Name, regs[a.Fetch.N], a.Type.Name))
+	}
+	if want := "dfd=%di:s32 filename=%si:ustring how=%dx:x64"; strings.Join(got, " ") != want {
+		t.Errorf("got %s, want %s", strings.Join(got, " "), want)
+	}
+	if _, err := Parse("kprobe:do_sys_openat2+4 dfd"); err == nil {
+		t.Error("a parameter by name past the function's start: taken")
 	}
 }
 
