@@ -372,7 +372,7 @@ func (l *loading) load() error {
 		r.coll, err = Testing.NewCollection(l.spec)
 	}
 	if err != nil {
-		return fmt.Errorf("loading the BPF recorder: %w", err)
+		return fmt.Errorf("loading the BPF recorder%s: %w", r.probe.blame(err), err)
 	}
 	r.spec = l.spec
 	return nil

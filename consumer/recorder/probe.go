@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/gen"
+	"golang.org/x/sys/unix"
 )
 
 // The dynamic probes: kc_probe (bpf/kc/probe.bpf.h) on each kprobe or
@@ -291,3 +293,25 @@ const (
 	probeFixedMax   = 256
 	probeUserString = 0x80
 )
+
+// blame names the probe whose own program copy (filtered, fentry or
+// fexit) err, a failed load, is about (" for fentry:FUNC …"), or returns
+// "": the kernel names only the copy.
+func (p *probes) blame(err error) string {
+	var pe *ebpf.VerifierError
+	msg := err.Error()
+	for i, pr := range p.of {
+		if pr == nil {
+			continue
+		}
+		// kc_probe itself serves them all: no one probe to name.
+		name := p.progs[i]
+		if name != "" && strings.Contains(msg, "program "+name+":") {
+			if pr.Kind.Tracing() && !errors.As(err, &pe) && errors.Is(err, unix.EPERM) {
+				return " for " + pr.Spec + " (the kernel refuses fentry and fexit programs here)"
+			}
+			return " for " + pr.Spec
+		}
+	}
+	return ""
+}
