@@ -16,7 +16,7 @@ import (
 
 func list(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("list", "list [-v] [PATTERN]\n\nLists the tracepoints and synthetic events PATTERN matches (default all):\nsystem:name, globs allowed; synthetic events are synthetic:NAME.\nuprobe:PATH[:GLOB] lists the functions of an ELF file a uprobe can name,\nusdt:PATH[:PROVIDER[:NAME]] its USDT probes (globs allowed);\nkprobe:GLOB the kernel functions kprobes can name (available_filter_functions),\nfentry:GLOB those of the kernel's BTF.", "kconsume list -v sched:sched_switch", stderr)
-	verbose := fs.Bool("v", false, "also list each tracepoint's fields, which -f expressions compare (docs/filters.md)")
+	verbose := fs.Bool("v", false, "also list each tracepoint's fields, which -f expressions compare (docs/filters.md), and an fentry or fexit probe's arguments")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -36,7 +36,7 @@ func list(args []string, stdout, stderr io.Writer) error {
 	} else if ok && kind == "usdt" {
 		return listUSDT(stdout, rest)
 	} else if ok && (kind == "kprobe" || kind == "kretprobe" || kind == "fentry" || kind == "fexit") {
-		return listFunctions(stdout, stderr, kind, rest)
+		return listFunctions(stdout, stderr, kind, rest, *verbose)
 	}
 	t, err := needTracefs("list", stderr)
 	if err != nil {
@@ -141,7 +141,7 @@ func listUSDT(w io.Writer, rest string) error {
 // listFunctions prints the kernel functions matching glob that a probe
 // of kind can name: the traceable ones for kprobes, those of the BTF
 // for fentry and fexit.
-func listFunctions(w, stderr io.Writer, kind, glob string) error {
+func listFunctions(w, stderr io.Writer, kind, glob string, verbose bool) error {
 	var names []string
 	var err error
 	if kind == "fentry" || kind == "fexit" {
@@ -164,6 +164,17 @@ func listFunctions(w, stderr io.Writer, kind, glob string) error {
 	}
 	for _, n := range names {
 		fmt.Fprintf(w, "%s:%s\n", kind, n)
+		if verbose && (kind == "fentry" || kind == "fexit") {
+			// The fields the probe records by default, typed from BTF.
+			p, err := probe.Parse(kind + ":" + n)
+			if err != nil {
+				fmt.Fprintf(w, "\t(%v)\n", err)
+				continue
+			}
+			for _, a := range p.Args {
+				fmt.Fprintf(w, "\t%-24s %s\n", a.Name, a.Type.Name)
+			}
+		}
 	}
 	return nil
 }

@@ -82,3 +82,21 @@ func TestListUprobe(t *testing.T) {
 		t.Errorf("list of no function: exit %d: %s", code, stderr)
 	}
 }
+
+// TestListFentry lists the kernel functions of a glob that fentry can
+// name, and with -v the arguments it records by default: the names and
+// types the kernel's BTF gives the parameters.
+func TestListFentry(t *testing.T) {
+	code, stdout, stderr := runCmd("list", "-v", "fexit:do_sys_openat*")
+	if code != 0 {
+		t.Fatalf("list: exit %d\n%s", code, stderr)
+	}
+	for _, want := range []string{"fexit:do_sys_openat2\n", "\tdfd ", "\tfilename ", "\tretval "} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("list -v fexit:do_sys_openat*: no %q in\n%s", want, stdout)
+		}
+	}
+	if code, _, stderr := runCmd("list", "fentry:no_function_is_called_this*"); code == 0 || !strings.Contains(stderr, "no kernel function") {
+		t.Errorf("list of no function: exit %d: %s", code, stderr)
+	}
+}
