@@ -99,7 +99,7 @@ func kprobeSetup(t *testing.T) (tracefs.FS, string, *kallsyms.Table) {
 }
 
 // kretprobeUnknown is what ftrace prints for a kretprobe's return
-// address on kernels that record its trampoline there (6.1), which
+// address on kernels that record its trampoline there (6.1, 6.12), which
 // kallsyms cannot name; kconsume records the caller's address, as the
 // later kernels' ftrace does.
 const kretprobeUnknown = "[unknown/kretprobe'd]"
