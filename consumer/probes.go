@@ -3,7 +3,6 @@ package consumer
 import (
 	"fmt"
 	"path"
-	"strings"
 
 	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/consumer/tracefs"
@@ -63,17 +62,9 @@ func addProbes(fs tracefs.FS, specs []string, formats []*tracefs.Format) ([]*pro
 // probeMatches reports whether pattern names the recorded event f:
 // its spec (uprobe:PATH:SYMBOL …) or a glob of its name (uprobes:NAME).
 func probeMatches(pattern string, f *tracefs.Format) bool {
-	if probe.IsGlob(pattern) {
+	if name, ok := probe.GlobName(pattern); ok {
 		// The events a glob of functions made: their names match it.
-		kind, glob, _ := strings.Cut(strings.Fields(pattern)[0], ":")
-		system := "kprobes"
-		if kind == "fentry" || kind == "fexit" {
-			system = "fprobes"
-		}
-		if kind == "kretprobe" || kind == "fexit" {
-			glob += "__return"
-		}
-		ok, _ := path.Match(system+":"+glob, f.FullName())
+		ok, _ := path.Match(name, f.FullName())
 		return ok
 	}
 	if probe.IsProbe(pattern) {

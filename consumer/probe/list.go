@@ -48,12 +48,29 @@ func Functions(file, pattern string) ([]string, error) {
 // IsGlob reports whether a probe spec's function is a glob (vfs_*): a
 // kprobe, kretprobe, fentry or fexit on every function it matches.
 func IsGlob(spec string) bool {
-	kind, rest, _ := strings.Cut(strings.Fields(spec + " ")[0], ":")
-	switch kind {
-	case "kprobe", "kretprobe", "fentry", "fexit":
-		return strings.ContainsAny(rest, "*?[")
+	_, ok := GlobName(spec)
+	return ok
+}
+
+// GlobName returns the events a glob spec (IsGlob) makes, as a glob of
+// their full names (kprobes:vfs_*, fprobes:tcp_*__return), and whether
+// spec is such a glob.
+func GlobName(spec string) (string, bool) {
+	point, _, _ := strings.Cut(strings.TrimSpace(spec), " ")
+	kind, glob, _ := strings.Cut(point, ":")
+	k := slices.Index(kindNames[:], kind)
+	if k < 0 || !strings.ContainsAny(glob, "*?[") {
+		return "", false
 	}
-	return false
+	p := &Probe{Kind: Kind(k)}
+	switch p.Kind {
+	case Kprobe, Fentry:
+	case Kretprobe, Fexit:
+		glob += "__return"
+	default:
+		return "", false
+	}
+	return p.System() + ":" + glob, true
 }
 
 // Expand parses spec, and where its function is a glob (IsGlob) one

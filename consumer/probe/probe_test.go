@@ -83,6 +83,19 @@ func TestKprobeBTFParams(t *testing.T) {
 	}
 }
 
+// TestGlobName names the events of glob specs, and takes blank and
+// non-glob specs as no glob.
+func TestGlobName(t *testing.T) {
+	for spec, want := range map[string]string{
+		"kprobe:vfs_* a=%di": "kprobes:vfs_*", "kretprobe:vfs_r?ad": "kprobes:vfs_r?ad__return",
+		"fexit:tcp_*": "fprobes:tcp_*__return", "kprobe:vfs_read": "", "uprobe:/bin/x:*": "", "": "", "   ": "",
+	} {
+		if got, ok := GlobName(spec); got != want || ok != (want != "") {
+			t.Errorf("GlobName(%q) = %q, %v; want %q", spec, got, ok, want)
+		}
+	}
+}
+
 // TestUSDTArgs reads the argument specs compilers write into notes.
 func TestUSDTArgs(t *testing.T) {
 	args, err := usdtArgs("-4@%ebx -8@%r14 8@%rbp -2@-18(%rbp) 1@%dl 4@$42 8@%r9d -4@16(%rsp)")
