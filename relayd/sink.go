@@ -100,16 +100,6 @@ type stream struct {
 	markAt      time.Time
 }
 
-// Packets go out faster than relayd's confirmation comes back; every
-// confirmEvery packets or confirmAfter, whichever comes first, the sink
-// asks relayd whether it has those sent before the previous check, one
-// round trip, so that a relayd killed or cut off later takes at most the
-// packets since then with it, and they are counted.
-const (
-	confirmEvery = 8
-	confirmAfter = 250 * time.Millisecond
-)
-
 // NewSink connects to relayd, creates the session and its streams, and
 // returns a sink ready for the channel's metadata and packets. It fails,
 // saying why, when relayd cannot be reached or refuses the session.
@@ -311,65 +301,8 @@ func (s *Sink) send(c *Client, st *stream, x Index, data []byte, padding uint32,
 	s.sent.Add(1)
 	s.bytes.Add(uint64(size))
 	st.unconfirmed = append(st.unconfirmed, int64(size))
-	if st.next-st.mark < confirmEvery && time.Since(st.markAt) < confirmAfter {
-		return nil
-	}
-	if st.mark > st.confirmed {
-		pending, err := c.DataPending(st.handle, st.mark-1)
-		if err != nil {
-			s.fail(c, err)
-			return nil // the packet went out; the failure settles it
-		}
-		if !pending {
-			st.confirm(st.mark)
-		}
-	}
-	st.mark, st.markAt = st.next, time.Now()
+	s.check(c, st)
 	return nil
-}
-
-// confirm records that relayd has st's packets before have.
-func (st *stream) confirm(have uint64) {
-	st.unconfirmed = st.unconfirmed[have-st.confirmed:]
-	st.confirmed = have
-}
-
-// received returns how many of st's packets relayd has, from its first
-// on: data pending is false for each packet up to the last relayd has,
-// so a binary search over the unconfirmed ones finds it. It fails when
-// relayd cannot be asked.
-func (st *stream) received(c *Client) (uint64, error) {
-	lo, hi := st.confirmed, st.next
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		pending, err := c.DataPending(st.handle, mid)
-		if err != nil {
-			return st.confirmed, err
-		}
-		if pending {
-			hi = mid
-		} else {
-			lo = mid + 1
-		}
-	}
-	return lo, nil
-}
-
-// settle counts st's packets that relayd has not confirmed as not sent:
-// it never will, because the session failed or closed. The caller holds
-// st.mu.
-func (s *Sink) settle(st *stream) {
-	var n, bytes uint64
-	for _, size := range st.unconfirmed {
-		if size >= 0 {
-			n++
-			bytes += uint64(size)
-		}
-	}
-	s.sent.Add(-n)
-	s.bytes.Add(-bytes)
-	s.notSent.Add(n)
-	st.confirmed, st.unconfirmed = st.next, nil
 }
 
 // indexOf reads a packet's header into its index and splits the packet
@@ -569,43 +502,6 @@ func (s *Sink) Close() error {
 		return fmt.Errorf("relayd %s: %w", s.cfg.URL, err)
 	}
 	return c.Close()
-}
-
-// settleAll settles every stream of a session that ended.
-func (s *Sink) settleAll(streams []*stream) {
-	for _, st := range streams {
-		st.mu.Lock()
-		s.settle(st)
-		st.mu.Unlock()
-	}
-}
-
-// drain waits until relayd has the data and index of every packet it
-// confirmed, polling each stream.
-func (s *Sink) drain(c *Client, streams []*stream) error {
-	deadline := time.Now().Add(c.timeout)
-	for _, st := range streams {
-		if st.next == 0 {
-			continue
-		}
-		for {
-			pending, err := c.DataPending(st.handle, st.next-1)
-			if err != nil {
-				return err
-			}
-			if !pending {
-				st.mu.Lock()
-				st.confirm(st.next)
-				st.mu.Unlock()
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("stream %s: relayd still misses data after %v", st.name, c.timeout)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	return nil
 }
 
 // Live tells relayd's live viewers that every stream that sent no packet
