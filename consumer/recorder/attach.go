@@ -69,7 +69,7 @@ func (r *Recorder) AttachEvents(es Events) error {
 			return fmt.Errorf("event %s: %w", f.FullName(), err)
 		}
 		if recorded && i < len(r.probe.of) && r.probe.of[i] != nil {
-			if err := r.probe.attach(r, i); err != nil {
+			if err := r.probe.attach(r, i, f); err != nil {
 				return err
 			}
 			continue

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/kconsume/kconsume/consumer/probe"
+	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 	"golang.org/x/sys/unix"
 )
@@ -165,12 +166,13 @@ func (p *probes) attachMulti(r *Recorder, group string, keys []int) error {
 	return nil
 }
 
-// attach writes probe key i's steps into kc_probe_map and attaches
-// kc_probe to it, with i as the cookie. It fails, naming the probe, when
-// the file or symbol is not there or the kernel refuses the uprobe.
-func (p *probes) attach(r *Recorder, i int) error {
+// attach writes probe key i's steps, its record laid out as f says, into
+// kc_probe_map and attaches kc_probe to it, with i as the cookie. It
+// fails, naming the probe, when the file or symbol is not there or the
+// kernel refuses the probe.
+func (p *probes) attach(r *Recorder, i int, f *tracefs.Format) error {
 	pr := p.of[i]
-	def, err := probeDef(pr)
+	def, err := probeDef(pr, f)
 	if err != nil {
 		return fmt.Errorf("%s: %w", pr.FullName(), err)
 	}
@@ -235,12 +237,12 @@ func attachProbe(pr *probe.Probe, prog *ebpf.Program, cookie uint64) ([]link.Lin
 	return one(ex.Uprobe(pr.Symbol, prog, opts))
 }
 
-// probeDef returns pr's steps as kc_probe reads them. It fails for a
+// probeDef returns pr's steps as kc_probe reads them, its record laid
+// out as f, its format, says. It fails for a
 // probe the program cannot build: too many arguments or dereferences, a
 // dereference offset beyond 32 bits, a record too large.
-func probeDef(pr *probe.Probe) (gen.RingbufKcProbeDef, error) {
+func probeDef(pr *probe.Probe, f *tracefs.Format) (gen.RingbufKcProbeDef, error) {
 	var d gen.RingbufKcProbeDef
-	f := pr.Format(probe.Common(), 0)
 	fixed := f.FixedSize()
 	if len(pr.Args) > len(d.Args) || fixed > probeFixedMax {
 		return d, fmt.Errorf("%d arguments, a record of %d bytes: at most %d and %d", len(pr.Args), fixed, len(d.Args), probeFixedMax)
