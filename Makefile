@@ -43,9 +43,15 @@ lint:
 # Every benchmark against its baseline, in rounds (A/B/A/B), as one
 # Markdown table printed and written to bench/results.md; see
 # docs/performance.md. ROUNDS below 5 gives a quick look, not a result.
+# The rows the host's kernel cannot run (kprobes, fentry, a preemptible
+# kernel) run after the host's in one vmtest guest of BENCH_GUEST
+# (BENCH_GUEST= skips them); BENCH_ONLY=host or guest runs only those,
+# into bench/results-host.md or results-guest.md.
 ROUNDS ?= 5
+BENCH_GUEST ?= newest
+BENCH_ONLY ?=
 bench:
-	$(GO) run ./bench -rounds $(ROUNDS) -o bench/results.md
+	$(GO) run ./bench -rounds $(ROUNDS) -guest '$(BENCH_GUEST)' -only '$(BENCH_ONLY)' -o bench/results$(if $(BENCH_ONLY),-$(BENCH_ONLY)).md
 
 # Runs each fuzz target for FUZZTIME (the checked-in corpus runs in make test).
 # Minimizing is capped at 100 runs per input: the golden trace seeds are tens

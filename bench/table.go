@@ -19,14 +19,16 @@ type results map[string]map[string]map[int]float64
 
 var benchLine = regexp.MustCompile(`^Benchmark(\S+?)(-\d+)?\s+\d+\s+(.*)$`)
 
-// parse adds the benchmark lines of go test output r as round's values.
-func (res results) parse(round int, r io.Reader) {
+// parse adds the benchmark lines of go test output r as round's values,
+// each benchmark's name ending in suffix.
+func (res results) parse(round int, r io.Reader, suffix string) {
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		m := benchLine.FindStringSubmatch(sc.Text())
 		if m == nil {
 			continue
 		}
+		m[1] += suffix
 		f := strings.Fields(m[3])
 		for i := 0; i+1 < len(f); i += 2 {
 			v, err := strconv.ParseFloat(f[i], 64)
@@ -143,15 +145,31 @@ func scaled(v []float64, k float64) []float64 {
 	return out
 }
 
-// render returns the header and the table of every row with data.
-func render(res results, rounds int, took time.Duration) string {
+// render returns the header and the table of every row with data, the
+// host's sections only where host; a guest section (g the guest's run,
+// nil where none was asked for) says where it was measured, or in one
+// line why it was not.
+func render(res results, rounds int, took time.Duration, host bool, g *guestRun) string {
 	var b strings.Builder
-	b.WriteString(header(rounds, took))
+	b.WriteString(header(rounds, took, g))
 	section := ""
 	for _, sr := range rows() {
+		if !host && !sr.guest {
+			continue
+		}
 		if sr.section != section {
 			section = sr.section
-			fmt.Fprintf(&b, "\n## %s\n\n| measure | figure | vs baseline | target | command |\n|---|---|---|---|---|\n", section)
+			title := section
+			if sr.guest {
+				title += g.heading()
+			}
+			fmt.Fprintf(&b, "\n## %s\n\n| measure | figure | vs baseline | target | command |\n|---|---|---|---|---|\n", title)
+			if note := g.note(); sr.guest && note != "" {
+				fmt.Fprintf(&b, "| every row of this section | %s | | | `make bench` |\n", note)
+			}
+		}
+		if sr.guest && g.note() != "" {
+			continue
 		}
 		b.WriteString(sr.row.line(res))
 	}

@@ -187,8 +187,30 @@ type eventSession struct {
 	// argument, uprobes:kc_target in uprobe_events for trace-cmd and
 	// perf, uprobe:LOAD:kc_target for kconsume (kcEvent, set once the
 	// workload is built).
-	probe   bool
+	probe bool
+	// kprobe: the event is kprobes:kc_bench, this probe ("FUNC ARGS")
+	// defined in kprobe_events for trace-cmd and perf; kconsume records
+	// kcEvent.
+	kprobe  string
 	kcEvent string
+	// syscalls is kconsume's --syscalls, when set (not kconsume-tp's).
+	syscalls string
+	// bpftrace is bpftrace's probe and bpftraceArg the argument it
+	// prints (bpftrace tool) for the session's event, LOAD in it
+	// standing for the workload's path; bpftrace-count counts the hits
+	// in a map instead. Without a probe neither runs the session.
+	bpftrace, bpftraceArg string
+	// tools, when set, are the only tools of the session.
+	tools []string
+	// named: the session runs only when KCONSUME_BENCH_SESSIONS names
+	// it (its probes need what some kernels lack: kprobes, fentry).
+	named bool
+	// trigger: a condition and action kconsume adds as --trigger to
+	// the event (kconsume-nf records without it); tp: every kconsume
+	// records through the tracepoints (--syscalls tracepoint), the path
+	// a trigger takes.
+	trigger string
+	tp      bool
 	runs    []eventRun
 }
 
@@ -237,10 +259,48 @@ var eventSessions = []eventSession{
 	// A uprobe on a function of the workload, with its argument: what a
 	// probe hit costs (its breakpoint's trap is most of it, for every
 	// tool alike).
-	{name: "uprobe", event: "uprobes:kc_target", probe: true, runs: []eventRun{
+	{name: "uprobe", event: "uprobes:kc_target", probe: true, bpftrace: "uprobe:LOAD:kc_target", bpftraceArg: "arg0", runs: []eventRun{
 		{"uprobe-pinned", "call", true}, {"uprobe-unpinned", "call", false},
 	}},
+	// A kprobe and a fentry program on a kernel function every getpid
+	// calls once (task_tgid_vnr's), with its pid type argument; ftrace
+	// and perf record the same kprobe in kprobe_events in both, bpftrace
+	// takes the session's own kind.
+	{name: "kprobe", event: "kprobes:kc_bench", kprobe: benchKprobe, kcEvent: "kprobe:" + benchKprobe,
+		bpftrace: "kprobe:__task_pid_nr_ns", bpftraceArg: "arg1",
+		tools: []string{"kconsume", "trace-cmd", "perf", "bpftrace", "bpftrace-count"}, named: true, runs: []eventRun{
+			{"kprobe-pinned", "getpid", true}, {"kprobe-unpinned", "getpid", false},
+		}},
+	{name: "fentry", event: "kprobes:kc_bench", kprobe: benchKprobe, kcEvent: "fentry:__task_pid_nr_ns type",
+		bpftrace: "kfunc:__task_pid_nr_ns", bpftraceArg: "args->type",
+		tools: []string{"kconsume", "trace-cmd", "bpftrace", "bpftrace-count"}, named: true, runs: []eventRun{
+			{"fentry-pinned", "getpid", true}, {"fentry-unpinned", "getpid", false},
+		}},
+	// getpid recorded by the raw syscall path as the kernel has it
+	// (from the perf tracepoints where programs run preemptibly) and
+	// kept on its tp_btf programs (kconsume-btf): what that costs.
+	{name: "rawperf", event: "syscalls:sys_enter_getpid", syscalls: "raw", tools: []string{"kconsume", "kconsume-btf", "trace-cmd"}, named: true, runs: []eventRun{
+		{"rawperf-pinned", "getpid", true}, {"rawperf-unpinned", "getpid", false},
+	}},
+	// getpid recorded by the function path as the kernel has it (on
+	// kprobes where programs run preemptibly) and kept on its fentry
+	// trampolines (kconsume-btf): what that costs.
+	{name: "funckprobe", event: "syscalls:sys_enter_getpid", syscalls: "fentry", tools: []string{"kconsume", "kconsume-btf", "trace-cmd"}, named: true, runs: []eventRun{
+		{"funckprobe-pinned", "getpid", true}, {"funckprobe-unpinned", "getpid", false},
+	}},
+	// A trigger whose condition is never true (fd is -1), against the
+	// same recording without it: both through the tracepoint's general
+	// program copy, which a filter every event passes gives the event
+	// either way.
+	{name: "trigger", event: "syscalls:sys_enter_lseek", expr: "fd != 7", trigger: "fd == 7 : stop", tp: true, runs: []eventRun{
+		{"trigger-pinned", "lseek", true}, {"trigger-unpinned", "lseek", false},
+	}},
 }
+
+// benchKprobe is the kprobe and fentry sessions' probe: a function every
+// getpid calls once, not inlined in Debian's kernels, and its second
+// argument.
+const benchKprobe = "__task_pid_nr_ns type=%si:s32"
 
 // probeArgs are the uprobe session's fetch arguments, the same for
 // every tool.
@@ -253,12 +313,20 @@ func setupProbeSessions(b *testing.B, sessions []eventSession, load string) {
 	b.Helper()
 	for i := range sessions {
 		s := &sessions[i]
-		if !s.probe {
+		if !s.probe && s.kprobe == "" {
 			continue
 		}
 		fs, err := tracefs.Find()
 		if err != nil {
 			b.Fatal(err)
+		}
+		if s.kprobe != "" {
+			events := filepath.Join(fs.Root, "kprobe_events")
+			if !slices.ContainsFunc(sessions[:i], func(o eventSession) bool { return o.kprobe == s.kprobe }) {
+				appendProbe(b, events, "p:kprobes/kc_bench "+s.kprobe)
+				b.Cleanup(func() { appendProbe(b, events, "-:kprobes/kc_bench") })
+			}
+			continue
 		}
 		events := filepath.Join(fs.Root, "uprobe_events")
 		_, name, _ := strings.Cut(s.event, ":")
@@ -274,7 +342,13 @@ func setupProbeSessions(b *testing.B, sessions []eventSession, load string) {
 // untraced syscalls do not pay for (the same as kconsume for a
 // tracepoint that is not a syscall's).
 // kconsume-nf is kconsume without the session's field filter.
-var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd", "perf"}
+// kconsume-btf is kconsume with KCONSUME_RAW_FROM_PERF=0: without the
+// fixes for kernels that run tracing programs preemptibly, the raw
+// syscall path on its tp_btf programs and the function path on its
+// trampolines there (only in the sessions that name it). bpftrace prints each hit's
+// argument into a file; bpftrace-count counts the hits in a map (only in
+// the sessions that name it).
+var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd", "perf", "bpftrace", "bpftrace-count", "kconsume-btf"}
 
 // BenchmarkEventCost measures what tracing adds per traced event, with C
 // workloads of b.N calls (run with -benchtime Nx; N ≥ 100000, smaller
@@ -313,9 +387,27 @@ var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd",
 // own cost, reported as vs-nostack). uprobe: a uprobe with one argument
 // on a function the workload calls (kconsume -e 'uprobe:…', trace-cmd
 // and perf the same probe defined in uprobe_events), no target yet.
+// bpftrace (Debian's) runs the sessions that have a bpftrace probe: it
+// prints each hit's argument into a file, the closest it has to
+// recording the event, and its lost events are those it reports;
+// bpftrace-count (kprobe and fentry) counts the hits in a map, which
+// loses none and records nothing, the least a BPF tool does on a hit.
+// kprobe and fentry: a kprobe (kconsume -e 'kprobe:…') and a fentry
+// program (-e 'fentry:…') on a kernel function every getpid calls once,
+// trace-cmd and perf recording the same kprobe defined in kprobe_events,
+// bpftrace its own kprobe or fentry (kfunc) program. rawperf: getpid
+// recorded through the raw syscall path as the kernel has it and kept
+// on its tp_btf programs (kconsume-btf), reported as vs-btf: where
+// programs run preemptibly, what taking the perf tracepoints costs.
 // KCONSUME_BENCH_SESSIONS, a comma-separated list of session names
 // (getpid, rename, switch, pidfilter, fieldreject, fieldaccept,
-// fieldreject-rename, stack-kernel, stack-user, uprobe), runs only those.
+// fieldreject-rename, stack-kernel, stack-user, uprobe, trigger; kprobe,
+// fentry, rawperf and funckprobe run only when named), runs only those.
+// trigger: lseek with a trigger never true (kconsume --trigger
+// 'syscalls:sys_enter_lseek fd == 7 : stop') against kconsume-nf
+// without it, both through the tracepoint (--syscalls tracepoint) with a
+// filter every event passes (fd != 7, each tool given it), reported as
+// vs-notrigger.
 func BenchmarkEventCost(b *testing.B) {
 	testenv.RequireRoot(b)
 	if b.N < 100000 {
@@ -324,26 +416,32 @@ func BenchmarkEventCost(b *testing.B) {
 	tools := map[string]string{"kconsume": testenv.KconsumeBin(b)}
 	tools["kconsume-tp"] = tools["kconsume"]
 	tools["kconsume-nf"] = tools["kconsume"]
+	tools["kconsume-btf"] = tools["kconsume"]
 	toolOrder := eventTools
 	if base := os.Getenv("KCONSUME_BENCH_BASE_BIN"); base != "" {
 		tools["kconsume-base"] = base
 		toolOrder = append(slices.Clip(toolOrder), "kconsume-base")
 	}
-	sessions := eventSessions
+	sessions := slices.DeleteFunc(slices.Clone(eventSessions), func(s eventSession) bool { return s.named })
 	if only := os.Getenv("KCONSUME_BENCH_SESSIONS"); only != "" {
 		names := strings.Split(only, ",")
-		sessions = slices.DeleteFunc(slices.Clone(sessions), func(s eventSession) bool { return !slices.Contains(names, s.name) })
+		sessions = slices.DeleteFunc(slices.Clone(eventSessions), func(s eventSession) bool { return !slices.Contains(names, s.name) })
 		if len(sessions) == 0 {
 			b.Fatalf("KCONSUME_BENCH_SESSIONS=%q names no session", only)
 		}
 	}
-	for _, t := range []string{"trace-cmd", "perf", "taskset"} {
+	need := []string{"trace-cmd", "perf", "taskset"}
+	if slices.ContainsFunc(sessions, func(s eventSession) bool { return s.bpftrace != "" }) {
+		need = append(need, "bpftrace")
+	}
+	for _, t := range need {
 		p, err := exec.LookPath(t)
 		if err != nil {
-			testenv.Missing(b, "%s is required (apt-get install trace-cmd linux-perf util-linux): %v", t, err)
+			testenv.Missing(b, "%s is required (apt-get install trace-cmd linux-perf util-linux bpftrace): %v", t, err)
 		}
 		tools[t] = p
 	}
+	tools["bpftrace-count"] = tools["bpftrace"]
 	load := buildEventLoad(b)
 	restore := testenv.SaveTracing(b)
 	defer restore()
@@ -385,20 +483,20 @@ func BenchmarkEventCost(b *testing.B) {
 	for r := 0; r < rounds; r++ {
 		for _, s := range sessions {
 			for k := range order {
-				tool := order[(k+r)%len(order)]
+				tool := order[(k+r+benchTurn())%len(order)]
 				if tool == "" {
 					for _, run := range s.runs {
 						add(run.name, "", work(run))
 					}
 					continue
 				}
-				if tool == "kconsume-tp" && !strings.HasPrefix(s.event, "syscalls:") || tool == "kconsume-nf" && s.expr == "" && s.stack == "" {
+				if !s.records(tool) {
 					continue
 				}
 				// A retry is a new recording, whose runs replace the
 				// failed one's.
 				for try := 1; ; try++ {
-					stop := startEventTracer(b, tool, tools[tool], s)
+					stop := startEventTracer(b, tool, tools[tool], s, load)
 					var v [][2]float64
 					for _, run := range s.runs {
 						v = append(v, work(run))
@@ -437,18 +535,19 @@ func BenchmarkEventCost(b *testing.B) {
 				}
 				// Per round against that round's untraced run, so the
 				// ratios see the same noise.
-				for _, tool := range []string{"kconsume", "kconsume-base"} {
-					if len(ns[run.name][tool][i]) == 0 {
+				for _, p := range []struct{ tool, base, name string }{
+					{"kconsume", "trace-cmd", "-ratio"}, {"kconsume-base", "trace-cmd", "-base-ratio"},
+					{"kconsume", "bpftrace", "-vs-bpftrace"}, {"kconsume", "bpftrace-count", "-vs-bpftrace-count"}, {"kconsume", "kconsume-btf", "-vs-btf"},
+				} {
+					a, c := ns[run.name][p.tool][i], ns[run.name][p.base][i]
+					if len(a) == 0 || len(c) == 0 {
 						continue
 					}
 					var ratios []float64
 					for r := range un {
-						ratios = append(ratios, (ns[run.name][tool][i][r]-un[r])/(ns[run.name]["trace-cmd"][i][r]-un[r]))
+						ratios = append(ratios, (a[r]-un[r])/(c[r]-un[r]))
 					}
-					name := run.name + "-ratio"
-					if tool == "kconsume-base" {
-						name = run.name + "-base-ratio"
-					}
+					name := run.name + p.name
 					b.ReportMetric(median(ratios), name+suffix)
 					b.ReportMetric(slices.Min(ratios), name+"-min"+suffix)
 					b.ReportMetric(slices.Max(ratios), name+"-max"+suffix)
@@ -459,8 +558,11 @@ func BenchmarkEventCost(b *testing.B) {
 						ratios = append(ratios, (ns[run.name]["kconsume"][i][r]-un[r])/(nf[r]-un[r]))
 					}
 					vs := "-vs-unfiltered"
-					if s.stack != "" {
+					switch {
+					case s.stack != "":
 						vs = "-vs-nostack"
+					case s.trigger != "":
+						vs = "-vs-notrigger"
 					}
 					b.ReportMetric(median(ratios), run.name+vs+suffix)
 				}
@@ -475,6 +577,23 @@ func BenchmarkEventCost(b *testing.B) {
 	}
 }
 
+// records reports whether tool records session s.
+func (s eventSession) records(tool string) bool {
+	switch {
+	case s.tools != nil:
+		return slices.Contains(s.tools, tool) && (!strings.HasPrefix(tool, "bpftrace") || s.bpftrace != "")
+	case tool == "kconsume-tp":
+		return strings.HasPrefix(s.event, "syscalls:") && !s.tp
+	case tool == "kconsume-nf":
+		return s.expr != "" || s.stack != "" || s.trigger != ""
+	case tool == "bpftrace":
+		return s.bpftrace != ""
+	case tool == "kconsume-btf", tool == "bpftrace-count":
+		return false
+	}
+	return true
+}
+
 // errRetry marks a recording that failed for a reason outside the
 // measure, which may be run again.
 var errRetry = errors.New("retry")
@@ -486,22 +605,30 @@ var errRetry = errors.New("retry")
 // when trace-cmd could not write its file because /proc/kallsyms changed
 // size while it read it (BPF programs of the tracer before it are freed
 // after it exits).
-func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (uint64, error) {
+func startEventTracer(b *testing.B, tool, bin string, s eventSession, load string) func() (uint64, error) {
 	b.Helper()
 	dir := b.TempDir()
 	session := fmt.Sprintf("kc-bench-%d", os.Getpid())
 	var args []string
 	switch tool {
-	case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base":
+	case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base", "kconsume-btf":
 		args = []string{"record", "-q", "-e", cmp.Or(s.kcEvent, s.event), "-o", filepath.Join(dir, "t"), "--session", session}
-		if s.expr != "" && tool != "kconsume-nf" {
+		if s.expr != "" && (tool != "kconsume-nf" || s.trigger != "") {
 			args = append(args, "-f", s.expr)
+		}
+		if s.trigger != "" && tool != "kconsume-nf" {
+			args = append(args, "--trigger", s.event+" "+s.trigger)
+		}
+		if s.tp {
+			args = append(args, "--syscalls", "tracepoint")
 		}
 		if s.filter {
 			args = append(args, "--pid", "1")
 		}
 		if tool == "kconsume-tp" {
 			args = append(args, "--syscalls", "tracepoint")
+		} else if s.syscalls != "" {
+			args = append(args, "--syscalls", s.syscalls)
 		}
 		if s.stack != "" && tool != "kconsume-nf" {
 			args = append(args, "--stack", s.stack)
@@ -534,12 +661,21 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		if s.stack != "" {
 			args = append(args, "-g", "--"+s.stack+"-callchains")
 		}
+	case "bpftrace":
+		prog := fmt.Sprintf(`%s { printf("%%d\n", %s); }`, s.bpftrace, s.bpftraceArg)
+		args = []string{"-o", filepath.Join(dir, "bpftrace.out"), "-e", strings.ReplaceAll(prog, "LOAD", load)}
+	case "bpftrace-count":
+		prog := s.bpftrace + " { @n = count(); }"
+		args = []string{"-o", filepath.Join(dir, "bpftrace.out"), "-e", strings.ReplaceAll(prog, "LOAD", load)}
 	}
 	cmd := exec.Command(bin, args...)
+	if tool == "kconsume-btf" {
+		cmd.Env = append(os.Environ(), "KCONSUME_RAW_FROM_PERF=0")
+	}
 	output := startLogged(b, cmd)
 	ready := func() bool { return true }
 	switch tool {
-	case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base":
+	case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base", "kconsume-btf":
 		state := filepath.Join(control.DefaultRoot, session, "state")
 		ready = func() bool {
 			st, _ := os.ReadFile(state)
@@ -555,8 +691,17 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 			on, _ := os.ReadFile("/sys/kernel/tracing/tracing_on")
 			return strings.TrimSpace(string(e)) == "1" && strings.TrimSpace(string(on)) == "1"
 		}
+	case "bpftrace", "bpftrace-count":
+		// "Attaching 1 probe..." comes once its program is built, just
+		// before it attaches it.
+		ready = func() bool {
+			o, _ := os.ReadFile(filepath.Join(dir, "bpftrace.out"))
+			return strings.Contains(string(o), "Attaching")
+		}
 	}
-	for deadline := time.Now().Add(30 * time.Second); !ready(); time.Sleep(10 * time.Millisecond) {
+	// An emulated guest's kconsume takes tens of seconds to read the
+	// kernel's BTF and probe lists; a hung start is what this catches.
+	for deadline := time.Now().Add(3 * time.Minute); !ready(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			_ = cmd.Process.Kill()
 			text := output()
@@ -564,7 +709,10 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 			b.Fatalf("%s did not start:\n%s", tool, text)
 		}
 	}
-	if !strings.HasPrefix(tool, "kconsume") {
+	switch {
+	case strings.HasPrefix(tool, "bpftrace"):
+		time.Sleep(time.Second)
+	case !strings.HasPrefix(tool, "kconsume"):
 		// trace-cmd's per-CPU recorders start right after; perf says
 		// nothing before it stops.
 		time.Sleep(500 * time.Millisecond)
@@ -575,7 +723,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 		err := cmd.Wait()
 		var lost uint64
 		switch tool {
-		case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base":
+		case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base", "kconsume-btf":
 			if err != nil {
 				return 0, fmt.Errorf("kconsume record: %w\n%s", err, text)
 			}
@@ -601,9 +749,38 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession) func() (ui
 			if m := regexp.MustCompile(`lost (\d+) chunks`).FindStringSubmatch(text); m != nil {
 				lost, _ = strconv.ParseUint(m[1], 10, 64)
 			}
+		case "bpftrace":
+			o, rerr := os.ReadFile(filepath.Join(dir, "bpftrace.out"))
+			if err != nil || rerr != nil {
+				return 0, fmt.Errorf("bpftrace: %v (%v)\n%s", err, rerr, text)
+			}
+			// One line a hit: none means it recorded nothing.
+			if !regexp.MustCompile(`(?m)^-?\d+$`).Match(o) {
+				return 0, fmt.Errorf("bpftrace recorded no hit\n%s%s", text, o)
+			}
+			lost = bpftraceLost(text + string(o))
+		case "bpftrace-count":
+			o, rerr := os.ReadFile(filepath.Join(dir, "bpftrace.out"))
+			if err != nil || rerr != nil {
+				return 0, fmt.Errorf("bpftrace: %v (%v)\n%s", err, rerr, text)
+			}
+			if !regexp.MustCompile(`(?m)^@n: [1-9]\d*$`).Match(o) {
+				return 0, fmt.Errorf("bpftrace counted no hit\n%s%s", text, o)
+			}
 		}
 		return lost, nil
 	}
+}
+
+// bpftraceLost returns the events bpftrace's output says it lost: the
+// sum of its "Lost N events" lines.
+func bpftraceLost(out string) uint64 {
+	var lost uint64
+	for _, m := range regexp.MustCompile(`Lost (\d+) events`).FindAllStringSubmatch(out, -1) {
+		n, _ := strconv.ParseUint(m[1], 10, 64)
+		lost += n
+	}
+	return lost
 }
 
 // traceDiscarded returns the events the trace in dir says were discarded.

@@ -133,7 +133,7 @@ func BenchmarkRecorderFloor(b *testing.B) {
 			var stop func()
 			switch {
 			case st.event != "":
-				s := startEventTracer(b, "trace-cmd", traceCmd, eventSession{name: st.name, event: st.event})
+				s := startEventTracer(b, "trace-cmd", traceCmd, eventSession{name: st.name, event: st.event}, "")
 				stop = func() {
 					_, err := s()
 					restore()

@@ -434,6 +434,15 @@ func threadCPUTime(tid int) time.Duration {
 	return time.Duration(ns)
 }
 
+// benchTurn returns KCONSUME_BENCH_TURN when it is a number, else 0:
+// where the turning order of a benchmark's tools starts. make bench runs
+// one round an invocation and sets it to the round's number, so that the
+// order turns from round to round there too.
+func benchTurn() int {
+	n, _ := strconv.Atoi(os.Getenv("KCONSUME_BENCH_TURN"))
+	return max(n, 0)
+}
+
 // benchRounds returns KCONSUME_BENCH_ROUNDS when it is a positive
 // number, else def: the rounds a benchmark alternating its tools runs.
 func benchRounds(def int) int {

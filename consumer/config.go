@@ -97,6 +97,10 @@ type Config struct {
 	// (docs/filters.md), evaluated in the recorder before the event
 	// takes ring space. An event several filters name must pass all.
 	Filters []EventFilter
+	// Triggers take an action (snapshot, stop, start) when an event of
+	// theirs passes their condition, decided in the recorder
+	// (docs/triggers.md).
+	Triggers []Trigger
 
 	// Stacks record call chains with the events they name (docs/stacks.md):
 	// the kernel's, the user's or both, each a sequence of return
@@ -161,6 +165,15 @@ type Config struct {
 
 	// Env is added to the metadata env block.
 	Env map[string]string
+
+	// Rotation cuts the trace into chunks (Session.Rotate), each a
+	// complete trace: a new chunk begins once the current one's packets
+	// reach RotateSize bytes, and at the latest RotateInterval after the
+	// last one began (0: neither). The sink must write chunks
+	// (relayfmt.Rotator, as package chunks' does), in discard mode;
+	// RotateSize is at least a packet per stream.
+	RotateSize     uint64
+	RotateInterval time.Duration
 }
 
 // EventFilter is a field filter: Expr, in ftrace's event filter
@@ -255,6 +268,9 @@ func (c *Config) Check() error {
 	if c.Transport > Perf {
 		return fmt.Errorf("%w: unknown transport %d", ErrConfig, c.Transport)
 	}
+	if err := c.checkTriggers(); err != nil {
+		return err
+	}
 	if c.Clock > TAI {
 		return fmt.Errorf("%w: unknown clock %d", ErrConfig, c.Clock)
 	}
@@ -291,7 +307,51 @@ func (c *Config) Check() error {
 	if c.Dir == "" && c.Sink == nil {
 		return fmt.Errorf("%w: no output directory", ErrConfig)
 	}
+	return c.checkRotation()
+}
+
+// checkRotation refuses a rotation that cannot work: a negative
+// interval, a size under a sub-buffer per stream (each chunk's streams
+// take at least one packet), or rotation of a flight recorder, whose
+// sub-buffers reach the trace only at its snapshots.
+func (c *Config) checkRotation() error {
+	if c.RotateInterval < 0 {
+		return fmt.Errorf("%w: rotate interval %v is negative", ErrConfig, c.RotateInterval)
+	}
+	if c.RotateSize == 0 && c.RotateInterval == 0 && !c.rotates() {
+		return nil
+	}
+	if c.Mode != relayfmt.NoOverwrite {
+		return fmt.Errorf("%w: rotation needs discard mode: a flight recorder (overwrite mode) writes its sub-buffers only at a snapshot; take snapshots instead", ErrConfig)
+	}
+	streams, err := c.streams()
+	if err != nil {
+		return err
+	}
+	return CheckRotateSize(c.RotateSize, streams, c.SubbufSize)
+}
+
+// CheckRotateSize returns nil when a chunk of size bytes (0: no size)
+// can hold a packet of packet bytes in each of streams streams, or an
+// ErrConfig that says why not.
+func CheckRotateSize(size uint64, streams, packet int) error {
+	if need := uint64(streams) * uint64(packet); size != 0 && size < need {
+		return fmt.Errorf("%w: rotate size %d is under one packet per stream (%d streams x %d bytes = %d): a chunk holds at least that", ErrConfig, size, streams, packet, need)
+	}
 	return nil
+}
+
+// streams returns the number of streams: the possible CPUs, or 1 in
+// global mode.
+func (c *Config) streams() (int, error) {
+	if c.Global {
+		return 1, nil
+	}
+	n, err := ebpf.PossibleCPU()
+	if err != nil {
+		return 0, fmt.Errorf("possible CPUs: %w", err)
+	}
+	return n, nil
 }
 
 // checkMemory refuses buffers that do not fit in free memory: per stream,

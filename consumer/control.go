@@ -72,6 +72,8 @@ func (s *Session) prepare() {
 		if unix.ClockGettime(s.dr.clockID, &now) == nil {
 			s.ch.Begin(uint64(now.Nano()))
 		}
+		s.armInterval()
+		_ = s.rec.LiveTriggers(true) // loaded, it cannot fail
 	})
 }
 
@@ -85,8 +87,16 @@ func (s *Session) Stop() error {
 	return nil
 }
 
-// Running reports whether the gate is open.
-func (s *Session) Running() bool { return s.started.Load() }
+// Running reports whether the gate is open: as Start and Stop left it,
+// or a trigger since.
+func (s *Session) Running() bool {
+	if len(s.cfg.Triggers) > 0 {
+		s.gateMu.Lock()
+		defer s.gateMu.Unlock()
+		return !s.gateShut && s.rec.Running()
+	}
+	return s.started.Load()
+}
 
 // StopCPU stops recording on one CPU alone (the ftrace ring buffer's
 // record_disable_cpu); StartCPU resumes it. It fails with ErrNoSuchCPU.

@@ -59,13 +59,16 @@ type crashNote struct {
 
 // The ledger's slot of one CPU, eight words: two copies of what the
 // drainer took out of the CPU's packet ring (the events, and the ring's
-// position after them), the word that says which copy is whole, and the
+// position after them), the word that says which copy is whole, the
 // losses the drainer placed in the CPU's stream that no writer counted
-// (recursion misses, stream 0).
+// (recursion misses, stream 0), and the events and losses of the
+// stream's closed chunks (a rotated trace: the stream files hold the
+// current chunk's alone).
 const (
 	ledgerWhich = 0
 	ledgerCopy  = 1 // words 1-2 and 3-4: got, cons
 	ledgerExtra = 5
+	ledgerBase  = 6
 	ledgerWords = 8
 )
 
@@ -176,6 +179,15 @@ func (k *crashKeep) placed(cpu int, n uint64) {
 		return
 	}
 	atomic.StoreUint64(k.word(cpu, ledgerExtra), n)
+}
+
+// based records that stream n's closed chunks hold n events and losses
+// (Rotate). Nil-safe.
+func (k *crashKeep) based(stream int, n uint64) {
+	if k == nil || k.mem == nil {
+		return
+	}
+	atomic.StoreUint64(k.word(stream, ledgerBase), n)
 }
 
 // release removes the note and the pins and unmaps the ledger: the

@@ -169,6 +169,16 @@ func madeCounts(note crashNote) (made []uint64, left [][]ringPacket, why string,
 	defer ledger.Close()
 	made = make([]uint64, note.CPUs)
 	left = make([][]ringPacket, note.CPUs)
+	// What each stream's closed chunks hold (a rotated trace) is not in
+	// its files, which hold the current chunk alone.
+	base := make([]uint64, note.CPUs)
+	defer func() {
+		if !note.Global {
+			for i := range made {
+				made[i] -= min(made[i], base[i])
+			}
+		}
+	}()
 	for cpu := range made {
 		var cs [2]gen.RingbufKcCpuState
 		for i, slot := range []int{cpu, note.CPUs + cpu} {
@@ -181,6 +191,7 @@ func madeCounts(note crashNote) (made []uint64, left [][]ringPacket, why string,
 			return nil, nil, "", fmt.Errorf("the recording's ledger of CPU %d: %w", cpu, err)
 		}
 		made[cpu] = cs[0].Lost + cs[1].Lost + l[ledgerExtra]
+		base[cpu] = l[ledgerBase]
 		if note.Counts == countsRecords {
 			made[cpu] += cs[0].Emitted + cs[1].Emitted
 			continue
@@ -211,7 +222,7 @@ func madeCounts(note crashNote) (made []uint64, left [][]ringPacket, why string,
 	for _, n := range made {
 		all += n
 	}
-	return []uint64{all}, [][]ringPacket{nil}, "", nil
+	return []uint64{all - min(all, base[0])}, [][]ringPacket{nil}, "", nil
 }
 
 // packetsLeft returns the packets of cpu's pinned packet ring from

@@ -28,7 +28,8 @@ type drainer struct {
 	loss    *losses
 	poll    *epoll.Poller
 	streams []*stream
-	perf    *perfCPUs // the perf transport's CPUs; nil with ring buffers
+	perf    *perfCPUs  // the perf transport's CPUs; nil with ring buffers
+	trig    *trigWatch // the snapshot triggers' doorbell (trigger.go); nil without
 
 	latency   time.Duration
 	watermark uint64
@@ -42,6 +43,7 @@ type drainer struct {
 	looping    atomic.Bool
 	counts     drainerCounts
 	lastMissed time.Time
+	rot        rotation
 }
 
 type command struct {
@@ -58,6 +60,7 @@ func newDrainer(cfg Config, rec *recorder.Recorder, clockID int32) (_ *drainer, 
 		rec:       rec,
 		keep:      new(crashKeep),
 		latency:   cfg.Latency,
+		rot:       rotation{size: cfg.RotateSize, period: cfg.RotateInterval, trig: cfg.rotates()},
 		watermark: uint64(cfg.Watermark),
 		window:    uint64(cfg.ReorderWindow),
 		clockID:   clockID,
@@ -110,7 +113,7 @@ func newDrainer(cfg Config, rec *recorder.Recorder, clockID int32) (_ *drainer, 
 			return nil, err
 		}
 	}
-	return d, nil
+	return d, d.watchTriggers(rec)
 }
 
 // setWriter makes w the writer of every stream, and of the notices the
@@ -181,7 +184,7 @@ func (d *drainer) loop() {
 	// the locked one hands it back when it parks again): 700 of the
 	// recorder's 1,500 futex calls in a saturating hackbench at --memory
 	// 1408K. Tests that place the drainer lock it themselves.
-	events := make([]unix.EpollEvent, len(d.streams)+2)
+	events := make([]unix.EpollEvent, len(d.streams)+3)
 	ids := make([]int32, 0, len(events))
 	woke := make([]uint64, 2*d.rec.CPUs()) // the writers' last wakeups seen
 	var st passState
@@ -204,6 +207,7 @@ func (d *drainer) loop() {
 		}
 		fromRing, command := d.woken(ids, woke, now)
 		d.pass(&st, now, fromRing, timeout > 0 && !command)
+		d.triggered()
 		var end bool
 		done, end = d.runCommands(done[:0])
 		// Armed before the answers go out: a caller that writes records
@@ -218,6 +222,7 @@ func (d *drainer) loop() {
 			// goes on the monitor is awake anyway, and a killed
 			// recorder loses at most a pass's packets.
 			d.w.ch.Commit()
+			d.checkSize()
 			timeout = d.sleep(st.more, st.deadline)
 		}
 		for _, r := range done {
@@ -249,6 +254,8 @@ func (d *drainer) woken(ids []int32, woke []uint64, now time.Time) (fromRing, co
 		case id >= 0 && int(id) < len(d.streams):
 			d.streams[id].wakeups++
 			fromRing = true
+		case d.trig != nil && id == d.trig.id:
+			d.trig.due = true
 		case d.perf != nil && id == d.perf.id && d.perf.cpuEvent():
 			if err := d.checkHotplug(); err != nil {
 				d.loopErr = err
@@ -478,6 +485,9 @@ func (d *drainer) close() {
 	}
 	if d.perf != nil {
 		d.perf.close()
+	}
+	if d.trig != nil {
+		d.trig.bell.close()
 	}
 	if d.poll != nil {
 		d.poll.Close()

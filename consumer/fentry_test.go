@@ -3,8 +3,10 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 	"golang.org/x/sys/unix"
@@ -36,6 +38,18 @@ func TestFentryMatchesSyscall(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
+	// Trampolines run preemptibly where tracepoints do: the probes are
+	// named as events the kernel may skip there, and only there.
+	p, lossy := s.Preemptible()
+	var fprobes []string
+	for _, e := range lossy {
+		if strings.HasPrefix(e, probe.SystemFprobes+":") {
+			fprobes = append(fprobes, e)
+		}
+	}
+	if p.On != (len(fprobes) == 2) {
+		t.Errorf("preemptible %v (%s), fentry and fexit probes named: %v", p.On, p.Why, fprobes)
+	}
 	recordChild(t, s, c)
 	var fentry, enter, fexit, exit []string
 	walkTrace(t, cfg.Dir, func(it *relayfmt.Item, vals []relayfmt.Value) {

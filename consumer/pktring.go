@@ -66,23 +66,26 @@ func (p *pktRing) elem() ([]byte, uint64) {
 // drain hands the ring's complete packets to the channel, after the
 // losses counted for the stream, and closes the open one first when
 // cutoff says everything is to go out (^0): a packet still being written
-// after that is waited for a while, then taken at a later drain.
+// after that is waited for a while, then taken at a later drain. The
+// packets begun after that flush are left to the next drain: taking
+// them too, and closing each in turn, would chase a busy CPU's writers
+// with packets of a few events each for as long as they write.
 func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 	l.placeKernel(st)
 	for st.win.n > 0 {
 		w.emit(st, st.win.pop()) // loss notices
 	}
-	flushed := false
+	flushed := uint64(0) // the end of the packet the flush closed
 	for tries := 0; ; {
 		e, cw := p.elem()
 		if uint32(cw) != uint32(p.esize) {
 			prod := atomic.LoadUint64(p.prodPos)
-			if prod == p.cons {
+			if prod == p.cons || flushed != 0 && p.cons >= flushed {
 				return
 			}
-			if !flushed && prod-p.cons < p.esize && cutoff == ^uint64(0) {
+			if flushed == 0 && prod-p.cons < p.esize && cutoff == ^uint64(0) {
 				if err := p.rec.FlushPkt(p.cpu, p.clockID); err == nil {
-					flushed = true
+					flushed = p.cons + p.esize
 					continue
 				}
 			}
@@ -123,7 +126,6 @@ func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 		}
 		p.got += cw >> 32
 		p.release(e)
-		flushed = false
 	}
 }
 

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,13 +11,16 @@ import (
 	"testing"
 
 	"github.com/kconsume/kconsume/consumer/recorder"
+	"github.com/kconsume/kconsume/internal/testenv"
+	"golang.org/x/sys/unix"
 
 	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
 // TestPreemptedTasksKeepAll runs two, then four, busy tasks a CPU, each
 // pinned and making getpid calls, under a session and an ftrace instance
-// at once, on each syscall path. Where tracing programs run preemptibly
+// at once, on each syscall path (the function path on kprobes where
+// trampolines run preemptibly). Where tracing programs run preemptibly
 // (Linux 7.x: preempt.go; in vmtest's newest guest, its default lazy
 // preemption and a full one), a task preempted inside a recorder program
 // made the kernel skip the other tasks' events on its CPU: a paths that
@@ -35,9 +39,26 @@ func TestPreemptedTasksKeepAll(t *testing.T) {
 	ncpu := runtime.NumCPU()
 	const event, n = "syscalls:sys_enter_getpid", 20000
 	t.Logf("preemptible: %+v", recorder.Preemptibility())
+	// Each syscall path, and the default one without packet mode (the
+	// programs write records, the consumer packets) and on perf buffers.
+	ways := []struct {
+		name      string
+		path      Syscalls
+		transport Transport
+		noPackets bool
+	}{
+		{"auto", SyscallsAuto, Ringbuf, false}, {"raw", SyscallsRaw, Ringbuf, false},
+		{"tracepoint", SyscallsTracepoint, Ringbuf, false}, {"fentry", SyscallsFentry, Ringbuf, false},
+		{"auto-records", SyscallsAuto, Ringbuf, true}, {"auto-perf", SyscallsAuto, Perf, false},
+	}
 	for _, perCPU := range []int{2, 4} {
-		for _, path := range []Syscalls{SyscallsAuto, SyscallsRaw, SyscallsTracepoint} {
-			t.Run(fmt.Sprintf("%d-a-cpu/%s", perCPU, path), func(t *testing.T) {
+		for _, way := range ways {
+			path := way.path
+			t.Run(fmt.Sprintf("%d-a-cpu/%s", perCPU, way.name), func(t *testing.T) {
+				if way.noPackets {
+					recorder.Testing.NoPackets = true
+					t.Cleanup(func() { recorder.Testing.NoPackets = false })
+				}
 				var kids []*tracedChild
 				var pids []int
 				for i := range perCPU * ncpu {
@@ -61,8 +82,32 @@ func TestPreemptedTasksKeepAll(t *testing.T) {
 				if err := os.WriteFile(filepath.Join(inst, "buffer_size_kb"), []byte(strconv.Itoa(kb)), 0); err != nil {
 					t.Fatal(err)
 				}
-				s, dir := newTestSession(t, Config{Events: []string{event}, PIDs: pids, Transport: Ringbuf, Syscalls: path})
+				cfg := Config{Events: []string{event}, PIDs: pids, Transport: way.transport, Syscalls: path, Dir: t.TempDir()}
+				s, err := New(cfg)
+				if path == SyscallsFentry && errors.Is(err, unix.EPERM) && !testenv.InGuest() {
+					for _, c := range kids {
+						_ = c.finish()
+					}
+					t.Skipf("this kernel refuses fentry programs to root (a security policy of the machine): %v", err)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = s.Close() })
+				dir := cfg.Dir
 				_, lossy := s.Preemptible()
+				// Packet mode needs the recorder's own rings: BPF_CMPXCHG.
+				if major, minor, _ := testenv.KernelRelease(); way.transport == Ringbuf && !way.noPackets && (major > 5 || major == 5 && minor >= 12) {
+					if err := s.Packets(); err != nil {
+						t.Errorf("packet mode off: %v", err)
+					}
+				}
+				if path == SyscallsFentry && recorder.Preemptibility().On && !s.rec.Kprobes() {
+					t.Errorf("the function path is on trampolines, which lose events here: %v", recorder.Preemptibility().Why)
+				}
+				if s.rec.Kprobes() && len(lossy) > 0 {
+					t.Errorf("events on the function path's kprobes named preemptible: %v", lossy)
+				}
 				if err := enable("1"); err != nil {
 					t.Fatal(err)
 				}
@@ -114,7 +159,7 @@ func TestPreemptedTasksKeepAll(t *testing.T) {
 
 // ftraceEntries returns the events an ftrace instance's buffers hold and
 // those overwritten, summed over the CPUs (per_cpu/cpuN/stats).
-func ftraceEntries(t *testing.T, inst string) (entries, overrun int) {
+func ftraceEntries(t testing.TB, inst string) (entries, overrun int) {
 	t.Helper()
 	stats, err := filepath.Glob(filepath.Join(inst, "per_cpu", "cpu*", "stats"))
 	if err != nil || len(stats) == 0 {

@@ -27,7 +27,6 @@ import (
 	"sync/atomic"
 
 	"github.com/kconsume/kconsume/consumer/recorder"
-	"github.com/kconsume/kconsume/gen"
 
 	"github.com/kconsume/kconsume/consumer/layout"
 
@@ -87,6 +86,8 @@ type Session struct {
 	finalKept atomic.Pointer[map[string]uint64]
 	// finalStacks holds the stack counts at Close (StackCounts).
 	finalStacks atomic.Pointer[recorder.StackCounts]
+	// finalTrig holds the triggers' counts at Close (TriggerCounts).
+	finalTrig atomic.Pointer[[]TriggerCount]
 	// keepErr says why a kill of this recording would lose what it
 	// holds uncounted (crash.go), nil when recover would count it.
 	keepErr error
@@ -150,7 +151,11 @@ func New(cfg Config) (*Session, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, stacks, ctxs, len(synthDefs), wake).WithProbes(probes)
+	trigs, err := resolveTriggers(fs, cfg.Triggers, formats, users)
+	if err != nil {
+		return nil, err
+	}
+	opts := recorder.EventOptions(cfg.recorder(), formats, users, filters, stacks, ctxs, len(synthDefs), wake).WithProbes(probes).WithTriggers(trigs)
 	s, err := newSession(cfg, len(formats)+len(hooks), opts)
 	if err != nil {
 		return nil, err
@@ -184,6 +189,12 @@ func New(cfg Config) (*Session, error) {
 		s.removeOutput()
 		return nil, err
 	}
+	s.userSymbolsAtRotation()
+	if err := s.startInterval(); err != nil {
+		s.Close()
+		s.removeOutput()
+		return nil, err
+	}
 	s.dr.start()
 	return s, nil
 }
@@ -202,7 +213,7 @@ func (s *Session) linkWakeup() error {
 // removeOutput removes what a session that failed to start wrote into its
 // directory: the metadata (no stream file exists before the first record).
 func (s *Session) removeOutput() {
-	if s.cfg.Sink == nil {
+	if s.cfg.Sink == nil || s.cfg.Dir != "" && relayfmt.CanRotate(s.cfg.Sink) {
 		_ = os.Remove(filepath.Join(s.cfg.Dir, "metadata"))
 	}
 	if s.cfg.Dir != "" {
@@ -281,6 +292,15 @@ func newSession(cfg Config, nevents int, opts *recorder.Options) (_ *Session, er
 			_ = sink.Close()
 		}
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cfg.RotateSize > 0 || cfg.RotateInterval > 0 || cfg.rotates() {
+		if !relayfmt.CanRotate(sink) {
+			return nil, fmt.Errorf("%w: rotation needs a sink that writes chunks (relayfmt.Rotator, as package chunks' Sink)", ErrConfig)
+		}
+		// The packets are the channel's: in packet mode the rings'.
+		if err := CheckRotateSize(cfg.RotateSize, s.ch.Streams(), subSize); err != nil {
+			return nil, err
+		}
 	}
 	s.w = &writer{ch: s.ch, global: cfg.Global, streamCtx: scLen}
 	s.dr.setWriter(s.w)
@@ -414,6 +434,7 @@ func (s *Session) Close() error {
 		s.gateMu.Lock()
 		s.gateShut = true
 		if s.rec != nil {
+			s.closeTriggers()
 			if err := s.rec.SetRunning(false); err != nil {
 				errs = append(errs, err)
 			}
@@ -422,6 +443,11 @@ func (s *Session) Close() error {
 		s.gateMu.Unlock()
 		if s.rec != nil {
 			errs = append(errs, s.rec.Detach()...)
+			if len(s.cfg.Triggers) > 0 {
+				// A start trigger that ran as the gate closed is detached now.
+				errs = append(errs, s.rec.SetRunning(false))
+				s.keepTriggerCounts()
+			}
 		}
 		if s.dr != nil && s.dr.running() {
 			errs = append(errs, s.dr.do(func() error {
@@ -434,17 +460,20 @@ func (s *Session) Close() error {
 			errs = append(errs, s.dr.loopErr)
 		}
 		if s.ch != nil {
+			loaded := s.rec != nil && s.rec.Loaded()
+			if loaded && s.umaps != nil {
+				// Before the channel closes: a rotated trace's last
+				// chunk takes them with it.
+				errs = append(errs, s.saveUserSymbols())
+			}
 			errs = append(errs, s.ch.Close())
-			if s.rec != nil && s.rec.Loaded() {
+			if loaded {
 				final, kept := s.stats(), s.FilterKept()
 				s.final.Store(&final)
 				s.finalKept.Store(&kept)
 				stacks, err := s.rec.StackCounts()
 				errs = append(errs, err)
 				s.finalStacks.Store(&stacks)
-				if s.umaps != nil {
-					errs = append(errs, s.saveUserSymbols())
-				}
 			}
 		}
 		s.release()
@@ -459,102 +488,15 @@ func (s *Session) release() {
 		s.umaps.close()
 	}
 	if s.dr != nil {
+		if s.dr.rot.timer != nil {
+			s.dr.rot.timer.Close()
+		}
 		s.dr.close()
 	}
 	if s.rec != nil {
 		s.rec.Close()
 	}
 }
-
-// BTFEvents returns the events recorded by the recorder's own tp_btf
-// programs (sched_switch, sched_waking, sched_wakeup, sched_wakeup_new,
-// task_rename) and, when one was to be but the kernel refused, why. The path is not
-// tried for an event in a layout its program does not build, with
-// synthetic:wakeup_latency, or on the perf transport.
-func (s *Session) BTFEvents() (events []string, why error) {
-	for i, p := range s.rec.Progs()[:len(s.events)] {
-		if recorder.IsBTFProg(p) {
-			events = append(events, s.events[i].FullName())
-		}
-	}
-	return events, s.rec.Why(recorder.PathBTF)
-}
-
-// UserFault returns nil when the recorder pages in the user memory that
-// syscall events' user-space fields hold before it reads it, as the
-// kernel does for its own events, or why it does not; nil too when no
-// recorded event has such fields.
-func (s *Session) UserFault() error {
-	if s.rec.On(recorder.PathUserFault) {
-		return nil
-	}
-	return s.rec.Why(recorder.PathUserFault)
-}
-
-// Preemptible returns whether this kernel runs tracing programs
-// preemptibly, and why (preempt.go), and the session's events recorded
-// by programs that run so there: events a task preempted inside such a
-// program can make the kernel skip for the other tasks on its CPU. Those
-// are the function path's syscall events, the syscall events of their
-// own tracepoints (whose perf programs 7.x runs before it turns
-// preemption off, kernel/trace/trace_syscalls.c) and those with
-// user-space fields (kc_sys_user_fault). The raw path, the other
-// tracepoints and the sched events' BTF programs keep preemption off or
-// run where the kernel does. The skipped runs are counted (CPUStats.Missed).
-func (s *Session) Preemptible() (p recorder.Preemptible, events []string) {
-	p = s.rec.Preempt()
-	if !p.On {
-		return p, nil
-	}
-	for i, prog := range s.rec.Progs()[:len(s.events)] {
-		f := s.events[i]
-		fentry := strings.HasPrefix(prog, recorder.FentryPrefix)
-		sysTP := f.System == "syscalls" && prog != gen.RingbufProgKcSysEnter && prog != gen.RingbufProgKcSysExit
-		if fentry || sysTP {
-			events = append(events, f.FullName())
-		}
-	}
-	return p, events
-}
-
-// RawSyscalls returns the syscall events recorded through the raw
-// syscall path (Config.Syscalls), those with user-space fields that
-// kc_sys_user_fault records included, and, when the raw path could have
-// recorded some of the session's events but did not run, why.
-func (s *Session) RawSyscalls() (events []string, why error) {
-	for i, p := range s.rec.Progs()[:len(s.events)] {
-		if p == gen.RingbufProgKcSysEnter || p == gen.RingbufProgKcSysExit || p == gen.RingbufProgKcSysUserFault {
-			events = append(events, s.events[i].FullName())
-		}
-	}
-	return events, s.rec.Why(recorder.PathRawSys)
-}
-
-// FentrySyscalls returns the syscall events recorded through the
-// function path (Config.Syscalls SyscallsFentry) and, when the path
-// could have recorded some of the session's events but did not, why.
-func (s *Session) FentrySyscalls() (events []string, why error) {
-	for i, p := range s.rec.Progs()[:len(s.events)] {
-		if strings.HasPrefix(p, recorder.FentryPrefix) {
-			events = append(events, s.events[i].FullName())
-		}
-	}
-	return events, s.rec.Why(recorder.PathFentry)
-}
-
-// OwnRings returns nil when the recorder's programs write into its own
-// rings (kc_area, area.go), or why they write into BPF ring buffers or
-// perf buffers.
-func (s *Session) OwnRings() error { return s.rec.Why(recorder.PathOwnRings) }
-
-// Packets returns nil when the recorder's programs write the trace's
-// packets themselves (packet mode, packet.go), so the drainer reads no
-// record, or why they do not.
-func (s *Session) Packets() error { return s.rec.Why(recorder.PathPackets) }
-
-// Preemptible says whether the kernel runs tracing programs
-// preemptibly (recorder.Preemptible).
-type Preemptible = recorder.Preemptible
 
 // LoadObject reads a BPF object built on bpf/kc_synth.h for
 // Config.Objects (recorder.LoadObject).

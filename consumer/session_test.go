@@ -254,7 +254,7 @@ func walkTrace(t *testing.T, dir string, fn func(it *relayfmt.Item, vals []relay
 // test's cleanup disables and removes, and returns its directory and a
 // function that writes v ("1" or "0") to the enable file of each of
 // events ("system:name").
-func ftraceInstance(t *testing.T, fs tracefs.FS, name string, events []string) (string, func(v string) error) {
+func ftraceInstance(t testing.TB, fs tracefs.FS, name string, events []string) (string, func(v string) error) {
 	t.Helper()
 	inst := filepath.Join(fs.Root, "instances", fmt.Sprintf("kc-%s-%d", name, os.Getpid()))
 	if err := os.Mkdir(inst, 0o755); err != nil {
@@ -447,6 +447,12 @@ func TestConfigErrors(t *testing.T) {
 		"global perf":   {Dir: dir, Events: []string{"sched:sched_switch"}, Global: true, Transport: Perf},
 		"syscalls":      {Dir: dir, Events: []string{"sched:sched_switch"}, Syscalls: 7},
 		"raw perf":      {Dir: dir, Events: []string{"syscalls:sys_enter_getpid"}, Syscalls: SyscallsRaw, Transport: Perf},
+		// Rotation: a negative interval, a flight recorder, a size under
+		// a sub-buffer per stream, an output that writes no chunks.
+		"rotate interval":  {Dir: dir, Events: []string{"sched:sched_switch"}, RotateInterval: -time.Second},
+		"rotate overwrite": {Dir: dir, Events: []string{"sched:sched_switch"}, RotateSize: 64 << 20, Mode: relayfmt.Overwrite},
+		"rotate size":      {Dir: dir, Events: []string{"sched:sched_switch"}, RotateSize: 4096},
+		"rotate dir":       {Dir: dir, Events: []string{"sched:sched_switch"}, RotateInterval: time.Minute},
 	}
 	for name, cfg := range cases {
 		s, err := New(cfg)

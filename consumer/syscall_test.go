@@ -92,7 +92,9 @@ func TestSysShape(t *testing.T) {
 // TestSyscallRaw records a child's close and mmap calls, entry and exit,
 // through the raw syscall path (from its BTF tracepoint programs, and
 // from the perf tracepoints it takes where tracing programs run
-// preemptibly, forced here) and through the syscall tracepoints: the
+// preemptibly, forced here, and from BTF again with that forced but
+// KCONSUME_RAW_FROM_PERF=0's switch on) and through the syscall
+// tracepoints: the
 // traces must hold the same records, field for field, and those the
 // arguments and results the child passed and got.
 func TestSyscallRaw(t *testing.T) {
@@ -106,21 +108,24 @@ func TestSyscallRaw(t *testing.T) {
 		name      string
 		sys       Syscalls
 		forcePerf bool
-	}{{"tracepoints", SyscallsTracepoint, false}, {"raw", SyscallsRaw, false}, {"raw from perf", SyscallsRaw, true}}
+		forceBTF  bool // the raw path kept on tp_btf (KCONSUME_RAW_FROM_PERF=0)
+	}{{"tracepoints", SyscallsTracepoint, false, false}, {"raw", SyscallsRaw, false, false}, {"raw from perf", SyscallsRaw, true, false},
+		// Preemptible (forced), yet on tp_btf: the path without its fix.
+		{"raw from tp_btf", SyscallsRaw, true, true}}
 	runs := make([][]string, len(variants))
 	missed := make([]int, len(variants))
 	ids := map[string]uint32{}
 	for k, v := range variants {
 		raw := v.sys == SyscallsRaw
-		recorder.Testing.RawFromPerf = v.forcePerf
+		recorder.Testing.RawFromPerf, recorder.Testing.RawFromBTF = v.forcePerf, v.forceBTF
 		c := startChild(t, "syscalls", n)
 		s, dir := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf, Syscalls: v.sys})
-		recorder.Testing.RawFromPerf = false
+		recorder.Testing.RawFromPerf, recorder.Testing.RawFromBTF = false, false
 		if raw {
 			for _, f := range s.Events() {
 				ids[f.FullName()] = f.ID
 			}
-			if s.rec.RawFromPerf() != (v.forcePerf || recorder.Preemptibility().On) {
+			if s.rec.RawFromPerf() != (!v.forceBTF && (v.forcePerf || recorder.Preemptibility().On)) {
 				t.Fatalf("%s: raw path from perf tracepoints %v, preemptible %+v", v.name, s.rec.RawFromPerf(), recorder.Preemptibility())
 			}
 		}
@@ -282,7 +287,7 @@ func TestSyscallCompat(t *testing.T) {
 	const n = 1000
 	events := []string{"syscalls:sys_enter_writev", "syscalls:sys_enter_getpid", "syscalls:sys_enter_close"}
 	for _, path := range []Syscalls{SyscallsRaw, SyscallsFentry} {
-		t.Run(path.String(), func(t *testing.T) {
+		onPath(t, path, func(t *testing.T) {
 			c := startChild(t, "int80", n)
 			s, dir := syscallSession(t, path, events, c)
 			if err := s.Start(); err != nil {
@@ -319,7 +324,7 @@ func TestSyscallUntracedRuns(t *testing.T) {
 	const n = 20000
 	events := []string{"syscalls:sys_enter_close"}
 	for _, path := range []Syscalls{SyscallsRaw, SyscallsFentry} {
-		t.Run(path.String(), func(t *testing.T) {
+		onPath(t, path, func(t *testing.T) {
 			c := startChild(t, "getpid", n)
 			s, _ := syscallSession(t, path, events, c)
 			if err := s.Start(); err != nil {
@@ -412,10 +417,45 @@ func fentrySession(t *testing.T, events []string, c *tracedChild) (*Session, str
 	return s, dir
 }
 
+// onPath runs fn as a subtest named after path, and on the function
+// path in both its ways (eachFunctionPath).
+func onPath(t *testing.T, path Syscalls, fn func(t *testing.T)) {
+	t.Run(path.String(), func(t *testing.T) {
+		if path == SyscallsFentry {
+			eachFunctionPath(t, fn)
+			return
+		}
+		fn(t)
+	})
+}
+
+// eachFunctionPath runs fn as a subtest on the function path as the
+// kernel takes it (fentry and fexit trampolines, or kprobes where
+// trampolines run preemptibly) and as one on its kprobes
+// (recorder.Testing.FuncKprobes). The kprobes subtest skips on kernels
+// without kprobe.multi links, and fails on a preemptible one without.
+func eachFunctionPath(t *testing.T, fn func(t *testing.T)) {
+	t.Run("default", fn)
+	t.Run("kprobes", func(t *testing.T) {
+		if err := recorder.KprobeFuncs(); err != nil {
+			if p := recorder.Preemptibility(); p.On {
+				t.Fatalf("the function path on kprobes, which this kernel needs (%s): %v", p.Why, err)
+			}
+			t.Skipf("this kernel cannot run the function path on kprobes (kprobe.multi links need Linux 5.18 and CONFIG_FPROBE; Debian's 6.1 lacks it): %v", err)
+		}
+		recorder.Testing.FuncKprobes = true
+		t.Cleanup(func() { recorder.Testing.FuncKprobes = false })
+		fn(t)
+	})
+}
+
 // TestSyscallFentry: the function path (fentry on __x64_sys_NAME, fexit
-// for exit events) records the same records as the tracepoints, as
-// TestSyscallRaw checks them, and babeltrace2 reads them.
-func TestSyscallFentry(t *testing.T) {
+// for exit events, or kprobes and kretprobes there) records the same
+// records as the tracepoints, as TestSyscallRaw checks them, and
+// babeltrace2 reads them.
+func TestSyscallFentry(t *testing.T) { eachFunctionPath(t, testSyscallFentry) }
+
+func testSyscallFentry(t *testing.T) {
 	const n = 2000
 	events := []string{"syscalls:sys_enter_close", "syscalls:sys_exit_close", "syscalls:sys_enter_mmap", "syscalls:sys_exit_mmap"}
 	c := startChild(t, "syscalls", n)
@@ -439,8 +479,10 @@ func TestSyscallFentry(t *testing.T) {
 
 // TestSyscallFentryNoArgs: a syscall without arguments, whose x86_64
 // entry point is an alias BTF does not name, is recorded from the
-// function it aliases, on entry and exit.
-func TestSyscallFentryNoArgs(t *testing.T) {
+// function it aliases, on entry and exit, on trampolines and kprobes.
+func TestSyscallFentryNoArgs(t *testing.T) { eachFunctionPath(t, testSyscallFentryNoArgs) }
+
+func testSyscallFentryNoArgs(t *testing.T) {
 	const n = 1000
 	events := []string{"syscalls:sys_enter_getpid", "syscalls:sys_exit_getpid"}
 	c := startChild(t, "getpid", n)

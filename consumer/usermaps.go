@@ -65,9 +65,34 @@ type userMaps struct {
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once // closes stop
-	wake  int       // an eventfd halt writes, to end loop's poll
+	wake  int       // an eventfd halt and catchUp write, to end loop's poll
+	// caughtUp takes catchUp's requests, each closed once loop has
+	// read every record the rings held when it was sent.
+	caughtUp chan chan struct{}
 	// started is set once loop runs.
 	started bool
+}
+
+// catchUp has the loop apply every record the rings hold now, and waits
+// for it: the kernel wakes the loop only once a ring is half full, so
+// the model otherwise lags by what a chunk's processes just mapped.
+func (u *userMaps) catchUp() {
+	if !u.started {
+		return
+	}
+	done := make(chan struct{})
+	select {
+	case u.caughtUp <- done:
+	case <-u.done:
+		return
+	}
+	var one [8]byte
+	one[0] = 1
+	_, _ = unix.Write(u.wake, one[:])
+	select {
+	case <-done:
+	case <-u.done:
+	}
 }
 
 // halt stops the loop, and waits for its last read.
@@ -89,7 +114,7 @@ func startUserMaps(ncpu int, clockID int32) (*userMaps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("following processes' mappings for user call chains: eventfd: %w", err)
 	}
-	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{}), wake: wake}
+	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{}), wake: wake, caughtUp: make(chan chan struct{}, 1)}
 	for cpu := range ncpu {
 		r, err := openSideRing(cpu, clockID)
 		if errors.Is(err, unix.ENODEV) {
@@ -135,6 +160,15 @@ func (u *userMaps) loop() {
 			// Poll cannot fail on these descriptors; should it, a
 			// period keeps the records read.
 			_, _ = unix.Poll(nil, 100)
+		}
+		select {
+		case done := <-u.caughtUp:
+			var buf [8]byte
+			_, _ = unix.Read(u.wake, buf[:]) // the eventfd readable no more
+			u.drain()
+			close(done)
+			continue
+		default:
 		}
 		u.drain()
 	}

@@ -78,7 +78,7 @@ var Changes = []Change{
 	{FeatGlobLen, Release{6, 1, 0}, nil, false,
 		"matching bounded by the field length (glob_match_len); 5.10 reads to the NUL and == compares only the field's bytes"},
 	{FeatIncomplete, Release{7, 0, 0}, []Release{{6, 12, 115}}, true,
-		"trailing && / || refused (6.12.115 stable, in 7.3; 6.18.44 still accepts; mainline release assumed 7.0)"},
+		"trailing && / || refused (6.12.115 stable, in 7.3; of two builds of 6.18.44, one accepts, one refuses; mainline release assumed 7.0)"},
 }
 
 // Has reports whether kernel rel has feature f: the Changes entry's

@@ -42,31 +42,32 @@ type LTTngKcScratch struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LTTngMapKcArea                     = "kc_area"
-	LTTngMapKcRings                    = "kc_rings"
-	LTTngMapKcScratchMap               = "kc_scratch_map"
-	LTTngMapKcState                    = "kc_state"
-	LTTngMapKcSynthDepth               = "kc_synth_depth"
-	LTTngMapKcSynthScratch             = "kc_synth_scratch"
-	LTTngProgLttngSchedProcessFork     = "lttng_sched_process_fork"
-	LTTngVarKcAreaEshift               = "kc_area_eshift"
-	LTTngVarKcAreaEsize                = "kc_area_esize"
-	LTTngVarKcAreaKmask                = "kc_area_kmask"
-	LTTngVarKcAreaLshift               = "kc_area_lshift"
-	LTTngVarKcAreaOn                   = "kc_area_on"
-	LTTngVarKcAreaRsize                = "kc_area_rsize"
-	LTTngVarKcClock                    = "kc_clock"
-	LTTngVarKcDefKlog                  = "kc_def_klog"
-	LTTngVarKcDefLttngSchedProcessFork = "kc_def_lttng_sched_process_fork"
-	LTTngVarKcGlobal                   = "kc_global"
-	LTTngVarKcKeyKlog                  = "kc_key_klog"
-	LTTngVarKcKeyLttngSchedProcessFork = "kc_key_lttng_sched_process_fork"
-	LTTngVarKcNcpu                     = "kc_ncpu"
-	LTTngVarKcPktOn                    = "kc_pkt_on"
-	LTTngVarKcRunning                  = "kc_running"
-	LTTngVarKcSelfTgid                 = "kc_self_tgid"
-	LTTngVarKcWakeupBytes              = "kc_wakeup_bytes"
-	LTTngVarKcWakeupMask               = "kc_wakeup_mask"
+	LTTngMapKcArea                       = "kc_area"
+	LTTngMapKcRings                      = "kc_rings"
+	LTTngMapKcScratchMap                 = "kc_scratch_map"
+	LTTngMapKcState                      = "kc_state"
+	LTTngMapKcSynthDepth                 = "kc_synth_depth"
+	LTTngMapKcSynthScratch               = "kc_synth_scratch"
+	LTTngProgLttngSchedProcessFork       = "lttng_sched_process_fork"
+	LTTngProgLttngSchedProcessForkKprobe = "lttng_sched_process_fork_kprobe"
+	LTTngVarKcAreaEshift                 = "kc_area_eshift"
+	LTTngVarKcAreaEsize                  = "kc_area_esize"
+	LTTngVarKcAreaKmask                  = "kc_area_kmask"
+	LTTngVarKcAreaLshift                 = "kc_area_lshift"
+	LTTngVarKcAreaOn                     = "kc_area_on"
+	LTTngVarKcAreaRsize                  = "kc_area_rsize"
+	LTTngVarKcClock                      = "kc_clock"
+	LTTngVarKcDefKlog                    = "kc_def_klog"
+	LTTngVarKcDefLttngSchedProcessFork   = "kc_def_lttng_sched_process_fork"
+	LTTngVarKcGlobal                     = "kc_global"
+	LTTngVarKcKeyKlog                    = "kc_key_klog"
+	LTTngVarKcKeyLttngSchedProcessFork   = "kc_key_lttng_sched_process_fork"
+	LTTngVarKcNcpu                       = "kc_ncpu"
+	LTTngVarKcPktOn                      = "kc_pkt_on"
+	LTTngVarKcRunning                    = "kc_running"
+	LTTngVarKcSelfTgid                   = "kc_self_tgid"
+	LTTngVarKcWakeupBytes                = "kc_wakeup_bytes"
+	LTTngVarKcWakeupMask                 = "kc_wakeup_mask"
 )
 
 // LoadLTTng returns the embedded CollectionSpec for LTTng.
@@ -111,7 +112,8 @@ type LTTngSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LTTngProgramSpecs struct {
-	LttngSchedProcessFork *ebpf.ProgramSpec `ebpf:"lttng_sched_process_fork"`
+	LttngSchedProcessFork       *ebpf.ProgramSpec `ebpf:"lttng_sched_process_fork"`
+	LttngSchedProcessForkKprobe *ebpf.ProgramSpec `ebpf:"lttng_sched_process_fork_kprobe"`
 }
 
 // LTTngMapSpecs contains maps before they are loaded into the kernel.
@@ -217,12 +219,14 @@ type LTTngVariables struct {
 //
 // It can be passed to LoadLTTngObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LTTngPrograms struct {
-	LttngSchedProcessFork *ebpf.Program `ebpf:"lttng_sched_process_fork"`
+	LttngSchedProcessFork       *ebpf.Program `ebpf:"lttng_sched_process_fork"`
+	LttngSchedProcessForkKprobe *ebpf.Program `ebpf:"lttng_sched_process_fork_kprobe"`
 }
 
 func (p *LTTngPrograms) Close() error {
 	return _LTTngClose(
 		p.LttngSchedProcessFork,
+		p.LttngSchedProcessForkKprobe,
 	)
 }
 

@@ -42,23 +42,24 @@ type LTTngPerfKcScratch struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	LTTngPerfMapKcPerf                     = "kc_perf"
-	LTTngPerfMapKcScratchMap               = "kc_scratch_map"
-	LTTngPerfMapKcState                    = "kc_state"
-	LTTngPerfMapKcSynthDepth               = "kc_synth_depth"
-	LTTngPerfMapKcSynthScratch             = "kc_synth_scratch"
-	LTTngPerfProgLttngSchedProcessFork     = "lttng_sched_process_fork"
-	LTTngPerfVarKcClock                    = "kc_clock"
-	LTTngPerfVarKcDefKlog                  = "kc_def_klog"
-	LTTngPerfVarKcDefLttngSchedProcessFork = "kc_def_lttng_sched_process_fork"
-	LTTngPerfVarKcGlobal                   = "kc_global"
-	LTTngPerfVarKcKeyKlog                  = "kc_key_klog"
-	LTTngPerfVarKcKeyLttngSchedProcessFork = "kc_key_lttng_sched_process_fork"
-	LTTngPerfVarKcNcpu                     = "kc_ncpu"
-	LTTngPerfVarKcRunning                  = "kc_running"
-	LTTngPerfVarKcSelfTgid                 = "kc_self_tgid"
-	LTTngPerfVarKcWakeupBytes              = "kc_wakeup_bytes"
-	LTTngPerfVarKcWakeupMask               = "kc_wakeup_mask"
+	LTTngPerfMapKcPerf                       = "kc_perf"
+	LTTngPerfMapKcScratchMap                 = "kc_scratch_map"
+	LTTngPerfMapKcState                      = "kc_state"
+	LTTngPerfMapKcSynthDepth                 = "kc_synth_depth"
+	LTTngPerfMapKcSynthScratch               = "kc_synth_scratch"
+	LTTngPerfProgLttngSchedProcessFork       = "lttng_sched_process_fork"
+	LTTngPerfProgLttngSchedProcessForkKprobe = "lttng_sched_process_fork_kprobe"
+	LTTngPerfVarKcClock                      = "kc_clock"
+	LTTngPerfVarKcDefKlog                    = "kc_def_klog"
+	LTTngPerfVarKcDefLttngSchedProcessFork   = "kc_def_lttng_sched_process_fork"
+	LTTngPerfVarKcGlobal                     = "kc_global"
+	LTTngPerfVarKcKeyKlog                    = "kc_key_klog"
+	LTTngPerfVarKcKeyLttngSchedProcessFork   = "kc_key_lttng_sched_process_fork"
+	LTTngPerfVarKcNcpu                       = "kc_ncpu"
+	LTTngPerfVarKcRunning                    = "kc_running"
+	LTTngPerfVarKcSelfTgid                   = "kc_self_tgid"
+	LTTngPerfVarKcWakeupBytes                = "kc_wakeup_bytes"
+	LTTngPerfVarKcWakeupMask                 = "kc_wakeup_mask"
 )
 
 // LoadLTTngPerf returns the embedded CollectionSpec for LTTngPerf.
@@ -103,7 +104,8 @@ type LTTngPerfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type LTTngPerfProgramSpecs struct {
-	LttngSchedProcessFork *ebpf.ProgramSpec `ebpf:"lttng_sched_process_fork"`
+	LttngSchedProcessFork       *ebpf.ProgramSpec `ebpf:"lttng_sched_process_fork"`
+	LttngSchedProcessForkKprobe *ebpf.ProgramSpec `ebpf:"lttng_sched_process_fork_kprobe"`
 }
 
 // LTTngPerfMapSpecs contains maps before they are loaded into the kernel.
@@ -192,12 +194,14 @@ type LTTngPerfVariables struct {
 //
 // It can be passed to LoadLTTngPerfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type LTTngPerfPrograms struct {
-	LttngSchedProcessFork *ebpf.Program `ebpf:"lttng_sched_process_fork"`
+	LttngSchedProcessFork       *ebpf.Program `ebpf:"lttng_sched_process_fork"`
+	LttngSchedProcessForkKprobe *ebpf.Program `ebpf:"lttng_sched_process_fork_kprobe"`
 }
 
 func (p *LTTngPerfPrograms) Close() error {
 	return _LTTngPerfClose(
 		p.LttngSchedProcessFork,
+		p.LttngSchedProcessForkKprobe,
 	)
 }
 

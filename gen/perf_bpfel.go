@@ -92,6 +92,16 @@ type PerfKcTpInfo struct {
 	}
 }
 
+type PerfKcTrig struct {
+	_        structs.HostLayout
+	Last     uint64
+	Interval uint64
+	Matched  uint64
+	Fired    uint64
+	Action   uint32
+	Pad      uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -108,6 +118,8 @@ const (
 	PerfMapKcStackStats   = "kc_stack_stats"
 	PerfMapKcState        = "kc_state"
 	PerfMapKcTpInfoMap    = "kc_tp_info_map"
+	PerfMapKcTrigMap      = "kc_trig_map"
+	PerfMapKcTrigRing     = "kc_trig_ring"
 	PerfMapKcUstackProcs  = "kc_ustack_procs"
 	PerfMapKcWakeTs       = "kc_wake_ts"
 	PerfProgKcInject      = "kc_inject"
@@ -123,6 +135,7 @@ const (
 	PerfVarKcPidBits      = "kc_pid_bits"
 	PerfVarKcRunning      = "kc_running"
 	PerfVarKcSelfTgid     = "kc_self_tgid"
+	PerfVarKcTrigLive     = "kc_trig_live"
 	PerfVarKcUseCookie    = "kc_use_cookie"
 	PerfVarKcWakeupBytes  = "kc_wakeup_bytes"
 	PerfVarKcWakeupMask   = "kc_wakeup_mask"
@@ -191,6 +204,8 @@ type PerfMapSpecs struct {
 	KcStackStats  *ebpf.MapSpec `ebpf:"kc_stack_stats"`
 	KcState       *ebpf.MapSpec `ebpf:"kc_state"`
 	KcTpInfoMap   *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
+	KcTrigMap     *ebpf.MapSpec `ebpf:"kc_trig_map"`
+	KcTrigRing    *ebpf.MapSpec `ebpf:"kc_trig_ring"`
 	KcUstackProcs *ebpf.MapSpec `ebpf:"kc_ustack_procs"`
 	KcWakeTs      *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
@@ -209,6 +224,7 @@ type PerfVariableSpecs struct {
 	KcPidBits      *ebpf.VariableSpec `ebpf:"kc_pid_bits"`
 	KcRunning      *ebpf.VariableSpec `ebpf:"kc_running"`
 	KcSelfTgid     *ebpf.VariableSpec `ebpf:"kc_self_tgid"`
+	KcTrigLive     *ebpf.VariableSpec `ebpf:"kc_trig_live"`
 	KcUseCookie    *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask   *ebpf.VariableSpec `ebpf:"kc_wakeup_mask"`
@@ -246,6 +262,8 @@ type PerfMaps struct {
 	KcStackStats  *ebpf.Map `ebpf:"kc_stack_stats"`
 	KcState       *ebpf.Map `ebpf:"kc_state"`
 	KcTpInfoMap   *ebpf.Map `ebpf:"kc_tp_info_map"`
+	KcTrigMap     *ebpf.Map `ebpf:"kc_trig_map"`
+	KcTrigRing    *ebpf.Map `ebpf:"kc_trig_ring"`
 	KcUstackProcs *ebpf.Map `ebpf:"kc_ustack_procs"`
 	KcWakeTs      *ebpf.Map `ebpf:"kc_wake_ts"`
 }
@@ -264,6 +282,8 @@ func (m *PerfMaps) Close() error {
 		m.KcStackStats,
 		m.KcState,
 		m.KcTpInfoMap,
+		m.KcTrigMap,
+		m.KcTrigRing,
 		m.KcUstackProcs,
 		m.KcWakeTs,
 	)
@@ -283,6 +303,7 @@ type PerfVariables struct {
 	KcPidBits      *ebpf.Variable `ebpf:"kc_pid_bits"`
 	KcRunning      *ebpf.Variable `ebpf:"kc_running"`
 	KcSelfTgid     *ebpf.Variable `ebpf:"kc_self_tgid"`
+	KcTrigLive     *ebpf.Variable `ebpf:"kc_trig_live"`
 	KcUseCookie    *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeupBytes  *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
 	KcWakeupMask   *ebpf.Variable `ebpf:"kc_wakeup_mask"`

@@ -113,6 +113,7 @@ type RingbufKcSysKey struct {
 	Gen      uint32
 	GenNext  uint32
 	SwitchAt uint32
+	Trig     uint32
 }
 
 type RingbufKcTpInfo struct {
@@ -144,6 +145,16 @@ type RingbufKcTpInfo struct {
 	Ops        [16]RingbufKcOp
 }
 
+type RingbufKcTrig struct {
+	_        structs.HostLayout
+	Last     uint64
+	Interval uint64
+	Matched  uint64
+	Fired    uint64
+	Action   uint32
+	Pad      uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -168,6 +179,8 @@ const (
 	RingbufMapKcSysUserScratch = "kc_sys_user_scratch"
 	RingbufMapKcSysUserUnread  = "kc_sys_user_unread"
 	RingbufMapKcTpInfoMap      = "kc_tp_info_map"
+	RingbufMapKcTrigMap        = "kc_trig_map"
+	RingbufMapKcTrigRing       = "kc_trig_ring"
 	RingbufMapKcUstackProcs    = "kc_ustack_procs"
 	RingbufMapKcWakeTs         = "kc_wake_ts"
 	RingbufProgKcBtfRename     = "kc_btf_rename"
@@ -187,6 +200,8 @@ const (
 	RingbufProgKcSysExitTp     = "kc_sys_exit_tp"
 	RingbufProgKcSysFentry     = "kc_sys_fentry"
 	RingbufProgKcSysFexit      = "kc_sys_fexit"
+	RingbufProgKcSysKprobe     = "kc_sys_kprobe"
+	RingbufProgKcSysKretprobe  = "kc_sys_kretprobe"
 	RingbufProgKcSysUserFault  = "kc_sys_user_fault"
 	RingbufProgKcTracepoint    = "kc_tracepoint"
 	RingbufVarKcAreaEshift     = "kc_area_eshift"
@@ -212,9 +227,11 @@ const (
 	RingbufVarKcSwitchId       = "kc_switch_id"
 	RingbufVarKcSwitchKey      = "kc_switch_key"
 	RingbufVarKcSwitchStateArg = "kc_switch_state_arg"
+	RingbufVarKcSysTrigStart   = "kc_sys_trig_start"
 	RingbufVarKcSysUserOn      = "kc_sys_user_on"
 	RingbufVarKcSysUserRec     = "kc_sys_user_rec"
 	RingbufVarKcTaskBtf        = "kc_task_btf"
+	RingbufVarKcTrigLive       = "kc_trig_live"
 	RingbufVarKcUseCookie      = "kc_use_cookie"
 	RingbufVarKcWakeSuccess    = "kc_wake_success"
 	RingbufVarKcWakeupBytes    = "kc_wakeup_bytes"
@@ -286,6 +303,8 @@ type RingbufProgramSpecs struct {
 	KcSysExitTp    *ebpf.ProgramSpec `ebpf:"kc_sys_exit_tp"`
 	KcSysFentry    *ebpf.ProgramSpec `ebpf:"kc_sys_fentry"`
 	KcSysFexit     *ebpf.ProgramSpec `ebpf:"kc_sys_fexit"`
+	KcSysKprobe    *ebpf.ProgramSpec `ebpf:"kc_sys_kprobe"`
+	KcSysKretprobe *ebpf.ProgramSpec `ebpf:"kc_sys_kretprobe"`
 	KcSysUserFault *ebpf.ProgramSpec `ebpf:"kc_sys_user_fault"`
 	KcTracepoint   *ebpf.ProgramSpec `ebpf:"kc_tracepoint"`
 }
@@ -314,6 +333,8 @@ type RingbufMapSpecs struct {
 	KcSysUserScratch *ebpf.MapSpec `ebpf:"kc_sys_user_scratch"`
 	KcSysUserUnread  *ebpf.MapSpec `ebpf:"kc_sys_user_unread"`
 	KcTpInfoMap      *ebpf.MapSpec `ebpf:"kc_tp_info_map"`
+	KcTrigMap        *ebpf.MapSpec `ebpf:"kc_trig_map"`
+	KcTrigRing       *ebpf.MapSpec `ebpf:"kc_trig_ring"`
 	KcUstackProcs    *ebpf.MapSpec `ebpf:"kc_ustack_procs"`
 	KcWakeTs         *ebpf.MapSpec `ebpf:"kc_wake_ts"`
 }
@@ -345,9 +366,11 @@ type RingbufVariableSpecs struct {
 	KcSwitchId       *ebpf.VariableSpec `ebpf:"kc_switch_id"`
 	KcSwitchKey      *ebpf.VariableSpec `ebpf:"kc_switch_key"`
 	KcSwitchStateArg *ebpf.VariableSpec `ebpf:"kc_switch_state_arg"`
+	KcSysTrigStart   *ebpf.VariableSpec `ebpf:"kc_sys_trig_start"`
 	KcSysUserOn      *ebpf.VariableSpec `ebpf:"kc_sys_user_on"`
 	KcSysUserRec     *ebpf.VariableSpec `ebpf:"kc_sys_user_rec"`
 	KcTaskBtf        *ebpf.VariableSpec `ebpf:"kc_task_btf"`
+	KcTrigLive       *ebpf.VariableSpec `ebpf:"kc_trig_live"`
 	KcUseCookie      *ebpf.VariableSpec `ebpf:"kc_use_cookie"`
 	KcWakeSuccess    *ebpf.VariableSpec `ebpf:"kc_wake_success"`
 	KcWakeupBytes    *ebpf.VariableSpec `ebpf:"kc_wakeup_bytes"`
@@ -400,6 +423,8 @@ type RingbufMaps struct {
 	KcSysUserScratch *ebpf.Map `ebpf:"kc_sys_user_scratch"`
 	KcSysUserUnread  *ebpf.Map `ebpf:"kc_sys_user_unread"`
 	KcTpInfoMap      *ebpf.Map `ebpf:"kc_tp_info_map"`
+	KcTrigMap        *ebpf.Map `ebpf:"kc_trig_map"`
+	KcTrigRing       *ebpf.Map `ebpf:"kc_trig_ring"`
 	KcUstackProcs    *ebpf.Map `ebpf:"kc_ustack_procs"`
 	KcWakeTs         *ebpf.Map `ebpf:"kc_wake_ts"`
 }
@@ -426,6 +451,8 @@ func (m *RingbufMaps) Close() error {
 		m.KcSysUserScratch,
 		m.KcSysUserUnread,
 		m.KcTpInfoMap,
+		m.KcTrigMap,
+		m.KcTrigRing,
 		m.KcUstackProcs,
 		m.KcWakeTs,
 	)
@@ -458,9 +485,11 @@ type RingbufVariables struct {
 	KcSwitchId       *ebpf.Variable `ebpf:"kc_switch_id"`
 	KcSwitchKey      *ebpf.Variable `ebpf:"kc_switch_key"`
 	KcSwitchStateArg *ebpf.Variable `ebpf:"kc_switch_state_arg"`
+	KcSysTrigStart   *ebpf.Variable `ebpf:"kc_sys_trig_start"`
 	KcSysUserOn      *ebpf.Variable `ebpf:"kc_sys_user_on"`
 	KcSysUserRec     *ebpf.Variable `ebpf:"kc_sys_user_rec"`
 	KcTaskBtf        *ebpf.Variable `ebpf:"kc_task_btf"`
+	KcTrigLive       *ebpf.Variable `ebpf:"kc_trig_live"`
 	KcUseCookie      *ebpf.Variable `ebpf:"kc_use_cookie"`
 	KcWakeSuccess    *ebpf.Variable `ebpf:"kc_wake_success"`
 	KcWakeupBytes    *ebpf.Variable `ebpf:"kc_wakeup_bytes"`
@@ -494,6 +523,8 @@ type RingbufPrograms struct {
 	KcSysExitTp    *ebpf.Program `ebpf:"kc_sys_exit_tp"`
 	KcSysFentry    *ebpf.Program `ebpf:"kc_sys_fentry"`
 	KcSysFexit     *ebpf.Program `ebpf:"kc_sys_fexit"`
+	KcSysKprobe    *ebpf.Program `ebpf:"kc_sys_kprobe"`
+	KcSysKretprobe *ebpf.Program `ebpf:"kc_sys_kretprobe"`
 	KcSysUserFault *ebpf.Program `ebpf:"kc_sys_user_fault"`
 	KcTracepoint   *ebpf.Program `ebpf:"kc_tracepoint"`
 }
@@ -517,6 +548,8 @@ func (p *RingbufPrograms) Close() error {
 		p.KcSysExitTp,
 		p.KcSysFentry,
 		p.KcSysFexit,
+		p.KcSysKprobe,
+		p.KcSysKretprobe,
 		p.KcSysUserFault,
 		p.KcTracepoint,
 	)

@@ -90,6 +90,19 @@ func (s *sink) WriteFinal(name string, packets ...[]byte) error {
 	return relayfmt.WriteFinal(s.Sink, name, packets...)
 }
 
+// CloseChunk forwards to the inner sink (relayfmt.Rotator), which must
+// be one: the profile rotates only as its sink does.
+func (s *sink) CloseChunk(c relayfmt.Chunk, next bool) error {
+	r, ok := s.Sink.(relayfmt.Rotator)
+	if !ok {
+		return relayfmt.ErrNoRotate
+	}
+	return r.CloseChunk(c, next)
+}
+
+// Rotates reports whether the inner sink writes chunks.
+func (s *sink) Rotates() bool { return relayfmt.CanRotate(s.Sink) }
+
 // Reserve forwards to the inner sink (relayfmt.Reserver) and returns
 // its error.
 func (s *sink) Reserve(names []string, packetSize int) error {

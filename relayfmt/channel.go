@@ -125,9 +125,16 @@ type Channel struct {
 	// failed is closed at the first sink error (Failed).
 	failed   chan struct{}
 	failOnce sync.Once
-	// begin is the trace's start (Begin): every stream's first packet
-	// begins there. 0: at its first event.
+	// begin is the trace's start (Begin), or its current chunk's
+	// (Rotate): every stream's first packet begins there. 0: at its
+	// first event.
 	begin atomic.Uint64
+	// chunk is the current chunk's index, chunkBegin its start; under mu.
+	chunk      uint64
+	chunkBegin uint64
+	// rotErr is why the last chunk could not be closed (Rotate); under
+	// mu. Err returns it: nothing more reaches the trace.
+	rotErr error
 }
 
 type buffer struct {
@@ -154,9 +161,13 @@ type buffer struct {
 	hdr  PacketHeader // static fields of every packet
 
 	// Writer-owned, touched once per packet or per loss.
-	opens       uint64 // sub-buffers opened or dropped: a Mark's generation
-	seq         uint64 // sequence number the next opened packet gets
-	discarded   uint64 // running total, written into each packet
+	opens     uint64 // sub-buffers opened or dropped: a Mark's generation
+	seq       uint64 // sequence number the next opened packet gets
+	discarded uint64 // running total; each packet carries it less discBase
+	// discBase is discarded when the current chunk began (Rotate): a
+	// chunk's packets count the losses since, so that its streams read
+	// as whole streams on their own.
+	discBase    uint64
 	pktDisc     uint64 // discarded as of the last finished packet
 	overwritten uint64
 	slotEvents  []uint64
@@ -176,8 +187,9 @@ type buffer struct {
 	base  uint64
 	stats Stats
 
-	// firstTS is the first packet's timestamp_begin, written by the writer
-	// before the first produced.Add, read by the sink after it.
+	// firstTS is the first packet's timestamp_begin, of the trace or of
+	// its current chunk (Rotate), written by the writer before the first
+	// produced.Add, read by the sink after it.
 	firstTS uint64
 
 	produced atomic.Uint64 // sub-buffers finished (writer)
@@ -199,6 +211,14 @@ type buffer struct {
 	wSeq    uint64
 	wEnd    uint64
 	wDisc   uint64
+	// The current chunk's part (Rotate), under mu: the events the sink
+	// had taken when it began, and the bytes of its packets since.
+	chunkEvents  uint64
+	chunkBytes   uint64
+	chunkPackets uint64
+	// chunkEnd is where the streams' last chunk ended (Rotate);
+	// writer-owned.
+	chunkEnd uint64
 	// lost counts the events of packets a caller could not put (Lose);
 	// writer-owned.
 	lost uint64
@@ -463,8 +483,15 @@ func (c *Channel) StatsCPU(cpu int) (Stats, error) {
 // polling Err.
 func (c *Channel) Failed() <-chan struct{} { return c.failed }
 
-// Err returns the first sink error of any buffer, or nil.
+// Err returns the first sink error of any buffer, or why a chunk could
+// not be closed (Rotate), or nil.
 func (c *Channel) Err() error {
+	c.mu.Lock()
+	rotErr := c.rotErr
+	c.mu.Unlock()
+	if rotErr != nil {
+		return rotErr
+	}
 	for _, b := range c.bufs {
 		b.mu.Lock()
 		err := b.sinkErr
@@ -503,6 +530,7 @@ func (c *Channel) Close() error {
 			errs = append(errs, b.writeFinal())
 		}
 	}
+	errs = append(errs, c.closeLastChunk())
 	errs = append(errs, c.sink.Close())
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("channel close: %w", err)

@@ -20,9 +20,14 @@ type Trace struct {
 	Streams []string
 }
 
+// ChunksDir is the directory of a rotated trace's closed chunks, in the
+// directory of its current one (LTTng's "archives").
+const ChunksDir = "archives"
+
 // Open reads dir's metadata and lists its stream files ("trace" or
-// "trace<N>"). Dot-files and an "index" directory (LTTng's packet
-// indexes, as lttng-relayd writes them) are ignored, as CTF readers do;
+// "trace<N>"). Dot-files, an "index" directory (LTTng's packet
+// indexes, as lttng-relayd writes them) and a rotated trace's closed
+// chunks (ChunksDir) are ignored, as CTF readers do;
 // any other entry is an error, because babeltrace2 would reject the trace
 // for it.
 //
@@ -68,9 +73,11 @@ func Open(dir string) (*Trace, error) {
 		if strings.HasPrefix(name, ".") || name == MetadataFile {
 			continue
 		}
-		if name == "index" && e.IsDir() {
+		if (name == "index" || name == ChunksDir) && e.IsDir() {
 			// LTTng's packet indexes (lttng-relayd writes them beside
-			// the streams it receives); CTF readers take them or not.
+			// the streams it receives), which CTF readers take or not,
+			// and a rotated trace's closed chunks, traces of their own
+			// that CTF readers pass over in a trace's directory.
 			continue
 		}
 		n, ok := streamNumber(name, meta.Global)

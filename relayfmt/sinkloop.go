@@ -77,14 +77,20 @@ func (b *buffer) emit(pkt []byte, events uint64) error {
 	if err != nil {
 		return err
 	}
+	openerOut := false
 	if !b.opened && binary.LittleEndian.Uint64(pkt[offEventsDiscarded:]) != 0 {
 		err = b.ch.sink.WritePacket(b.name, b.opener())
+		openerOut = err == nil
 	}
 	if err == nil {
 		err = b.ch.sink.WritePacket(b.name, pkt)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if openerOut {
+		b.chunkBytes += uint64(b.size)
+		b.chunkPackets++
+	}
 	if err != nil {
 		b.sinkErr = fmt.Errorf("stream %s: %w", b.name, err)
 		b.cond.Broadcast()
@@ -92,6 +98,8 @@ func (b *buffer) emit(pkt []byte, events uint64) error {
 		return b.sinkErr
 	}
 	b.opened = true
+	b.chunkBytes += uint64(len(pkt))
+	b.chunkPackets++
 	b.stats.Written++ // only the one that writes packets touches it
 	b.wEvents += events
 	b.wSeq = binary.LittleEndian.Uint64(pkt[offPacketSeqNum:])
@@ -128,7 +136,7 @@ func (b *buffer) writeFinal() error {
 		return nil
 	}
 	unwritten := b.unwritten(written)
-	if unwritten == 0 && b.discarded == wDisc {
+	if unwritten == 0 && b.discarded-b.discBase == wDisc {
 		return nil
 	}
 	var pkts [][]byte
@@ -140,7 +148,7 @@ func (b *buffer) writeFinal() error {
 	h.TimestampBegin, h.TimestampEnd = end, max(end, b.lastTS)
 	h.ContentSize = PacketHeaderSize * 8
 	h.SeqNum = seq + 1
-	h.EventsDiscarded = b.discarded + unwritten
+	h.EventsDiscarded = b.discarded - b.discBase + unwritten
 	p := make([]byte, b.size)
 	PutPacketHeader(p, &h)
 	pkts = append(pkts, p)

@@ -273,7 +273,8 @@ func (b *buffer) open(ts uint64) bool {
 	b.opens++
 	h := b.hdr
 	h.TimestampBegin = ts
-	if p == 0 && b.stats.Packets == 0 {
+	if b.seq == 1 {
+		// The stream's first packet, of the trace or of its chunk.
 		if bg := b.ch.begin.Load(); bg != 0 && bg < ts {
 			h.TimestampBegin = bg
 		}
@@ -297,7 +298,7 @@ func (b *buffer) finish() {
 	le := binary.LittleEndian
 	le.PutUint64(b.cur[offTimestampEnd:], b.lastTS)
 	le.PutUint64(b.cur[offContentSize:], uint64(b.off)*8)
-	le.PutUint64(b.cur[offEventsDiscarded:], b.discarded)
+	le.PutUint64(b.cur[offEventsDiscarded:], b.discarded-b.discBase)
 	clear(b.cur[b.off:])
 	p := b.produced.Load()
 	b.slotEvents[p%b.n] = b.events
@@ -379,13 +380,13 @@ func (c *Channel) PutPacket(cpu int, pkt []byte, events uint64) (bool, error) {
 	b.writeOut()
 	h := b.hdr
 	h.TimestampBegin, h.TimestampEnd, h.ContentSize = begin, end, content
-	if b.stats.Packets == 0 {
+	if b.seq == 1 {
 		if bg := c.begin.Load(); bg != 0 && bg < begin {
 			h.TimestampBegin = bg
 		}
 		b.firstTS = h.TimestampBegin
 	}
-	h.SeqNum, h.EventsDiscarded = b.seq, b.discarded
+	h.SeqNum, h.EventsDiscarded = b.seq, b.discarded-b.discBase
 	PutPacketHeader(pkt, &h)
 	b.seq++
 	b.opens++

@@ -15,16 +15,15 @@
 #include "kc/pkt.h"
 
 /*
- * kc_emit_begin passes the gate and returns this CPU's scratch record with
- * its key set, or NULL when recording is off globally or on this CPU.
+ * kc_emit_scratch returns this CPU's scratch record with its key set, or
+ * NULL when recording is off on this CPU: kc_emit_begin without the
+ * global gate, for a start trigger that may open it (kc/trigger.h).
  */
-static __always_inline struct kc_scratch *kc_emit_begin(__u32 key, struct kc_cpu_state **st)
+static __always_inline struct kc_scratch *kc_emit_scratch(__u32 key, struct kc_cpu_state **st)
 {
 	__u32 zero = 0, cpu;
 	struct kc_scratch *s;
 
-	if (!kc_running)
-		return NULL;
 	cpu = bpf_get_smp_processor_id();
 	*st = bpf_map_lookup_elem(&kc_state, &cpu);
 	if (!*st || (*st)->disabled)
@@ -35,6 +34,17 @@ static __always_inline struct kc_scratch *kc_emit_begin(__u32 key, struct kc_cpu
 	s->hdr.key = key;
 	s->hdr.cpu = cpu;
 	return s;
+}
+
+/*
+ * kc_emit_begin passes the gate and returns this CPU's scratch record with
+ * its key set, or NULL when recording is off globally or on this CPU.
+ */
+static __always_inline struct kc_scratch *kc_emit_begin(__u32 key, struct kc_cpu_state **st)
+{
+	if (!kc_running)
+		return NULL;
+	return kc_emit_scratch(key, st);
 }
 
 /*

@@ -55,7 +55,7 @@ static __always_inline void kc_sys_fn(struct pt_regs *regs, __u32 exit, long ret
 	info = bpf_map_lookup_elem(&kc_tp_info_map, &key);
 	if (!info || !kc_gen_ok(info))
 		return;
-	kc_sys_emit(regs, NULL, key, info->id, info->size, kc_sys_nr(), exit, ret, pid, info->flags & KC_TP_FILTERED);
+	kc_sys_emit(regs, NULL, key, info->id, info->size, kc_sys_nr(), exit, ret, pid, info->flags & KC_TP_FILTERED, 0);
 }
 
 SEC("fentry/__x64_sys_getpid")
@@ -69,6 +69,34 @@ SEC("fexit/__x64_sys_getpid")
 int kc_sys_fexit(__u64 *ctx)
 {
 	kc_sys_fn((struct pt_regs *)ctx[0], 1, (long)ctx[1]);
+	return 0;
+}
+
+/*
+ * The function path on kprobes, where trampolines would lose events:
+ * kernels that run fentry programs preemptibly (the recorder's
+ * Preemptible), where a task preempted inside one holds the program's
+ * per-CPU recursion guard and the kernel skips the program for the other
+ * tasks of that CPU (__bpf_prog_enter_recur, kernel/bpf/trampoline.c).
+ * A kprobe on a function's entry runs from ftrace (kprobe_ftrace_handler)
+ * and a kretprobe from its return hook, both with preemption off, so only
+ * a program interrupting another on the same CPU is skipped, and counted
+ * (trace_call_bpf's bpf_prog_active, kernel/trace/bpf_trace.c). The
+ * syscall's registers are the task's user ones, task_pt_regs, which the
+ * entry point also takes as its argument; a kretprobe has no argument
+ * left, but the same registers.
+ */
+SEC("kprobe/__x64_sys_getpid")
+int kc_sys_kprobe(struct pt_regs *ctx)
+{
+	kc_sys_fn((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()), 0, 0);
+	return 0;
+}
+
+SEC("kretprobe/__x64_sys_getpid")
+int kc_sys_kretprobe(struct pt_regs *ctx)
+{
+	kc_sys_fn((struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()), 1, (long)ctx->ax);
 	return 0;
 }
 #endif

@@ -45,7 +45,15 @@ struct kc_sys_key {
 	__u32 gen;
 	__u32 gen_next;
 	__u32 switch_at;
+	/* The event's trigger's slot in kc_trig_map plus one, 0 for none (kc/trigger.h). */
+	__u32 trig;
 };
+
+/*
+ * kc_sys_trig_start is set at load when an event of the raw path has a
+ * start trigger, which looks at its events with the gate closed too.
+ */
+const volatile __u32 kc_sys_trig_start = 0;
 
 /* kc_sys_keys maps nr (sys_enter) and KC_SYS_MAX + nr (sys_exit) to the event's struct kc_sys_key. */
 struct {
@@ -65,11 +73,11 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, const struct kc_
 	__u32 slot, gen;
 	__s32 pid;
 
-	if ((__u64)nr >= KC_SYS_MAX || !kc_running)
+	if ((__u64)nr >= KC_SYS_MAX || (!kc_running && !kc_sys_trig_start))
 		return;
 	slot = exit * KC_SYS_MAX + nr;
 	k = bpf_map_lookup_elem(&kc_sys_keys, &slot);
-	if (!k || !k->key)
+	if (!k || !k->key || (!kc_running && !k->trig))
 		return;
 	gen = k->gen;
 	if (k->switch_at && kc_epoch_reached(k->switch_at))
@@ -79,7 +87,7 @@ static __always_inline void kc_sys_record(struct pt_regs *regs, const struct kc_
 	pid = kc_sys_task();
 	if (pid < 0)
 		return;
-	kc_sys_emit(regs, a, k->key - 1, k->id, k->size, nr, exit, ret, pid, k->flags & KC_TP_FILTERED);
+	kc_sys_emit(regs, a, k->key - 1, k->id, k->size, nr, exit, ret, pid, k->flags & KC_TP_FILTERED, k->trig);
 }
 
 SEC("tp_btf/sys_enter")

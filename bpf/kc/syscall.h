@@ -13,6 +13,7 @@
 #include "kc/event.h"
 #include "kc/fields.h"
 #include "kc/reserve.h"
+#include "kc/trigger.h"
 #include <bpf/bpf_core_read.h>
 
 #ifndef KC_PERF
@@ -146,15 +147,28 @@ static __noinline int kc_sys_field_filter(__u32 key, __u8 *data)
 }
 
 /*
- * kc_sys_fields_pass returns whether syscall event key (number nr, its
- * arguments in regs or a on entry, ret on exit) passes its field filter,
- * and counts it in kc_filter_kept if it does. It builds the record on the
- * stack, 8-byte aligned as the kernel's is, before any ring space is
- * reserved: a rejected event costs no reservation.
+ * kc_sys_trig_filter returns nonzero when the trigger's condition of
+ * syscall event key holds on its record at data (kc_sys_field_filter's
+ * layout). As built it always holds; where syscall events the raw path
+ * records have triggers with conditions, the loader puts those
+ * conditions in its body, dispatched on key (consumer/recorder/
+ * trigger.go).
  */
-static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, long nr, __u32 exit, long ret)
+static __noinline int kc_sys_trig_filter(__u32 key, __u8 *data)
 {
-	__u64 rec[KC_SYS_REC / 8];
+	int hit;
+
+	asm volatile("%0 = 1" : "=r"(hit) : "r"(key), "r"(data));
+	return hit;
+}
+
+/*
+ * kc_sys_build writes at rec the record of syscall event nr (its
+ * arguments in regs or a on entry, ret on exit) as the kernel lays it
+ * out, KC_SYS_REC bytes, 8-byte aligned as the kernel's is.
+ */
+static __always_inline void kc_sys_build(__u64 *rec, struct pt_regs *regs, const struct kc_sys_args *a, long nr, __u32 exit, long ret)
+{
 	int i;
 
 	/* Every word written once: no zeroing first on the hot path. */
@@ -173,10 +187,51 @@ static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct
 		rec[6] = kc_sys_arg(regs, a, 4);
 		rec[7] = kc_sys_arg(regs, a, 5);
 	}
+}
+
+/*
+ * kc_sys_fields_pass returns whether syscall event key (number nr, its
+ * arguments in regs or a on entry, ret on exit) passes its field filter,
+ * and counts it in kc_filter_kept if it does. It builds the record on the
+ * stack before any ring space is reserved: a rejected event costs no
+ * reservation.
+ */
+static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, long nr, __u32 exit, long ret)
+{
+	__u64 rec[KC_SYS_REC / 8];
+
+	kc_sys_build(rec, regs, a, nr, exit, ret);
 	if (!kc_sys_field_filter(key, (__u8 *)rec))
 		return 0;
 	kc_fields_count(key);
 	return 1;
+}
+
+/*
+ * kc_sys_trig_pass is kc_sys_fields_pass for a syscall event with a
+ * trigger (its slot plus one, kc/trigger.h), which the raw path
+ * evaluates with the gate open or, for a start trigger, closed: it
+ * returns whether the event is to be recorded (it passes its field
+ * filter, when filtered, and the gate is open after the trigger's
+ * action), and in *tp the trigger when it acted.
+ */
+static __always_inline int kc_sys_trig_pass(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, long nr, __u32 exit, long ret, __u32 filtered, __u32 trig, struct kc_trig **tp)
+{
+	__u64 rec[KC_SYS_REC / 8];
+	struct kc_trig *t;
+
+	*tp = NULL;
+	kc_sys_build(rec, regs, a, nr, exit, ret);
+	if (filtered) {
+		if (!kc_sys_field_filter(key, (__u8 *)rec))
+			return 0;
+		kc_fields_count(key);
+	}
+	t = kc_trig_find(trig);
+	if (t && kc_sys_trig_filter(key, (__u8 *)rec))
+		*tp = kc_trig_act(t);
+	/* Closed, unless a start trigger opened it or this stop trigger's event closed it. */
+	return *tp || kc_running;
 }
 
 /*
@@ -194,7 +249,8 @@ static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct
  * kc_sys_emit writes the syscall event key, number nr, of the thread pid:
  * on entry (exit 0) with the arguments in regs, on exit with ret, if the
  * filters pass (its field filter too when filtered is set); id and tsize
- * are the event's kc_tp_info.id and .size.
+ * are the event's kc_tp_info.id and .size. With trig (a trigger's slot
+ * plus one) it decides the trigger on the event first (kc_sys_trig_pass).
  * The record is built in place in the ring, with no copy through the
  * stack. Its callers can nest with kc_tracepoint on one CPU
  * (a raw tracepoint or trampoline guards only against its own program,
@@ -202,21 +258,30 @@ static __always_inline int kc_sys_fields_pass(struct pt_regs *regs, const struct
  * kernels with faultable syscall tracepoints, so it counts with atomic
  * adds.
  */
-static __always_inline void kc_sys_emit(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, __u16 id, __u32 tsize, long nr, __u32 exit, long ret, __s32 pid, __u32 filtered)
+static __always_inline void kc_sys_emit(struct pt_regs *regs, const struct kc_sys_args *a, __u32 key, __u16 id, __u32 tsize, long nr, __u32 exit, long ret, __s32 pid, __u32 filtered, __u32 trig)
 {
 	struct kc_sys_rec *r = NULL;
+	struct kc_trig *t = NULL;
 	struct kc_cpu_state *st;
 	__u32 cpu, size;
 	struct kc_resv res = {};
 	void *ring;
+	__u64 ts;
 
 	if (!kc_pass())
 		return;
-	if (filtered && !kc_sys_fields_pass(regs, a, key, nr, exit, ret))
+	if (trig) {
+		if (!kc_sys_trig_pass(regs, a, key, nr, exit, ret, filtered, trig, &t))
+			return;
+	} else if (filtered && !kc_sys_fields_pass(regs, a, key, nr, exit, ret)) {
 		return;
+	}
 	st = kc_cpu_ring(&cpu, &ring);
-	if (!st)
+	if (!st) {
+		if (t)
+			kc_trig_done(t, trig, 0);
 		return;
+	}
 	/* 12 bytes without arguments (no padding then), else 16 + 8 per argument. */
 	size = tsize - KC_CUT;
 	if (size > KC_SYS_ARG(0))
@@ -241,10 +306,14 @@ static __always_inline void kc_sys_emit(struct pt_regs *regs, const struct kc_sy
 reserved:
 	if (!r) {
 		__sync_fetch_and_add(&st->lost, 1);
+		if (t)
+			kc_trig_done(t, trig, 0);
 		return;
 	}
 	kc_put_entry(kc_pkt_on ? (void *)r : (void *)r->data, id, pid);
-	kc_submit(ring, &r->hdr, st, key, size, cpu, &res, 1, 0);
+	ts = kc_submit(ring, &r->hdr, st, key, size, cpu, &res, 1, 0);
+	if (t)
+		kc_trig_done(t, trig, ts);
 }
 #endif
 

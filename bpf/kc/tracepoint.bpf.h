@@ -23,23 +23,37 @@
 #include "kc/sys_user.h"
 #include "kc/reserve.h"
 #include "kc/fields.h"
+#ifndef KC_PERF
+#include "kc/trigger.h"
+#endif
 
 /*
  * kc_record writes the trace record at ctx as event key and returns its
  * timestamp, or 0 when the gate is closed for this CPU or the record was
  * lost. In packet mode a record that is not its payload as it is (one
- * with steps, kc_tp_info.nops) is built into a kc_ctf first.
+ * with steps, kc_tp_info.nops) is built into a kc_ctf first. With trig
+ * (a trigger's slot plus one, kc/trigger.h) it evaluates the trigger on
+ * the record its field filter kept, with the gate open or, for a start
+ * trigger, closed.
  */
-static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *info)
+static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *info, __u32 trig)
 {
 	struct kc_cpu_state *st;
 	struct kc_scratch *s;
 	__u32 size, tail;
 	int i;
+#ifndef KC_PERF
+	struct kc_trig *t = NULL;
+	__u64 ts;
+#endif
 
 	if (info->size < 8)
 		return 0; /* not a trace record: the loader never sets one */
+#ifndef KC_PERF
+	s = trig ? kc_emit_scratch(key, &st) : kc_emit_begin(key, &st);
+#else
 	s = kc_emit_begin(key, &st);
+#endif
 	if (!s)
 		return 0;
 #ifndef KC_PERF
@@ -86,8 +100,17 @@ static __always_inline __u64 kc_record(void *ctx, __u32 key, struct kc_tp_info *
 copied:
 	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
 		return 0;
+	if (trig) {
+		t = kc_trig_check(trig, s->data, KC_ENTRY_SIZE + size);
+		/* Closed, unless a start trigger opened it or this stop trigger's event closed it. */
+		if (!t && !kc_running)
+			return 0;
+	}
 	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
-	return kc_record_end(ctx, s, &kc_ctf_map, 0, st, key, info, size, tail, 0);
+	ts = kc_record_end(ctx, s, &kc_ctf_map, 0, st, key, info, size, tail, 0);
+	if (t)
+		kc_trig_done(t, trig, ts);
+	return ts;
 #else
 	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
 		return 0;
@@ -232,9 +255,13 @@ int kc_tracepoint(void *ctx)
 {
 	struct kc_tp_info *info;
 	__u64 ts = 0;
-	__u32 key;
+	__u32 key, trig = 0;
 
-	if (!kc_running)
+#ifndef KC_PERF
+	trig = kc_trig_slot();
+#endif
+	/* A copy with a trigger looks at its events with the gate closed too. */
+	if (!kc_running && !trig)
 		return 0;
 	/* Without hooks a filtered-out task costs no map lookup. */
 	if (!kc_hooks && !kc_pass())
@@ -247,13 +274,13 @@ int kc_tracepoint(void *ctx)
 #ifndef KC_PERF
 		__u32 small = kc_small_size();
 
-		if (small >= 8 && small <= KC_SMALL_MAX && !(small & 1) && small == info->size && !info->stack && !info->ctx)
+		if (small >= 8 && small <= KC_SMALL_MAX && !(small & 1) && small == info->size && !info->stack && !info->ctx && !trig)
 			ts = kc_record_small(ctx, key, info, small);
 		else
 #endif
-			ts = kc_record(ctx, key, info);
+			ts = kc_record(ctx, key, info, trig);
 	}
-	if (kc_hooks && (info->flags & (KC_TP_WAKING | KC_TP_SWITCH)))
+	if (kc_hooks && kc_running && (info->flags & (KC_TP_WAKING | KC_TP_SWITCH)))
 		kc_wakeup(ctx, info, ts ? ts : kc_now());
 	return 0;
 }

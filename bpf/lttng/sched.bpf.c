@@ -63,13 +63,11 @@ static __always_inline __u32 pid_ns_inum(struct task_struct *t)
 	return BPF_CORE_READ(ns, ns.inum);
 }
 
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(lttng_sched_process_fork, struct task_struct *parent, struct task_struct *child)
+/* fork_emit records the fork of child by parent. */
+static __always_inline void fork_emit(void *ctx, struct task_struct *parent, struct task_struct *child)
 {
 	struct lttng_fork f = {};
 
-	if (kc_key_lttng_sched_process_fork == KC_NO_KEY || !kc_running)
-		return 0;
 	BPF_CORE_READ_INTO(&f.parent_comm, parent, comm);
 	f.parent_tid = BPF_CORE_READ(parent, pid);
 	f.parent_pid = BPF_CORE_READ(parent, tgid);
@@ -81,6 +79,41 @@ int BPF_PROG(lttng_sched_process_fork, struct task_struct *parent, struct task_s
 	f.child_pid = BPF_CORE_READ(child, tgid);
 	f.child_ns_inum = pid_ns_inum(child);
 	kc_synth_emit(ctx, lttng_sched_process_fork, &f);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(lttng_sched_process_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (kc_key_lttng_sched_process_fork == KC_NO_KEY || !kc_running)
+		return 0;
+	fork_emit(ctx, parent, child);
+	return 0;
+}
+
+/* include/linux/sched.h */
+#define PF_IO_WORKER 0x00000010
+#define PF_USER_WORKER 0x00004000
+
+/*
+ * The same event where tp_btf programs run preemptibly (Linux 7.x: a
+ * task preempted inside one makes the kernel skip it for the other tasks
+ * of its CPU), from a kprobe on wake_up_new_task, which a kprobe.multi
+ * link runs with preemption off. kernel_clone calls it on the new task
+ * right after the tracepoint, with the parent current (kernel/fork.c);
+ * the io_uring and vhost workers that copy_process makes without the
+ * tracepoint are woken there too, and left out by their flags. x86-64's
+ * first argument register.
+ */
+SEC("kprobe.multi/wake_up_new_task")
+int lttng_sched_process_fork_kprobe(struct pt_regs *ctx)
+{
+	struct task_struct *child = (struct task_struct *)ctx->di;
+
+	if (kc_key_lttng_sched_process_fork == KC_NO_KEY || !kc_running)
+		return 0;
+	if (BPF_CORE_READ(child, flags) & (PF_IO_WORKER | PF_USER_WORKER))
+		return 0;
+	fork_emit(ctx, bpf_get_current_task_btf(), child);
 	return 0;
 }
 

@@ -21,13 +21,14 @@ import (
 var controlRoot = control.DefaultRoot
 
 // ctlCommands are what kconsume ctl and the control socket accept.
-var ctlCommands = []string{"start", "stop", "flush", "snapshot", "rewind", "reset", "status", "statedump", "filter"}
+var ctlCommands = []string{"start", "stop", "flush", "rotate", "snapshot", "rewind", "reset", "status", "statedump", "filter"}
 
 // handler carries out control commands on a recording session.
 type handler struct {
 	mu    sync.Mutex
 	s     *consumer.Session
-	relay *relaydOut // nil without --relayd
+	relay *relaydOut   // nil without --relayd
+	rot   *rotateFlags // nil in tests that make no recording
 }
 
 func (h *handler) session() (*consumer.Session, error) {
@@ -68,6 +69,11 @@ func (h *handler) Do(cmd string, cpu int, arg string) (string, error) {
 			return "", s.Flush()
 		}
 		return "", s.FlushCPU(cpu)
+	case "rotate":
+		if !all {
+			return "", errors.New("rotate acts on every CPU; drop --cpu")
+		}
+		return h.rotate(s)
 	case "reset":
 		if all {
 			return "", s.Reset()
@@ -161,8 +167,26 @@ func (h *handler) status(s *consumer.Session, cpu int) (string, error) {
 		}
 		fmt.Fprintf(&b, "%-5d %8v %12d %12d %12d\n", c.CPU, !c.Disabled, c.Channel.Records, c.Discarded(), c.KernelLost)
 	}
+	triggerNote(&b, s)
 	h.relay.status(&b)
+	h.rot.status(&b, s)
 	return b.String(), nil
+}
+
+// rotate closes the session's current chunk and begins the next.
+func (h *handler) rotate(s *consumer.Session) (string, error) {
+	if h.rot == nil || h.rot.sink == nil {
+		return "", errors.New("rotate needs a session recording with --rotate-size or --rotate-interval (its trace is written in chunks)")
+	}
+	c, err := s.Rotate()
+	if err != nil {
+		return "", err
+	}
+	where := "deleted at once under the budget"
+	if st := h.rot.sink.Stats(); st.Last != "" {
+		where = "in " + st.Last
+	}
+	return fmt.Sprintf("chunk %d closed, %s: %d events, %d discarded, %s\n", c.Index, where, c.Events, c.Discarded, humanBytes(c.Bytes)), nil
 }
 
 // Files returns the control directory's read files.
@@ -193,11 +217,13 @@ func (h *handler) Files() map[string]string {
 	return m
 }
 
-const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|snapshot|rewind|reset|status|statedump
+const ctlSynopsis = `ctl [--session NAME] [--cpu N] start|stop|flush|rotate|snapshot|rewind|reset|status|statedump
 ctl [--session NAME] filter EVENT:EXPR
 
 Drives a running kconsume record from another shell. Without --session,
-the one running session. --cpu acts on one CPU's buffer. In overwrite
+the one running session. --cpu acts on one CPU's buffer. rotate closes
+the current chunk of a trace recorded with --rotate-size or
+--rotate-interval and begins the next (docs/rotation.md). In overwrite
 mode, snapshot writes the newest data into the trace, and rewind writes
 everything still held, from the oldest, into a new trace DIR.rewind-N
 (SESSION.rewind-N/kernel for a trace laid out as an LTTng session).

@@ -105,6 +105,7 @@ func startRecording(t *testing.T, name string, args ...string) *recording {
 	waitFor(t, func() bool {
 		select {
 		case err := <-r.exited:
+			r.exited <- err // for Cleanup, which waits for the exit
 			t.Fatalf("record ended before it ran: %v\n%s", err, r.out.String())
 		default:
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -98,5 +99,39 @@ func TestListFentry(t *testing.T) {
 	}
 	if code, _, stderr := runCmd("list", "fentry:no_function_is_called_this*"); code == 0 || !strings.Contains(stderr, "no kernel function") {
 		t.Errorf("list of no function: exit %d: %s", code, stderr)
+	}
+}
+
+// TestRecordProbeBadInput: a kernel probe on a function that does not
+// exist or cannot be probed, or with an argument the function does not
+// have, is refused before anything is traced with an error naming it.
+func TestRecordProbeBadInput(t *testing.T) {
+	testenv.RequireRoot(t)
+	if major, minor, _ := testenv.KernelRelease(); major < 5 || major == 5 && minor < 17 {
+		t.Skipf("Linux %d.%d: kconsume's fentry probes need bpf_get_func_arg (Linux 5.17)", major, minor)
+	}
+	cases := []struct{ spec, says string }{
+		{"fentry:no_such_fn_kc", "no function no_such_fn_kc in the kernel's BTF"},
+		{"fentry:do_sys_openat2 nosucharg", "no parameter nosucharg (the function has dfd, filename, how)"},
+		{"fexit:fput $retval", "fput returns nothing"},
+		{"kprobe:do_sys_openat2 nosucharg", "no parameter nosucharg"},
+	}
+	if _, err := os.Stat("/sys/bus/event_source/devices/kprobe"); err == nil {
+		// This VM's kernel has no kprobes and hides its traceable
+		// functions from root; the guests' have both.
+		cases = append(cases, struct{ spec, says string }{"kprobe:no_such_fn_kc", "no function no_such_fn_kc in the kernel's symbols"},
+			struct{ spec, says string }{"kprobe:nosuch_kc_*", "no function matches"})
+	} else if testenv.InGuest() {
+		t.Fatalf("a guest's kernel without the kprobe PMU: %v", err)
+	}
+	for _, c := range cases {
+		out := filepath.Join(t.TempDir(), "t")
+		code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", c.spec, "--duration", "10ms")
+		if code == 0 || !strings.Contains(stderr, c.says) {
+			t.Errorf("record -e %q: exit %d, want an error saying %q\n%s%s", c.spec, code, c.says, stdout, stderr)
+		}
+		if _, err := os.Stat(filepath.Join(out, "metadata")); err == nil {
+			t.Errorf("record -e %q: a trace was written", c.spec)
+		}
 	}
 }

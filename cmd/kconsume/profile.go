@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/features"
 
 	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/consumer/recorder"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
 	"github.com/kconsume/kconsume/profile"
@@ -182,6 +183,17 @@ func (f *profileFlag) build(cfg *consumer.Config) error {
 	if err != nil {
 		return fmt.Errorf("profile lttng: built-in program: %w", err)
 	}
+	// Where tp_btf programs run preemptibly, a task preempted inside the
+	// fork program would make the kernel skip it for the other tasks of
+	// its CPU; its kprobe twin runs with preemption off.
+	fork, twin := gen.LTTngProgLttngSchedProcessForkKprobe, gen.LTTngProgLttngSchedProcessFork
+	if !recorder.Preemptibility().On || recorder.KprobeFuncs() != nil {
+		fork, twin = twin, fork
+	}
+	if spec.Programs[fork] == nil {
+		return fmt.Errorf("profile lttng: built-in program: no %s", fork)
+	}
+	delete(spec.Programs, twin)
 	// Only the events asked for are recorded: the others' keys stay unset.
 	for name := range spec.Variables {
 		if ev, ok := strings.CutPrefix(name, "kc_key_"); ok && !slices.ContainsFunc(named, func(b profile.Built) bool { return b.Synth == ev }) {

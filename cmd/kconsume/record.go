@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/consumer/probe"
+	"github.com/kconsume/kconsume/consumer/recorder"
 	"github.com/kconsume/kconsume/internal/control"
 )
 
@@ -22,7 +24,10 @@ const recordSynopsis = `record -o DIR -e EVENT[,EVENT...] [flags] [-- COMMAND AR
 
 Records tracepoints into DIR until Ctrl-C/SIGTERM, --duration, or the
 COMMAND's exit (kconsume then exits with its status). EVENT is
-system:name, a glob (sched:*) or a bare name; see kconsume list.`
+system:name, a glob (sched:*) or a bare name; see kconsume list.
+With --rotate-size or --rotate-interval the trace is cut into chunks,
+each a complete trace closed into DIR/archives/BEGIN-END-ID/, the oldest
+deleted first under --max-size or --max-chunks (docs/rotation.md).`
 
 // recordOpts is what record's flags ask for.
 type recordOpts struct {
@@ -36,6 +41,7 @@ type recordOpts struct {
 	quiet     bool
 	command   []string
 	relay     *relaydOut
+	rot       *rotateFlags
 	prof      profileFlag
 	// sessionDir is the -o directory when the trace went into its
 	// kernel subdirectory (--profile lttng), or empty.
@@ -49,6 +55,7 @@ type recordOpts struct {
 type recordFlags struct {
 	events                           eventsFlag
 	filters                          filterFlags
+	triggers                         triggerFlags
 	stacks                           stackFlags
 	stackDepth                       int
 	comms, pids, objects, contexts   listFlag
@@ -85,6 +92,7 @@ func defineRecordFlags(fs *flag.FlagSet, o *recordOpts, f *recordFlags) {
 	fs.Var(&f.contexts, "context", "record these contexts with every event, LTTng's names: procname, pid, tid, ppid, prio, nice, vpid, vtid, vppid, cpu_id, cgroup, perf:cpu:COUNTER (repeat or commas; docs/stacks.md)")
 	fs.IntVar(&f.stackDepth, "stack-depth", 0, "most `frames` of a call chain (default: the kernel's limit, kernel.perf_event_max_stack, 127)")
 	fs.Var(filterFlag{&f.filters}, "filter", "keep only the events of `EVENT:EXPR` (EVENT as -e takes it, globs too) whose fields pass EXPR, in ftrace's event filter language (docs/filters.md)")
+	fs.Var(&f.triggers, "trigger", "`'EVENT[ FILTER] : ACTION[, every DURATION]'`: on an event of EVENT whose fields pass FILTER (ftrace's filter language), the recorder itself takes ACTION: snapshot (--mode overwrite: save the flight recorder's buffers, the event and what came before it), stop or start recording, or rotate (close the trace's chunk, the event in it, and begin the next: docs/rotation.md); at most once per DURATION (default 1s); the event must be recorded (-e); repeatable (docs/triggers.md)")
 	fs.Var(&f.pids, "pid", "record only these thread or process `id`s (repeat or commas)")
 	fs.Var(&f.objects, "bpf", "also load this BPF object `file` built on bpf/kc_synth.h and record the synthetic events it declares (repeat or commas)")
 	fs.Var(&f.comms, "comm", "record only tasks with this command `name` (repeat or commas)")
@@ -93,6 +101,7 @@ func defineRecordFlags(fs *flag.FlagSet, o *recordOpts, f *recordFlags) {
 	fs.IntVar(&o.nice, "nice", defaultNice, "nice `value` of kconsume's threads, -20..19: well below the workload's, the consumer gets the CPU before the rings fill under a saturating load (needs CAP_SYS_NICE; the COMMAND and the Go runtime's monitor thread keep kconsume's own value)")
 	fs.Var(&f.memory, "memory", "buffer memory per CPU, ring and sub-buffers together, split by kconsume (a ring of the largest power of two up to 3/4, the rest in 8 sub-buffers); replaces --ring-size, --subbuf-size and --n-subbufs")
 	o.relay = relaydFlags(fs)
+	o.rot = defineRotateFlags(fs)
 	fs.Var(&o.prof, "profile", "`name` of the event and field naming: ftrace (tracefs names) or lttng (lttng-modules names and a statedump, for LTTng's analyses and Trace Compass)")
 }
 
@@ -131,6 +140,9 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	if o.duration < 0 {
 		return nil, usageError{fmt.Errorf("--duration %v is negative", o.duration)}
 	}
+	if err := o.rot.check(fs, cfg, o.relay); err != nil {
+		return nil, usageError{err}
+	}
 	if err := f.addSynth(&cfg, o.synthFile); err != nil {
 		return nil, err
 	}
@@ -162,6 +174,7 @@ func (f *recordFlags) config() (consumer.Config, error) {
 	cfg := consumer.Config{
 		Events:     f.events.list,
 		Filters:    f.filters.list,
+		Triggers:   f.triggers.list,
 		Stacks:     f.stacks.list,
 		Contexts:   f.contexts,
 		StackDepth: f.stackDepth,
@@ -260,7 +273,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	h := &handler{relay: o.relay}
+	h := &handler{relay: o.relay, rot: o.rot}
 	srv, err := claimOutput(o, h, stderr)
 	if err != nil {
 		return err
@@ -286,7 +299,7 @@ func record(args []string, stdout, stderr io.Writer) error {
 		s.Close()
 		return err
 	}
-	r := &recordRun{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay, cmdNice: cmdNice, prio: prio}
+	r := &recordRun{s: s, srv: srv, h: h, stdout: stdout, stderr: stderr, start: time.Now(), live: !o.quiet && isTerminal(os.Stderr), relay: o.relay, rot: o.rot, cmdNice: cmdNice, prio: prio}
 	return r.run(o.command, o.duration)
 }
 
@@ -319,6 +332,9 @@ func claimOutput(o *recordOpts, h *handler, stderr io.Writer) (*control.Server, 
 // aborted, and a configuration the consumer refuses is a usageError.
 func newRecordSession(o *recordOpts, cfg *consumer.Config, stderr io.Writer) (*consumer.Session, error) {
 	cfg.Env = map[string]string{"session": o.session}
+	if err := o.rot.open(o, cfg, stderr); err != nil {
+		return nil, err
+	}
 	if err := o.relay.connect(cfg, o.session, stderr); err != nil {
 		return nil, err
 	}
@@ -344,7 +360,24 @@ func noteFallbacks(s *consumer.Session, cfg consumer.Config, host kernel, stderr
 		fmt.Fprintf(stderr, "kconsume record: syscall events through their tracepoints: raw syscall path: %v\n", host.explain(why))
 	}
 	if p, evs := s.Preemptible(); len(evs) > 0 {
-		fmt.Fprintf(stderr, "kconsume record: %s: %s recorded by programs that run preemptibly here; a task preempted inside one makes the kernel skip the other tasks' events on its CPU (counted as missed): --syscalls raw keeps them\n", p.Why, listSome(evs, 3))
+		var sys, fprobes []string
+		for _, e := range evs {
+			if strings.HasPrefix(e, probe.SystemFprobes+":") {
+				fprobes = append(fprobes, e)
+			} else {
+				sys = append(sys, e)
+			}
+		}
+		if len(sys) > 0 {
+			keep := "--syscalls raw keeps them"
+			if recorder.KprobeFuncs() == nil {
+				keep = "--syscalls fentry (on kprobes here) or raw keeps them"
+			}
+			fmt.Fprintf(stderr, "kconsume record: %s: %s recorded by programs that run preemptibly here; a task preempted inside one makes the kernel skip the other tasks' events on its CPU (counted as missed): %s\n", p.Why, listSome(sys, 3), keep)
+		}
+		if len(fprobes) > 0 {
+			fmt.Fprintf(stderr, "kconsume record: %s: fentry and fexit probes (%s) are trampolines that run preemptibly here; a task preempted inside one makes the kernel skip the other tasks' hits on its CPU (counted as missed): kprobe: and kretprobe: probes on the same functions keep them\n", p.Why, listSome(fprobes, 3))
+		}
 	}
 	if why := s.OwnRings(); why != nil && s.Transport() == consumer.Ringbuf && !cfg.Global {
 		fmt.Fprintf(stderr, "kconsume record: records through BPF ring buffers: own rings: %v\n", host.explain(why))

@@ -36,6 +36,7 @@ type recordRun struct {
 	start          time.Time
 	live           bool
 	relay          *relaydOut
+	rot            *rotateFlags
 	lastRecords    uint64
 	lastTick       time.Time
 	cmdNice        int       // the command's nice value: kconsume's before it raised its own

@@ -111,6 +111,7 @@ func (r *recordRun) summary(stats []consumer.CPUStats, d consumer.DrainerStats) 
 	if r.s != nil {
 		filterNote(w, r.s.FilterKept())
 		stackNote(w, r.s, r.s.Config().StackDepth)
+		triggerNote(w, r.s)
 	}
 	local := ""
 	if r.relay != nil {
@@ -123,15 +124,28 @@ func (r *recordRun) summary(stats []consumer.CPUStats, d consumer.DrainerStats) 
 		fmt.Fprintf(w, "lost on the disk: %d events in packets the disk did not take; the trace reports them discarded where its streams end\n", l.disk)
 	}
 	r.relay.summary(w)
+	r.rot.summary(w)
 	if records > 0 || discarded > 0 {
 		where := "the trace"
 		if local != "" {
 			where = "the local copy in " + local
 		}
+		if r.rot != nil && r.rot.sink != nil {
+			if st := r.rot.sink.Stats(); st.Deleted > 0 {
+				fmt.Fprintf(w, "the kept chunks hold %d events and report %d lost; the deleted chunks held %d events and reported %d lost\n",
+					records-min(records, st.DeletedEvents), discarded-min(discarded, st.DeletedDiscarded), st.DeletedEvents, st.DeletedDiscarded)
+				return
+			}
+			where = "the chunks"
+		}
+		holds := "holds"
+		if where == "the chunks" {
+			holds = "hold"
+		}
 		if discarded == 0 {
-			fmt.Fprintf(w, "%s holds all %d events\n", where, records)
+			fmt.Fprintf(w, "%s %s all %d events\n", where, holds, records)
 		} else {
-			fmt.Fprintf(w, "%s holds the other %d events; babeltrace2 reports the %d lost where they were lost\n", where, records, discarded)
+			fmt.Fprintf(w, "%s %s the other %d events; babeltrace2 reports the %d lost where they were lost\n", where, holds, records, discarded)
 		}
 	}
 }

@@ -93,6 +93,9 @@ func fentryArg(p *Probe, proto *btf.FuncProto, name, typ string) (Arg, error) {
 		if p.Kind != Fexit {
 			return Arg{}, errors.New("$retval is only for fexit")
 		}
+		if _, void := proto.Return.(*btf.Void); proto.Return == nil || void {
+			return Arg{}, fmt.Errorf("$retval: %s returns nothing (void)", p.Symbol)
+		}
 		t, err := btfType(proto.Return, typ)
 		return Arg{Name: "retval", Fetch: Fetch{Base: Retval}, Type: t}, err
 	case strings.HasPrefix(name, "$arg"):

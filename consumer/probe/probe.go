@@ -55,6 +55,10 @@ func (k Kind) Tracing() bool { return k == Fentry || k == Fexit }
 // User reports whether k probes a user program.
 func (k Kind) User() bool { return k == Uprobe || k == Uretprobe || k == Usdt }
 
+// SystemFprobes is the trace event system of fentry and fexit probes,
+// ftrace's name for its own fprobe events.
+const SystemFprobes = "fprobes"
+
 // System returns the trace event system of p's events: ftrace's own
 // group for them, or perf's for a USDT probe (sdt_PROVIDER).
 func (p *Probe) System() string {
@@ -64,14 +68,14 @@ func (p *Probe) System() string {
 	case p.Kind.User():
 		return "uprobes"
 	case p.Kind.Tracing():
-		return "fprobes"
+		return SystemFprobes
 	}
 	return "kprobes"
 }
 
 // IsSystem reports whether system is one of the probes' systems.
 func IsSystem(system string) bool {
-	return system == "uprobes" || system == "kprobes" || system == "fprobes" || strings.HasPrefix(system, "sdt_")
+	return system == "uprobes" || system == "kprobes" || system == SystemFprobes || strings.HasPrefix(system, "sdt_")
 }
 
 // IsProbe reports whether s names a probe rather than a tracepoint.

@@ -144,7 +144,7 @@ type Config struct {
 // cover the ways of recording that other kernels take; set its fields
 // before a Load, never during one. KC_NO_AREA=1 and KC_NO_PKT=1 in the
 // environment set NoArea and NoPackets, KCONSUME_RAW_FROM_PERF=1
-// RawFromPerf.
+// RawFromPerf and KCONSUME_RAW_FROM_PERF=0 RawFromBTF.
 var Testing = struct {
 	// NoArea writes into BPF ring buffers where kc_area would do.
 	NoArea bool
@@ -161,6 +161,14 @@ var Testing = struct {
 	// RawFromPerf puts the raw syscall path on the perf tracepoints, as
 	// on kernels whose programs run preemptibly.
 	RawFromPerf bool
+	// FuncKprobes puts the function path on kprobes where it would take
+	// trampolines, as on kernels whose programs run preemptibly.
+	FuncKprobes bool
+	// RawFromBTF keeps the raw syscall path on its tp_btf programs and
+	// the function path on its trampolines where programs run
+	// preemptibly, as on kernels where they do not: the paths without
+	// their fixes for preemption, to measure what the fixes cost.
+	RawFromBTF bool
 	// UserFaultRecords lets kc_sys_user_fault record the events it
 	// pages memory in for on a preemptible kernel too, where a kernel
 	// without preemption in its programs would.
@@ -171,5 +179,6 @@ var Testing = struct {
 	NoArea:        os.Getenv("KC_NO_AREA") == "1",
 	NoPackets:     os.Getenv("KC_NO_PKT") == "1",
 	RawFromPerf:   os.Getenv("KCONSUME_RAW_FROM_PERF") == "1",
+	RawFromBTF:    os.Getenv("KCONSUME_RAW_FROM_PERF") == "0",
 	NewCollection: ebpf.NewCollection,
 }

@@ -5,23 +5,31 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/btf"
+	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/kconsume/kconsume/gen"
 )
 
-// The function path: syscall events recorded by fentry and fexit
-// programs on the syscalls' x86_64 entry points (Config.Syscalls
-// SyscallsFentry), a program copy per event.
+// The function path: syscall events recorded by programs on the
+// syscalls' x86_64 entry points (Config.Syscalls SyscallsFentry), a
+// program copy per event: fentry and fexit programs, or, where the
+// kernel runs those preemptibly (Preemptible) or refuses them, kprobes
+// and kretprobes through kprobe.multi links, which run with preemption
+// off and so lose no event to a preempted task.
 
 // fentryPath holds the function path's program copies by the event they
 // record.
 type fentryPath struct {
-	progs map[int]string    // event key → its fentry or fexit program copy
-	links map[int]link.Link // event key → its copy's link, once attached
+	progs  map[int]string    // event key → its fentry or fexit program copy
+	links  map[int]link.Link // event key → its copy's link, once attached
+	kprobe bool              // the copies are kprobes and kretprobes
+	fn     map[int]string    // event key → the function a kprobe copy is on
+	exit   map[int]bool      // event key → a kretprobe copy
 }
 
 // FentryPrefix starts the names of the function path's program copies.
@@ -35,8 +43,8 @@ func (p *fentryPath) possible(r *Recorder, n int) error {
 		return fmt.Errorf("turned off (syscalls: %s)", r.cfg.Syscalls)
 	case r.cfg.Syscalls == SyscallsAuto && n > FentryMax:
 		return fmt.Errorf("%d syscall events, more than the %d syscalls: auto puts on it", n, FentryMax)
-	case r.cfg.Syscalls == SyscallsAuto && r.preempt.On && rawSysPossible(r.cfg, r.transport) == nil:
-		return fmt.Errorf("%w (%s): the raw path keeps them", errPreemptible, r.preempt.Why)
+	case r.cfg.Syscalls == SyscallsAuto && r.preempt.On && !Testing.RawFromBTF && kprobeFuncs() != nil && rawSysPossible(r.cfg, r.transport) == nil:
+		return fmt.Errorf("%w (%s), and kprobes cannot stand in: %w: the raw path keeps them", errPreemptible, r.preempt.Why, kprobeFuncs())
 	case runtime.GOARCH != "amd64":
 		return fmt.Errorf("not on %s", runtime.GOARCH)
 	case r.transport != Ringbuf:
@@ -54,8 +62,10 @@ func (p *fentryPath) possible(r *Recorder, n int) error {
 // syscall event the path cannot record.
 func (p *fentryPath) copies(r *Recorder, spec *ebpf.CollectionSpec, evs []sysEvent) error {
 	enter, exit := spec.Programs[gen.RingbufProgKcSysFentry], spec.Programs[gen.RingbufProgKcSysFexit]
-	delete(spec.Programs, gen.RingbufProgKcSysFentry)
-	delete(spec.Programs, gen.RingbufProgKcSysFexit)
+	kenter, kexit := spec.Programs[gen.RingbufProgKcSysKprobe], spec.Programs[gen.RingbufProgKcSysKretprobe]
+	for _, n := range []string{gen.RingbufProgKcSysFentry, gen.RingbufProgKcSysFexit, gen.RingbufProgKcSysKprobe, gen.RingbufProgKcSysKretprobe} {
+		delete(spec.Programs, n)
+	}
 	if len(evs) == 0 {
 		return nil
 	}
@@ -74,7 +84,10 @@ func (p *fentryPath) copies(r *Recorder, spec *ebpf.CollectionSpec, evs []sysEve
 	if err != nil {
 		return fail(fmt.Errorf("kernel BTF: %w", err))
 	}
-	probed := false
+	// Trampolines run preemptibly where tracepoints do (preempt.go);
+	// kprobes stand in there, and where the kernel refuses trampolines.
+	p.kprobe = (r.preempt.On && !Testing.RawFromBTF || Testing.FuncKprobes) && kprobeFuncs() == nil
+	probed := p.kprobe
 	for _, e := range evs {
 		fn, err := sysFunc(kspec, e.name)
 		if err != nil {
@@ -86,13 +99,23 @@ func (p *fentryPath) copies(r *Recorder, spec *ebpf.CollectionSpec, evs []sysEve
 		}
 		if !probed {
 			if err := fentryProbe(fn); err != nil {
-				return fail(fmt.Errorf("an empty program on %s: %w", fn, err))
+				if kprobeFuncs() != nil {
+					return fail(fmt.Errorf("an empty program on %s: %w", fn, err))
+				}
+				p.kprobe = true
 			}
 			probed = true
 		}
 		base := enter
 		if e.exit {
 			base = exit
+		}
+		if p.kprobe {
+			base = kenter
+			if e.exit {
+				base = kexit
+			}
+			p.fn[e.key], p.exit[e.key] = fn, e.exit
 		}
 		name := FentryPrefix + strconv.Itoa(e.key)
 		ps, err := patchImm(base, name, keyPlaceholder, uint32(e.key))
@@ -103,6 +126,9 @@ func (p *fentryPath) copies(r *Recorder, spec *ebpf.CollectionSpec, evs []sysEve
 			return err
 		}
 		ps.AttachTo = fn
+		if p.kprobe {
+			ps.AttachTo, ps.AttachType = "", ebpf.AttachTraceKprobeMulti
+		}
 		spec.Programs[name] = ps
 		p.progs[e.key] = name
 	}
@@ -159,6 +185,45 @@ func isRegsPointer(t btf.Type) bool {
 	return ok && st.Name == "pt_regs"
 }
 
+// kprobeFuncs returns nil when the function path can run on kprobes
+// here: kprobe.multi links (Linux 5.18, CONFIG_FPROBE), which run a
+// kretprobe from the function graph's return hook with no cap on the
+// calls in flight (a classic kretprobe misses calls past its maxactive
+// without a count BPF sees), and bpf_task_pt_regs (Linux 5.15), which
+// gives a kretprobe the syscall's registers. Else it returns why not.
+var kprobeFuncs = sync.OnceValue(func() error {
+	if err := features.HaveBPFLinkKprobeMulti(); err != nil {
+		return fmt.Errorf("kprobe.multi links: %w", err)
+	}
+	if err := features.HaveProgramHelper(ebpf.Kprobe, asm.FnTaskPtRegs); err != nil {
+		return fmt.Errorf("bpf_task_pt_regs: %w", err)
+	}
+	return nil
+})
+
+// KprobeFuncs returns nil when the function path can run on kprobes
+// here, else why not (kprobe.multi links, Linux 5.18, and
+// bpf_task_pt_regs, Linux 5.15).
+func KprobeFuncs() error { return kprobeFuncs() }
+
+// attachOne attaches prog, the copy of event key's program, to its
+// syscall function.
+func (p *fentryPath) attachOne(key int, prog *ebpf.Program) (link.Link, error) {
+	if !p.kprobe {
+		return link.AttachTracing(link.TracingOptions{Program: prog})
+	}
+	opts := link.KprobeMultiOptions{Symbols: []string{p.fn[key]}}
+	if p.exit[key] {
+		return link.KretprobeMulti(prog, opts)
+	}
+	return link.KprobeMulti(prog, opts)
+}
+
+// Kprobes reports whether the function path's copies are kprobes and
+// kretprobes, which run with preemption off, rather than fentry and
+// fexit programs.
+func (r *Recorder) Kprobes() bool { return r.fentry.kprobe && len(r.fentry.progs) > 0 }
+
 // drop removes the function path's program copies from spec.
 func (p *fentryPath) drop(spec *ebpf.CollectionSpec) {
 	for _, name := range p.progs {
@@ -173,7 +238,7 @@ func (p *fentryPath) drop(spec *ebpf.CollectionSpec) {
 func (p *fentryPath) attach(r *Recorder, progs []string) error {
 	links := map[int]link.Link{}
 	for key, name := range p.progs {
-		l, err := link.AttachTracing(link.TracingOptions{Program: r.coll.Programs[name]})
+		l, err := p.attachOne(key, r.coll.Programs[name])
 		if err != nil {
 			for _, l := range links {
 				_ = l.Close()

@@ -166,13 +166,21 @@ func sysFilters(spec *ebpf.CollectionSpec, sysKeys, userKeys []int, flts []*filt
 // event key, each to its filter, every other key kept. With ring set it
 // returns kc_user_field_filter's, on the ring record and its length.
 func sysDispatch(flts map[int]*filter.Filter, formats map[int]*tracefs.Format, ring bool) (asm.Instructions, error) {
-	keys := slices.Sorted(maps.Keys(flts))
-	rec := sysRec
 	if ring {
-		rec = func(k int) recAt {
+		return dispatch(flts, formats, func(k int) recAt {
 			return recAt{prefix: "kcu" + strconv.Itoa(k) + "_", off: layout.RingOff, cut: layout.RingCut}
-		}
+		}, asm.Mov.Reg(asm.R2, asm.R3))
 	}
+	return dispatch(flts, formats, sysRec, asm.Mov.Imm(asm.R2, sysRecLen))
+}
+
+// dispatch returns the body of a function that takes an event key (R1)
+// and its record (R2, with its length in R3 where it varies) and
+// returns the result of that key's filter in flts, or 1 for a key
+// without one: each filter on the record as rec says, given its length
+// by length.
+func dispatch(flts map[int]*filter.Filter, formats map[int]*tracefs.Format, rec func(int) recAt, length asm.Instruction) (asm.Instructions, error) {
+	keys := slices.Sorted(maps.Keys(flts))
 	code := asm.Instructions{}
 	for _, k := range keys {
 		code = append(code, asm.JEq.Imm(asm.R1, int32(k), rec(k).prefix+"go"))
@@ -185,10 +193,6 @@ func sysDispatch(flts map[int]*filter.Filter, formats map[int]*tracefs.Format, r
 		}
 		// Each filter takes the record and its length as
 		// kc_field_filter does.
-		length := asm.Mov.Imm(asm.R2, sysRecLen)
-		if ring {
-			length = asm.Mov.Reg(asm.R2, asm.R3)
-		}
 		code = append(code, asm.Mov.Reg(asm.R1, asm.R2).WithSymbol(rec(k).prefix+"go"), length)
 		code = append(code, c...)
 	}

@@ -38,7 +38,7 @@ type loading struct {
 // wakeups armed, or the error of the step that failed, having released
 // what it made.
 func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options) (_ *Recorder, err error) {
-	r := &Recorder{cfg: cfg, ncpu: ncpu, transport: transport, btf: btfPath{keys: map[int]string{}}, fentry: fentryPath{progs: map[int]string{}}}
+	r := &Recorder{cfg: cfg, ncpu: ncpu, transport: transport, btf: btfPath{keys: map[int]string{}}, fentry: fentryPath{progs: map[int]string{}, fn: map[int]string{}, exit: map[int]bool{}}}
 	defer func() {
 		if err != nil {
 			r.Close()
@@ -50,9 +50,12 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("raising RLIMIT_MEMLOCK for BPF maps: %w", err)
 	}
+	if opts != nil && opts.trigs != nil && transport != Ringbuf {
+		return nil, fmt.Errorf("%w: triggers need BPF ring buffers (Linux 5.8+), not the %s transport", ErrNotSupported, transport)
+	}
 	l := &loading{r: r, set: map[string]any{}, opts: opts, nevents: nevents, raw: opts != nil && opts.sys}
 	if opts != nil {
-		r.stacks, r.ctxs = opts.stacks, opts.ctxs
+		r.stacks, r.ctxs, r.trigs = opts.stacks, opts.ctxs, opts.trigs
 	}
 	steps := []func() error{l.baseSpec, l.decide, l.setupRings, l.setupSyscalls, l.setupRest, l.load}
 	for _, step := range steps {
@@ -77,6 +80,9 @@ func Load(cfg Config, ncpu int, transport Transport, nevents int, opts *Options)
 	r.Arm(cfg.Latency > 0) // the drainer starts asleep
 	if opts != nil && opts.Spec != nil {
 		return r, nil
+	}
+	if err := r.setTriggers(); err != nil {
+		return nil, err
 	}
 	return r, r.setFilters()
 }
@@ -180,6 +186,9 @@ func (l *loading) baseSpec() error {
 	if k := l.spec.Maps[gen.RingbufMapKcFilterKept]; k != nil {
 		k.MaxEntries = m.MaxEntries
 	}
+	if t := l.spec.Maps[gen.RingbufMapKcTrigMap]; t != nil && l.opts != nil && l.opts.trigs != nil {
+		t.MaxEntries = uint32(max(len(l.opts.trigs.Defs), 1))
+	}
 	if p := l.spec.Maps[gen.RingbufMapKcCtxPerf]; p != nil {
 		p.MaxEntries = uint32(layout.MaxPerf * r.ncpu)
 		set[gen.RingbufVarKcCtxNcpu] = uint32(r.ncpu)
@@ -279,13 +288,22 @@ func (l *loading) setupSyscalls() error {
 		if err := sysFilters(spec, keys, l.opts.userFiltered, l.opts.filters, l.opts.formats); err != nil {
 			return err
 		}
+		start, err := sysTriggers(spec, l.opts.trigs, evs, l.opts.formats)
+		if err != nil {
+			return err
+		}
+		if spec.Variables[gen.RingbufVarKcSysTrigStart] != nil {
+			set[gen.RingbufVarKcSysTrigStart] = boolU32(start)
+		}
+		// The function path does not evaluate triggers.
+		evs = slices.DeleteFunc(slices.Clone(evs), func(e sysEvent) bool { return e.trig })
 	}
 	if spec.Programs[gen.RingbufProgKcSysEnter] != nil {
 		if !l.raw || r.plan[PathRawSys].why != nil {
 			dropRawSys(spec)
 		} else {
 			r.plan[PathRawSys].on = true
-			r.raw.perf = r.preempt.On
+			r.raw.perf = r.preempt.On && !Testing.RawFromBTF
 			rawFromPerf(spec, r.raw.perf)
 			set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 		}

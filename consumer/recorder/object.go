@@ -219,7 +219,7 @@ func objectDef(spec *ebpf.CollectionSpec, ev string) (*synth.Event, error) {
 }
 
 // errAttach explains which programs a user's object may hold.
-var errAttach = errors.New("kconsume attaches tracepoint, raw_tp, tp_btf, fentry, fexit, kprobe and kretprobe programs")
+var errAttach = errors.New("kconsume attaches tracepoint, raw_tp, tp_btf, fentry, fexit, kprobe, kretprobe, kprobe.multi and kretprobe.multi programs")
 
 // attach attaches prog by its section, as libbpf's auto-attach does.
 func attach(ps *ebpf.ProgramSpec, prog *ebpf.Program) (link.Link, error) {
@@ -243,6 +243,16 @@ func attach(ps *ebpf.ProgramSpec, prog *ebpf.Program) (link.Link, error) {
 		return link.Kprobe(target, prog, nil)
 	case "kretprobe":
 		return link.Kretprobe(target, prog, nil)
+	case "kprobe.multi", "kretprobe.multi":
+		// libbpf takes a glob there; kconsume one function.
+		if target == "" || strings.ContainsAny(target, "*?[") {
+			return nil, fmt.Errorf("%w: section %q: name one function (%s/FUNC; no globs)", ErrConfig, sec, kind)
+		}
+		opts := link.KprobeMultiOptions{Symbols: []string{target}}
+		if kind == "kretprobe.multi" {
+			return link.KretprobeMulti(prog, opts)
+		}
+		return link.KprobeMulti(prog, opts)
 	}
 	return nil, fmt.Errorf("%w: section %q: %w", ErrConfig, sec, errAttach)
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/kconsume/kconsume/consumer/probe"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/gen"
+	"github.com/kconsume/kconsume/internal/kallsyms"
 	"golang.org/x/sys/unix"
 )
 
@@ -211,9 +213,11 @@ func attachProbe(pr *probe.Probe, prog *ebpf.Program, cookie uint64) ([]link.Lin
 	case probe.Fentry, probe.Fexit:
 		return one(link.AttachTracing(link.TracingOptions{Program: prog}))
 	case probe.Kprobe:
-		return one(link.Kprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie, Offset: pr.Offset}))
+		l, err := link.Kprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie, Offset: pr.Offset})
+		return one(l, kprobeWhy(pr.Symbol, err))
 	case probe.Kretprobe:
-		return one(link.Kretprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie}))
+		l, err := link.Kretprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie})
+		return one(l, kprobeWhy(pr.Symbol, err))
 	}
 	ex, err := link.OpenExecutable(pr.Path)
 	if err != nil {
@@ -316,4 +320,41 @@ func (p *probes) blame(err error) string {
 		}
 	}
 	return ""
+}
+
+// kprobeWhy returns err, a kprobe's failure to attach to function sym,
+// with what the kernel's lists say of sym: no such function in its
+// symbols, or one the kprobe events refuse because ftrace cannot trace
+// it (notrace, or inlined into its callers: not in
+// available_filter_functions; kernel/trace/trace_kprobe.c refuses those
+// without CONFIG_KPROBE_EVENTS_ON_NOTRACE). nil stays nil.
+func kprobeWhy(sym string, err error) error {
+	if err == nil {
+		return nil
+	}
+	syms, kerr := kallsyms.Read()
+	if kerr != nil {
+		return err
+	}
+	if _, _, ok := syms.Lookup(sym); !ok {
+		return fmt.Errorf("no function %s in the kernel's symbols (kconsume list 'kprobe:%s*' lists those kprobes can name): %w", sym, firstWord(sym), err)
+	}
+	fs, ferr := tracefs.Find()
+	if ferr != nil {
+		return err
+	}
+	funcs, ferr := probe.TraceableFunctions(fs.Root)
+	if ferr == nil && !slices.Contains(funcs, sym) {
+		return fmt.Errorf("%s cannot be probed: it is not in the kernel's available_filter_functions (notrace, or inlined into its callers): %w", sym, err)
+	}
+	return err
+}
+
+// firstWord returns sym up to its first underscore after the first
+// character, a prefix for list's glob.
+func firstWord(sym string) string {
+	if i := strings.IndexByte(sym[min(1, len(sym)):], '_'); i >= 0 {
+		return sym[:i+1]
+	}
+	return sym
 }

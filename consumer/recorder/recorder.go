@@ -67,6 +67,7 @@ type Recorder struct {
 	inj       injector         // the injector's record (inject.go)
 	stacks    []layout.Stack   // the call chains each event key records (stack.go)
 	ctxs      []layout.Context // the contexts every event records (context.go)
+	trigs     *Triggers        // the triggers (trigger.go); nil: none
 	perfFDs   []int            // the perf contexts' counters (context.go)
 }
 
@@ -101,6 +102,8 @@ type Options struct {
 	// probes are the probe of each event key, nil for the others
 	// (WithProbes).
 	probes []*probe.Probe
+	// trigs are the triggers (WithTriggers), nil for none.
+	trigs *Triggers
 }
 
 func boolU32(b bool) uint32 {

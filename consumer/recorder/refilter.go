@@ -153,6 +153,9 @@ func (t *tracepoints) refilter(r *Recorder, i int, f *tracefs.Format, flt *filte
 	if err == nil && flt != nil {
 		ps, err = filterProg(ps, name, flt, f)
 	}
+	if err == nil {
+		ps, err = t.trigProg(ps, r.trigs, i, f) // the trigger stays
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +217,8 @@ func (p *fentryPath) refilter(r *Recorder, i int, f *tracefs.Format, flt *filter
 	if !replaceFunc(ps, sysFilterFunc, code) {
 		return nil, fmt.Errorf("recorder program %s has no %s", name, sysFilterFunc)
 	}
-	return copyRefilter(r, i, name, ps, p.links, flt != nil, attachTracing), nil
+	attach := func(prog *ebpf.Program) (link.Link, error) { return p.attachOne(i, prog) }
+	return copyRefilter(r, i, name, ps, p.links, flt != nil, attach), nil
 }
 
 // refilter changes the filter of event key i, which a BTF program

@@ -170,6 +170,9 @@ func (p *rawPath) attach(r *Recorder, formats []*tracefs.Format) ([]string, erro
 		if r.tp.filter(i) != nil {
 			k.Flags = tpFiltered
 		}
+		if t := r.trigs.of(i); t >= 0 {
+			k.Trig = uint32(t + 1)
+		}
 		if err := keys.Put(slot, k); err != nil {
 			r.plan.off(PathRawSys, fmt.Errorf("dispatching %s: %w", f.FullName(), err))
 			break
@@ -247,14 +250,15 @@ func (p *rawPath) attachProg(dir int, prog *ebpf.Program) (link.Link, error) {
 }
 
 // sysEvent is a syscall event the syscall programs can build: its event
-// key, whether it is an exit event, the syscall's number and name, and
-// whether it has a field filter.
+// key, whether it is an exit event, the syscall's number and name,
+// whether it has a field filter, and whether it has a trigger.
 type sysEvent struct {
 	key      int
 	exit     bool
 	nr       int32
 	name     string
 	filtered bool
+	trig     bool // it has a trigger, which only the raw path evaluates
 }
 
 // sysNr returns the x86_64 syscall number of the syscall event f, from

@@ -128,6 +128,9 @@ func (t *tracepoints) copies(spec *ebpf.CollectionSpec, transport Transport, nev
 			if flt := t.filter(i); err == nil && flt != nil {
 				ps, err = filterProg(ps, ps.Name, flt, t.formats[i])
 			}
+			if err == nil && opts != nil && opts.trigs.of(i) >= 0 {
+				ps, err = t.trigProg(ps, opts.trigs, i, t.formats[i])
+			}
 			if err != nil {
 				return err
 			}
@@ -139,8 +142,15 @@ func (t *tracepoints) copies(spec *ebpf.CollectionSpec, transport Transport, nev
 		if opts != nil && i < len(opts.probes) && opts.probes[i] != nil {
 			continue // kc_probe's copy has its filter (probes.setup)
 		}
-		if flt := t.filter(i); flt != nil {
-			ps, err := filterProg(base, filteredProg(i), flt, t.formats[i])
+		if flt := t.filter(i); flt != nil || opts != nil && opts.trigs.of(i) >= 0 {
+			ps, err := base.Copy(), error(nil)
+			ps.Name = filteredProg(i)
+			if flt != nil {
+				ps, err = filterProg(base, filteredProg(i), flt, t.formats[i])
+			}
+			if err == nil && opts != nil {
+				ps, err = t.trigProg(ps, opts.trigs, i, t.formats[i])
+			}
 			if err != nil {
 				return err
 			}
@@ -198,7 +208,7 @@ func (t *tracepoints) attach(r *Recorder, f *tracefs.Format, i int, recorded, as
 		if small := smallProg(smallSize(f)); recorded && asIs && r.coll.Programs[small] != nil {
 			name = small
 		}
-		if recorded && t.filter(i) != nil {
+		if recorded && (t.filter(i) != nil || r.trig(i)) {
 			name = filteredProg(i)
 		}
 	}
