@@ -87,6 +87,19 @@ func (w *trigWork) miss(t *testing.T, n, gapUS int, unlinkAfter time.Duration) (
 	return cmd.Process.Pid, first, last
 }
 
+// closeCounts returns the session's trigger counts, then closes it.
+func closeCounts(t *testing.T, s *Session) []TriggerCount {
+	t.Helper()
+	counts, err := s.TriggerCounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return counts
+}
+
 // trigEvent is one event line of babeltrace2's output.
 type trigEvent struct {
 	ts            uint64
@@ -165,13 +178,7 @@ func TestTriggerSnapshot(t *testing.T) {
 		}
 	}
 	wait()
-	counts, err := s.TriggerCounts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	counts := closeCounts(t, s)
 	if len(counts) != 1 || counts[0].Matched != 1 || counts[0].Fired != 1 {
 		t.Fatalf("trigger counts %+v; want 1 match, 1 action", counts)
 	}
@@ -264,13 +271,7 @@ func TestTriggerStopStart(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	pid, _, _ := w.miss(t, 1, 0, time.Second)
 	wait()
-	counts, err := s.TriggerCounts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	counts := closeCounts(t, s)
 	if len(counts) != 2 || counts[0].Fired != 1 || counts[1].Fired != 1 {
 		t.Fatalf("trigger counts %+v; want one stop and one start", counts)
 	}
@@ -330,13 +331,7 @@ func TestTriggerRateLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, first, last := w.miss(t, n, 500, 0)
-	counts, err := s.TriggerCounts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	counts := closeCounts(t, s)
 	snaps, serr := s.TriggerSnapshots()
 	if serr != nil {
 		t.Fatal(serr)
