@@ -17,7 +17,7 @@ import (
 	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
-// TestPreemptedTasksKeepAll runs two, then four, busy tasks a CPU, each
+// TestPreemptedTasksKeepAll runs two, four, then eight busy tasks a CPU, each
 // pinned and making getpid calls, under a session and an ftrace instance
 // at once, on each syscall path (the function path on kprobes where
 // trampolines run preemptibly). Where tracing programs run preemptibly
@@ -51,7 +51,7 @@ func TestPreemptedTasksKeepAll(t *testing.T) {
 		{"tracepoint", SyscallsTracepoint, Ringbuf, false}, {"fentry", SyscallsFentry, Ringbuf, false},
 		{"auto-records", SyscallsAuto, Ringbuf, true}, {"auto-perf", SyscallsAuto, Perf, false},
 	}
-	for _, perCPU := range []int{2, 4} {
+	for _, perCPU := range []int{2, 4, 8} {
 		for _, way := range ways {
 			path := way.path
 			t.Run(fmt.Sprintf("%d-a-cpu/%s", perCPU, way.name), func(t *testing.T) {

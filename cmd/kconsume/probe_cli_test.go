@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf/btf"
+	"github.com/kconsume/kconsume/consumer/probe"
+	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/internal/testenv"
 )
 
@@ -121,12 +124,17 @@ func TestRecordProbeBadInput(t *testing.T) {
 		// functions from root; the guests' have both.
 		cases = append(cases, struct{ spec, says string }{"kprobe:no_such_fn_kc", "no function no_such_fn_kc in the kernel's symbols"},
 			struct{ spec, says string }{"kprobe:nosuch_kc_*", "no function matches"})
+		black, notrace := refusedFunctions(t)
+		cases = append(cases, struct{ spec, says string }{"kprobe:" + black, black + " cannot be probed: it is on the kernel's kprobe blacklist"},
+			struct{ spec, says string }{"kprobe:" + notrace, notrace + " cannot be probed: it is not in the kernel's available_filter_functions"},
+			struct{ spec, says string }{"fentry:" + notrace, notrace + " cannot be probed: it is not in the kernel's available_filter_functions"})
 	} else if testenv.InGuest() {
 		t.Fatalf("a guest's kernel without the kprobe PMU: %v", err)
 	}
 	for _, c := range cases {
 		out := filepath.Join(t.TempDir(), "t")
 		code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", c.spec, "--duration", "10ms")
+		t.Logf("record -e %q: exit %d: %s", c.spec, code, strings.TrimSpace(stderr))
 		if code == 0 || !strings.Contains(stderr, c.says) {
 			t.Errorf("record -e %q: exit %d, want an error saying %q\n%s%s", c.spec, code, c.says, stdout, stderr)
 		}
@@ -134,4 +142,75 @@ func TestRecordProbeBadInput(t *testing.T) {
 			t.Errorf("record -e %q: a trace was written", c.spec)
 		}
 	}
+}
+
+// refusedFunctions returns a kernel function on the kprobe blacklist and
+// a C function (in the kernel's BTF) that is neither there nor in
+// available_filter_functions (notrace), each with one symbol of its
+// name in /proc/kallsyms. It fails the
+// test when either cannot be found: a kernel with kprobes has both.
+func refusedFunctions(t *testing.T) (black, notrace string) {
+	t.Helper()
+	fs, err := tracefs.Find()
+	if err != nil {
+		t.Fatal(err)
+	}
+	traceable, err := probe.TraceableFunctions(fs.Root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bl, err := os.ReadFile(probe.KprobeBlacklist)
+	if err != nil {
+		t.Fatalf("a kernel with kprobes: %v", err)
+	}
+	ks, err := os.ReadFile("/proc/kallsyms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[string]int{}
+	var text []string
+	for _, l := range strings.Split(string(ks), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 3 || f[1] != "t" && f[1] != "T" {
+			continue // a module's, or not text
+		}
+		if count[f[2]]++; count[f[2]] == 1 {
+			text = append(text, f[2])
+		}
+	}
+	skip := func(name string) bool {
+		return count[name] != 1 || strings.ContainsAny(name, ".$") || strings.HasPrefix(name, "__pfx_") || strings.HasPrefix(name, "__cfi_")
+	}
+	blacklisted := map[string]bool{}
+	for _, l := range strings.Split(string(bl), "\n") {
+		if f := strings.Fields(l); len(f) == 2 {
+			blacklisted[f[1]] = true
+			if black == "" && !skip(f[1]) {
+				black = f[1]
+			}
+		}
+	}
+	isTraceable := map[string]bool{}
+	for _, fn := range traceable {
+		isTraceable[fn] = true
+	}
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range text {
+		if skip(name) || blacklisted[name] || isTraceable[name] {
+			continue
+		}
+		// A C function (BTF knows it), not an assembly label.
+		var fn *btf.Func
+		if spec.TypeByName(name, &fn) == nil {
+			notrace = name
+			break
+		}
+	}
+	if black == "" || notrace == "" {
+		t.Fatalf("no blacklisted function (%q) or no notrace one (%q) in this kernel's symbols", black, notrace)
+	}
+	return black, notrace
 }

@@ -178,3 +178,25 @@ func TraceableFunctions(root string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// KprobeBlacklist is where debugfs shows the kernel's kprobe blacklist:
+// the functions kprobes refuse, as a probe there would recurse or break
+// the kernel (NOKPROBE_SYMBOL, the kprobes and entry text; kernel/kprobes.c).
+const KprobeBlacklist = "/sys/kernel/debug/kprobes/blacklist"
+
+// Blacklisted reports whether the kprobe blacklist at path (KprobeBlacklist
+// where debugfs is mounted) holds function sym. It fails when the file
+// cannot be read.
+func Blacklisted(path, sym string) (bool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return false, fmt.Errorf("the kernel's kprobe blacklist: %w", err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		// "0xSTART-0xEND\tname" or "0xSTART-0xEND\tname [module]"
+		if f := strings.Fields(l); len(f) >= 2 && f[1] == sym {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -152,3 +152,21 @@ func FuzzNotes(f *testing.F) {
 		}
 	})
 }
+
+// TestBlacklisted reads the kprobe blacklist's lines, with and without a
+// module, and fails on a file that is not there.
+func TestBlacklisted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "blacklist")
+	text := "0xffffffff81001000-0xffffffff81001040\tdo_int3\n0xffffffffc0001000-0xffffffffc0001020\tmod_fn [kvm]\n\n"
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for sym, want := range map[string]bool{"do_int3": true, "mod_fn": true, "do_int": false, "kvm": false, "": false} {
+		if got, err := Blacklisted(path, sym); err != nil || got != want {
+			t.Errorf("Blacklisted(%q) = %v, %v; want %v", sym, got, err, want)
+		}
+	}
+	if _, err := Blacklisted(filepath.Join(t.TempDir(), "none"), "do_int3"); err == nil {
+		t.Error("a blacklist that is not there: no error")
+	}
+}

@@ -211,7 +211,8 @@ func attachProbe(pr *probe.Probe, prog *ebpf.Program, cookie uint64) ([]link.Lin
 	}
 	switch pr.Kind {
 	case probe.Fentry, probe.Fexit:
-		return one(link.AttachTracing(link.TracingOptions{Program: prog}))
+		l, err := link.AttachTracing(link.TracingOptions{Program: prog})
+		return one(l, tracingWhy(pr.Symbol, err))
 	case probe.Kprobe:
 		l, err := link.Kprobe(pr.Symbol, prog, &link.KprobeOptions{Cookie: cookie, Offset: pr.Offset})
 		return one(l, kprobeWhy(pr.Symbol, err))
@@ -324,10 +325,12 @@ func (p *probes) blame(err error) string {
 
 // kprobeWhy returns err, a kprobe's failure to attach to function sym,
 // with what the kernel's lists say of sym: no such function in its
-// symbols, or one the kprobe events refuse because ftrace cannot trace
-// it (notrace, or inlined into its callers: not in
-// available_filter_functions; kernel/trace/trace_kprobe.c refuses those
-// without CONFIG_KPROBE_EVENTS_ON_NOTRACE). nil stays nil.
+// symbols (or one inlined into every caller, which leaves none), one on
+// the kprobe blacklist (kernel/kprobes.c refuses those), or one the
+// kprobe events refuse because ftrace cannot trace it (notrace, or
+// inlined into its callers: not in available_filter_functions;
+// kernel/trace/trace_kprobe.c refuses those without
+// CONFIG_KPROBE_EVENTS_ON_NOTRACE). nil stays nil.
 func kprobeWhy(sym string, err error) error {
 	if err == nil {
 		return nil
@@ -337,15 +340,39 @@ func kprobeWhy(sym string, err error) error {
 		return err
 	}
 	if _, _, ok := syms.Lookup(sym); !ok {
-		return fmt.Errorf("no function %s in the kernel's symbols (kconsume list 'kprobe:%s*' lists those kprobes can name): %w", sym, firstWord(sym), err)
+		return fmt.Errorf("no function %s in the kernel's symbols (none, or inlined into every caller; kconsume list 'kprobe:%s*' lists those kprobes can name): %w", sym, firstWord(sym), err)
 	}
-	fs, ferr := tracefs.Find()
-	if ferr != nil {
-		return err
+	if bl, berr := probe.Blacklisted(probe.KprobeBlacklist, sym); berr == nil && bl {
+		return fmt.Errorf("%s cannot be probed: it is on the kernel's kprobe blacklist (%s), where a probe would recurse or break the kernel: %w", sym, probe.KprobeBlacklist, err)
 	}
-	funcs, ferr := probe.TraceableFunctions(fs.Root)
-	if ferr == nil && !slices.Contains(funcs, sym) {
+	if notTraceable(sym) {
 		return fmt.Errorf("%s cannot be probed: it is not in the kernel's available_filter_functions (notrace, or inlined into its callers): %w", sym, err)
+	}
+	return err
+}
+
+// notTraceable reports whether the kernel's available_filter_functions,
+// where it can be read, leaves function sym out.
+func notTraceable(sym string) bool {
+	fs, err := tracefs.Find()
+	if err != nil {
+		return false
+	}
+	funcs, err := probe.TraceableFunctions(fs.Root)
+	return err == nil && !slices.Contains(funcs, sym)
+}
+
+// tracingWhy returns err, an fentry or fexit program's failure to
+// attach to function sym, with why when ftrace cannot trace sym (not in
+// available_filter_functions: notrace, or inlined into its callers), as
+// a trampoline is reached through the function's ftrace call site
+// (kernel/bpf/trampoline.c). nil stays nil.
+func tracingWhy(sym string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if notTraceable(sym) {
+		return fmt.Errorf("%s cannot be probed: it is not in the kernel's available_filter_functions (notrace, or inlined into its callers), and trampolines attach at its ftrace call site: %w", sym, err)
 	}
 	return err
 }
