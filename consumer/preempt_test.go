@@ -82,7 +82,14 @@ func TestPreemptedTasksKeepAll(t *testing.T) {
 				if err := os.WriteFile(filepath.Join(inst, "buffer_size_kb"), []byte(strconv.Itoa(kb)), 0); err != nil {
 					t.Fatal(err)
 				}
-				cfg := Config{Events: []string{event}, PIDs: pids, Transport: way.transport, Syscalls: path, Dir: t.TempDir()}
+				// The rings as large as ftrace's buffers, at least: with
+				// eight busy tasks a CPU the consumer may not run
+				// before the children end, as ftrace's reader does not.
+				ring := DefaultRingSize
+				for ring < kb<<10 {
+					ring <<= 1
+				}
+				cfg := Config{Events: []string{event}, PIDs: pids, Transport: way.transport, Syscalls: path, Dir: t.TempDir(), RingSize: ring}
 				s, err := New(cfg)
 				if path == SyscallsFentry && errors.Is(err, unix.EPERM) && !testenv.InGuest() {
 					for _, c := range kids {
