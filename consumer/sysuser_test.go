@@ -143,25 +143,32 @@ func TestSyscallUserFields(t *testing.T) {
 	// tracepoint, a cgroup filter (which it cannot test) or on a
 	// preemptible kernel, their tracepoints do; "fault-records" has it
 	// record them there too (one task: no other run to skip).
+	// "chains" records a kernel call chain and contexts with each event,
+	// which only their tracepoints' program writes: they keep their
+	// tracepoints even where kc_sys_user_fault would record them.
 	for _, v := range []struct {
-		name        string
-		sys         Syscalls
-		cgroup, rec bool
-	}{{"auto", SyscallsAuto, false, false}, {"tracepoint", SyscallsTracepoint, false, false}, {"cgroup", SyscallsAuto, true, false}, {"fault-records", SyscallsAuto, false, true}} {
-		if v.rec && !recorder.Preemptibility().On {
+		name                string
+		sys                 Syscalls
+		cgroup, rec, chains bool
+	}{{"auto", SyscallsAuto, false, false, false}, {"tracepoint", SyscallsTracepoint, false, false, false}, {"cgroup", SyscallsAuto, true, false, false},
+		{"fault-records", SyscallsAuto, false, true, false}, {"chains", SyscallsAuto, false, true, true}} {
+		if v.rec && !v.chains && !recorder.Preemptibility().On {
 			continue // "auto" records that way here
 		}
 		for _, pkt := range []bool{true, false} {
+			if v.chains && pkt {
+				continue // call chains and contexts take packet mode off
+			}
 			t.Run(fmt.Sprintf("%s/packets=%v", v.name, pkt), func(t *testing.T) {
 				recorder.Testing.NoPackets, recorder.Testing.UserFaultRecords = !pkt, v.rec
 				defer func() { recorder.Testing.NoPackets, recorder.Testing.UserFaultRecords = false, false }()
-				testSyscallUserFields(t, fs, v.sys, v.cgroup)
+				testSyscallUserFields(t, fs, v.sys, v.cgroup, v.chains)
 			})
 		}
 	}
 }
 
-func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls, cgroup bool) {
+func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls, cgroup, chains bool) {
 	var cg string
 	if cgroup {
 		cg = filepath.Join(cgroup2Root(t), fmt.Sprintf("kconsume-sysuser-%d", os.Getpid()))
@@ -193,7 +200,11 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls, cgroup boo
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, dir := newTestSession(t, Config{Events: sysUserEvents, PIDs: []int{c.tid}, Comms: []string{strings.TrimSpace(string(comm))}, Syscalls: sys, Cgroup: cg})
+	cfg := Config{Events: sysUserEvents, PIDs: []int{c.tid}, Comms: []string{strings.TrimSpace(string(comm))}, Syscalls: sys, Cgroup: cg}
+	if chains {
+		cfg.Stacks, cfg.Contexts = []EventStack{{Stack: StackKernel}}, []string{"procname", "tid"}
+	}
+	s, dir := newTestSession(t, cfg)
 	if got := s.Packets() == nil; got != !recorder.Testing.NoPackets && pktExpected(t, s) {
 		t.Fatalf("packet mode %v, want %v: %v", got, !recorder.Testing.NoPackets, s.Packets())
 	}
@@ -205,7 +216,7 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls, cgroup boo
 	}
 	// There the program that pages memory in records the events too,
 	// unless they are to keep their tracepoints.
-	byFault := paging && sys != SyscallsTracepoint && !cgroup && (!s.rec.Preempt().On || recorder.Testing.UserFaultRecords)
+	byFault := paging && sys != SyscallsTracepoint && !cgroup && !chains && (!s.rec.Preempt().On || recorder.Testing.UserFaultRecords)
 	for i, p := range s.rec.Progs()[:len(s.events)] {
 		if (p == gen.RingbufProgKcSysUserFault) != byFault {
 			t.Fatalf("%s recorded by %q; by kc_sys_user_fault: %v, want %v", s.events[i].FullName(), p, !byFault, byFault)
@@ -223,6 +234,13 @@ func testSyscallUserFields(t *testing.T, fs tracefs.FS, sys Syscalls, cgroup boo
 			t.Fatalf("%v in the trace", it.Kind)
 		}
 		line := strings.TrimPrefix(it.Class.Name, "syscalls:sys_enter_")
+		if chains {
+			// The thread's, and a chain through the syscall's entry.
+			tid, name := field(vals, "tid").Int(0), string(field(vals, "procname").Text())
+			if n := field(vals, "callstack_kernel").Len(); tid != int64(c.tid) || name != strings.TrimSpace(string(comm)) || n < 2 {
+				t.Errorf("%s: tid %d procname %q and a kernel chain of %d frames; want %d, %q and 2 or more", it.Class.Name, tid, name, n, c.tid, strings.TrimSpace(string(comm)))
+			}
+		}
 		for _, v := range vals {
 			name, suffixed := strings.CutSuffix(v.Field.Name, "_val")
 			name, prefixed := strings.CutPrefix(name, "__")

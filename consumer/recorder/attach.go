@@ -110,7 +110,7 @@ func (r *Recorder) tpInfo(es Events, i int, f *tracefs.Format) (gen.RingbufKcTpI
 		}
 		putContexts(&ti, l)
 		if u := es.Users[i]; u != nil {
-			if l.Stack != 0 || len(l.Ctx) > 0 {
+			if (l.Stack != 0 || len(l.Ctx) > 0) && r.user.rec {
 				return ti, fmt.Errorf("%w: event %s: call chains and contexts: %w", ErrNotSupported, f.FullName(), errStackUser)
 			}
 			if r.transport != Ringbuf {

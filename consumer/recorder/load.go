@@ -97,6 +97,9 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 	opts := &Options{hooks: wake, small: make([]uint32, len(formats)), btf: map[string]btfUse{}, filters: filters, formats: formats, stacks: stacks, ctxs: ctxs}
 	opts.user = slices.ContainsFunc(users, func(u *SysUser) bool { return u != nil })
 	for i, u := range users {
+		opts.userTail = opts.userTail || u != nil && opts.tail(i)
+	}
+	for i, u := range users {
 		if u != nil && i < len(filters) && filters[i] != nil && len(filters[i].Prog) > 0 {
 			opts.userFiltered = append(opts.userFiltered, i)
 		}
@@ -337,7 +340,7 @@ func (l *loading) setupRest() error {
 	}
 	r.btf.setup(r, spec, set, uses)
 	r.plan[PathBTF].on = len(r.btf.keys) > 0
-	r.user.setup(r, spec, opts != nil && opts.user, opts != nil && opts.userNr)
+	r.user.setup(r, spec, opts != nil && opts.user, opts != nil && opts.userNr, opts != nil && opts.userTail)
 	if err := r.probe.setup(r, spec, set, opts, l.nevents); err != nil {
 		return err
 	}

@@ -84,6 +84,7 @@ type Options struct {
 	// userFiltered are the keys of those with a field filter.
 	userFiltered []int
 	userNr       bool              // each such event has a number kc_sys_user_fault dispatches by
+	userTail     bool              // one of them records call chains or contexts (tail)
 	btf          map[string]btfUse // by BTF program: the event it records (btfShape)
 	// filters are the events' field filters by key (nil: none), and
 	// formats the events' formats.

@@ -192,13 +192,15 @@ type userPath struct {
 // made sleepable, where the kernel takes it, else removes it, and
 // r.plan[PathUserFault] says why. The program then records those
 // events itself (kc_sys_user_rec, r.userRec) unless a cgroup filter,
-// which it cannot test, Config.Syscalls SyscallsTracepoint or a
-// preemptible kernel (Preemptible) keeps them on their tracepoints.
+// which it cannot test, Config.Syscalls SyscallsTracepoint, a
+// preemptible kernel (Preemptible) or, with tail set, one of them
+// recording call chains or contexts, which only kc_tracepoint writes
+// (kc_tail), keeps them on their tracepoints.
 // kc_tracepoint fills user-space fields (kc_sys_user_on, r.userTP),
 // which costs every copy of it a longer load, only where some such
 // event stays on its tracepoint: all of them without r.userRec, else
 // those whose syscall number the dispatch does not know (byNr unset).
-func (u *userPath) setup(r *Recorder, spec *ebpf.CollectionSpec, need, byNr bool) {
+func (u *userPath) setup(r *Recorder, spec *ebpf.CollectionSpec, need, byNr, tail bool) {
 	u.on = need
 	ps := spec.Programs[gen.RingbufProgKcSysUserFault]
 	var err error
@@ -222,7 +224,7 @@ func (u *userPath) setup(r *Recorder, spec *ebpf.CollectionSpec, need, byNr bool
 		// recording there would lose those events. The perf
 		// tracepoints keep preemption off; a skipped paging-in only
 		// leaves a value that may not be read, which is counted.
-		u.rec = r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint && (!r.preempt.On || Testing.UserFaultRecords)
+		u.rec = r.cfg.Cgroup == "" && r.cfg.Syscalls != SyscallsTracepoint && !tail && (!r.preempt.On || Testing.UserFaultRecords)
 	}
 	u.tp = need && (!u.rec || !byNr)
 	u.setVars(spec)
