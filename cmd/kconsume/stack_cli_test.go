@@ -192,3 +192,41 @@ func TestRecordContextsLTTng(t *testing.T) {
 		t.Error("no statedump event in the trace")
 	}
 }
+
+// TestRecordContextBadInput: an unknown context or perf counter is a
+// usage error that lists the known ones, and a hardware counter the
+// machine lacks (a VM without a PMU, the TCG guests) is refused naming
+// it; neither writes a trace. Where the machine has the counter, the
+// trace carries it.
+func TestRecordContextBadInput(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, c := range []struct{ ctx, says string }{
+		{"procname,nosuch", `unknown context "nosuch": want one of procname, pid, tid`},
+		{"perf:cpu:nosuch", `unknown perf counter "perf:cpu:nosuch": want perf:cpu: and one of `},
+		{"perf:cpu:cycles,perf:cpu:instructions,perf:cpu:cache-misses,perf:cpu:cpu-clock,perf:cpu:branch-misses", "perf counters: the recorder reads at most"},
+	} {
+		out := filepath.Join(t.TempDir(), "t")
+		code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", "sched:sched_switch", "--context", c.ctx, "--duration", "10ms")
+		if code != 2 || !strings.Contains(stderr, c.says) {
+			t.Errorf("record --context %s: exit %d, want 2 and an error saying %q\n%s%s", c.ctx, code, c.says, stdout, stderr)
+		}
+		if _, err := os.Stat(filepath.Join(out, "metadata")); err == nil {
+			t.Errorf("record --context %s: a trace was written", c.ctx)
+		}
+	}
+	out := filepath.Join(t.TempDir(), "t")
+	code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", "sched:sched_switch", "--context", "perf:cpu:cycles", "--duration", "10ms")
+	switch {
+	case code == 0:
+		meta, err := os.ReadFile(filepath.Join(out, "metadata"))
+		if err != nil || !strings.Contains(string(meta), "perf_cpu_cycles") {
+			t.Errorf("record --context perf:cpu:cycles: no perf_cpu_cycles field in the metadata (%v)", err)
+		}
+	case !strings.Contains(stderr, "context perf:cpu:cycles: this machine has no such counter"):
+		t.Errorf("record --context perf:cpu:cycles: exit %d, neither a trace nor a refusal naming the counter\n%s%s", code, stdout, stderr)
+	default:
+		if _, err := os.Stat(filepath.Join(out, "metadata")); err == nil {
+			t.Error("record --context perf:cpu:cycles refused, yet a trace was written")
+		}
+	}
+}
