@@ -293,8 +293,8 @@ func ftraceAddr(t *testing.T, syms *kallsyms.Table, frame string) uint64 {
 // symbols (elfsym, with its mappings read while it runs) to exactly that
 // chain, when it keeps frame pointers: the kernel unwinds user stacks by
 // them. Built without, the first frame still resolves to kcstack_c. The
-// symbols the trace saved name every such frame alike once the program
-// has exited and its file is deleted.
+// symbols the trace saved name every such frame alike, the program
+// having exited and its file been deleted before the recording ended.
 func TestUserStacks(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, fp := range []bool{true, false} {
@@ -365,15 +365,17 @@ func userStacks(t *testing.T, bin string, n int) [][]string {
 	if err := cmd.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
 	obj, err := elfsym.Open(bin)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The trace names the frames by itself, after the program is gone.
+	// The program is gone, and its file too, before the recording
+	// ends: the trace names the frames by itself, from what the
+	// session kept of the file while the program ran.
 	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
 	saved, err := ReadUserSymbols(dir)

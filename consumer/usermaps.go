@@ -74,8 +74,8 @@ type userMaps struct {
 }
 
 // catchUp has the loop apply every record the rings hold now, and waits
-// for it: the kernel wakes the loop only once a ring is half full, so
-// the model otherwise lags by what a chunk's processes just mapped.
+// for it: the loop may not have read yet what a chunk's processes just
+// mapped, and the model would lag by that.
 func (u *userMaps) catchUp() {
 	if !u.started {
 		return
@@ -329,15 +329,19 @@ const perfCountSWDummy = 9
 
 // openSideRing opens a dummy software event on cpu that records mmaps of
 // executable files, forks and execs with their time on clockID, and maps
-// its ring.
+// its ring. Its reader wakes at each record: wakeup_events counts only
+// samples, so side-band records alone would wake it when the ring is
+// half full (kernel/events/ring_buffer.c, perf_output_begin's watermark),
+// too late to open the file a short-lived program mapped before it is
+// deleted; a watermark of one byte wakes it at once.
 func openSideRing(cpu int, clockID int32) (*sideRing, error) {
 	attr := unix.PerfEventAttr{
 		Type:        unix.PERF_TYPE_SOFTWARE,
 		Config:      perfCountSWDummy,
 		Size:        uint32(unsafe.Sizeof(unix.PerfEventAttr{})),
 		Sample_type: unix.PERF_SAMPLE_TID | unix.PERF_SAMPLE_TIME,
-		Bits:        unix.PerfBitMmap | unix.PerfBitMmap2 | unix.PerfBitComm | unix.PerfBitCommExec | unix.PerfBitTask | unix.PerfBitSampleIDAll | unix.PerfBitUseClockID,
-		Wakeup:      1,
+		Bits:        unix.PerfBitMmap | unix.PerfBitMmap2 | unix.PerfBitComm | unix.PerfBitCommExec | unix.PerfBitTask | unix.PerfBitSampleIDAll | unix.PerfBitUseClockID | unix.PerfBitWatermark,
+		Wakeup:      1, // wakeup_watermark, in bytes
 		Clockid:     clockID,
 	}
 	fd, err := unix.PerfEventOpen(&attr, -1, cpu, -1, unix.PERF_FLAG_FD_CLOEXEC)
