@@ -160,12 +160,15 @@ func (h *handler) status(s *consumer.Session, cpu int) (string, error) {
 		state = "running"
 	}
 	fmt.Fprintf(&b, "state %s\nmode %s\ntransport %s\nnr_sub %d\nsub_size %d\n", state, cfg.Mode, s.Transport(), cfg.NSubbufs, cfg.SubbufSize)
-	fmt.Fprintf(&b, "%-5s %8s %12s %12s %12s\n", "cpu", "enabled", "events", "dropped", "ring-lost")
+	fmt.Fprintf(&b, "%-5s %8s %12s %12s %12s %12s\n", "cpu", "enabled", "events", "dropped", "ring-lost", "missed")
 	for _, c := range stats {
 		if cpu >= 0 && c.CPU != cpu {
 			continue
 		}
-		fmt.Fprintf(&b, "%-5d %8v %12d %12d %12d\n", c.CPU, !c.Disabled, c.Channel.Records, c.Discarded(), c.KernelLost)
+		fmt.Fprintf(&b, "%-5d %8v %12d %12d %12d %12d\n", c.CPU, !c.Disabled, c.Channel.Records, c.Discarded(), c.KernelLost, c.Missed)
+	}
+	if chains, err := s.StackCounts(); err == nil && chains.Truncated+chains.Failed > 0 {
+		fmt.Fprintf(&b, "call chains: %d cut at the depth, %d recorded empty\n", chains.Truncated, chains.Failed)
 	}
 	triggerNote(&b, s)
 	h.relay.status(&b)

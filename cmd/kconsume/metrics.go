@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kconsume/kconsume/consumer"
+	"github.com/kconsume/kconsume/consumer/recorder"
 )
 
 // serveMetrics serves the session's per-CPU counters at http://addr/metrics
@@ -32,7 +33,12 @@ func serveMetrics(addr string, h *handler) (net.Addr, func(), error) {
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		b := bytes.NewBuffer(promText(s.Running(), stats, s.Drainer()))
+		chains, err := s.StackCounts()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		b := bytes.NewBuffer(promText(s.Running(), stats, s.Drainer(), chains))
 		h.relay.prom(b)
 		_, _ = w.Write(b.Bytes())
 	})
@@ -47,8 +53,10 @@ func serveMetrics(addr string, h *handler) (net.Addr, func(), error) {
 	}, nil
 }
 
-// promText renders the counters in the Prometheus text exposition format.
-func promText(running bool, stats []consumer.CPUStats, d consumer.DrainerStats) []byte {
+// promText renders the counters in the Prometheus text exposition
+// format: the per-CPU ones of stats, the drainer's d and the call
+// chains' chains.
+func promText(running bool, stats []consumer.CPUStats, d consumer.DrainerStats, chains recorder.StackCounts) []byte {
 	var b bytes.Buffer
 	up := 0
 	if running {
@@ -67,6 +75,9 @@ func promText(running bool, stats []consumer.CPUStats, d consumer.DrainerStats) 
 	counter("kconsume_subbuffers_total", "Sub-buffers finished.", func(c consumer.CPUStats) uint64 { return c.Channel.Packets })
 	counter("kconsume_reordered_total", "Records written before a record that reached the ring earlier.", func(c consumer.CPUStats) uint64 { return c.Reordered })
 	counter("kconsume_wakeups_total", "Times the consumer was woken for the CPU's ring.", func(c consumer.CPUStats) uint64 { return c.Wakeups })
+	counter("kconsume_missed_total", "Runs of the recorder the kernel skipped, another BPF program running on the CPU: at most that many events lost, those known lost also in kconsume_lost_total.", func(c consumer.CPUStats) uint64 { return c.Missed })
+	fmt.Fprintf(&b, "# HELP kconsume_callchains_lost_total Call chains cut at the depth (truncated) or recorded empty (empty).\n# TYPE kconsume_callchains_lost_total counter\n")
+	fmt.Fprintf(&b, "kconsume_callchains_lost_total{state=\"truncated\"} %d\nkconsume_callchains_lost_total{state=\"empty\"} %d\n", chains.Truncated, chains.Failed)
 	fmt.Fprintf(&b, "# HELP kconsume_lost_total Events lost, by layer.\n# TYPE kconsume_lost_total counter\n")
 	for _, c := range stats {
 		for _, l := range []struct {
