@@ -62,30 +62,17 @@ static __always_inline __s32 kc_vnr(struct pid *pid, __u32 level)
 }
 
 /*
- * kc_context writes at off in this CPU's scratch record's data (where
- * kc_record builds the record) the contexts of bits (KC_CTX_*) of the
- * current task, in their order, and returns the bytes written, 0 for an
- * off that leaves no room. A counter that cannot be read is written 0.
- * A global function: the verifier checks its branches once, not once
- * for every path of each caller. It takes no pointer, which global
- * functions take only from Linux 5.12 on.
+ * kc_context_into writes at d the contexts of bits (KC_CTX_*) of the
+ * current task, in their order, and returns the bytes written (at most
+ * KC_CTX_ROOM). A counter that cannot be read is written 0.
  */
-__noinline __u32 kc_context(__u32 off, __u32 bits)
+static __always_inline __u32 kc_context_into(__u8 *d, __u32 bits)
 {
 	struct task_struct *t = (struct task_struct *)bpf_get_current_task();
-	__u32 zero = 0;
-	struct kc_scratch *s = bpf_map_lookup_elem(&kc_scratch_map, &zero);
-	__u8 *d;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 n = 0, level = 0;
 	struct pid *tp = NULL;
 	int k;
-
-	if (!s || off > KC_MAX_PAYLOAD - 1 - KC_CTX_ROOM)
-		return 0;
-	barrier_var(off);
-	off &= KC_PAYLOAD_MASK;
-	d = s->data + off;
 
 	if (bits & KC_CTX_PROCNAME) {
 		bpf_get_current_comm(d, 16);
@@ -148,5 +135,32 @@ __noinline __u32 kc_context(__u32 off, __u32 bits)
 	}
 	return n;
 }
+
+/*
+ * kc_context writes at off in this CPU's scratch record's data (where
+ * kc_record builds the record) the contexts of bits (kc_context_into),
+ * and returns the bytes written, 0 for an off that leaves no room. A
+ * global function: the verifier checks its branches once, not once for
+ * every path of each caller. It takes no pointer, which global
+ * functions take only from Linux 5.12 on.
+ */
+__noinline __u32 kc_context(__u32 off, __u32 bits)
+{
+	__u32 zero = 0;
+	struct kc_scratch *s = bpf_map_lookup_elem(&kc_scratch_map, &zero);
+
+	if (!s || off > KC_MAX_PAYLOAD - 1 - KC_CTX_ROOM)
+		return 0;
+	barrier_var(off);
+	off &= KC_PAYLOAD_MASK;
+	return kc_context_into(s->data + off, bits);
+}
+
+/*
+ * kc_context_probe is kc_context for kc_probe's own scratch record
+ * (kc/probe.bpf.h, which defines it): a probe's program, which may run
+ * preemptibly or nested in another of ours, never writes the shared one.
+ */
+__u32 kc_context_probe(__u32 off, __u32 bits);
 
 #endif /* KC_CONTEXT_H */

@@ -106,6 +106,19 @@ struct {
 	__type(value, struct kc_probe_scratch);
 } kc_probe_scratch SEC(".maps");
 
+/* kc_context_probe: kc/context.h. */
+__noinline __u32 kc_context_probe(__u32 off, __u32 bits)
+{
+	__u32 zero = 0;
+	struct kc_probe_scratch *sc = bpf_map_lookup_elem(&kc_probe_scratch, &zero);
+
+	if (!sc || off > KC_MAX_PAYLOAD - 1 - KC_CTX_ROOM)
+		return 0;
+	barrier_var(off);
+	off &= KC_PAYLOAD_MASK;
+	return kc_context_into(((struct kc_scratch *)&sc->rec)->data + off, bits);
+}
+
 /* kc_probe_read reads n bytes at addr, of the process or the kernel. */
 static __always_inline long kc_probe_read(void *dst, __u32 n, __u64 addr, int user)
 {
@@ -311,7 +324,7 @@ static __always_inline int kc_probe_run(void *ctx, __u32 key, const int tracing)
 	size -= 8;
 	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
 		goto out;
-	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
+	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info, 1);
 	kc_record_end(ctx, s, &kc_probe_scratch, 1, st, key, info, size, tail, 1);
 out:
 	sc->busy = 0;

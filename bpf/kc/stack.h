@@ -125,7 +125,7 @@ static __always_inline __u32 kc_stack_one(void *ctx, __u8 *d, __u32 depth, int a
  * bytes, 0 for none. A record too long to carry the chains within
  * KC_MAX_PAYLOAD keeps empty ones, each counted as failed.
  */
-static __always_inline __u32 kc_tail(void *ctx, __u8 *data, __u32 len, struct kc_tp_info *info)
+static __always_inline __u32 kc_tail(void *ctx, __u8 *data, __u32 len, struct kc_tp_info *info, const int probe)
 {
 	__u32 zero = 0, depth = info->stack_depth, ct = 0, ks = 0, us = 0, need = 0;
 	int at_limit = info->stack & KC_STACK_AT_LIMIT;
@@ -139,7 +139,7 @@ static __always_inline __u32 kc_tail(void *ctx, __u8 *data, __u32 len, struct kc
 	len &= KC_PAYLOAD_MASK;
 	if (info->ctx) {
 		/* data is the scratch record's, where kc_context writes. */
-		ct = kc_context(len, info->ctx);
+		ct = probe ? kc_context_probe(len, info->ctx) : kc_context(len, info->ctx);
 		if (ct > KC_CTX_ROOM)
 			return 0;
 		barrier_var(ct);

@@ -106,7 +106,7 @@ copied:
 		if (!t && !kc_running)
 			return 0;
 	}
-	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
+	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info, 0);
 	ts = kc_record_end(ctx, s, &kc_ctf_map, 0, st, key, info, size, tail, 0);
 	if (t)
 		kc_trig_done(t, trig, ts);
@@ -114,7 +114,7 @@ copied:
 #else
 	if (!kc_fields_pass(key, s->data, KC_ENTRY_SIZE + size))
 		return 0;
-	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info);
+	tail = kc_tail(ctx, s->data, KC_ENTRY_SIZE + size, info, 0);
 	return kc_record_end(ctx, s, NULL, 0, st, key, info, size, tail, 0);
 #endif
 }

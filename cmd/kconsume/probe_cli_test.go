@@ -4,6 +4,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -213,4 +215,54 @@ func refusedFunctions(t *testing.T) (black, notrace string) {
 		t.Fatalf("no blacklisted function (%q) or no notrace one (%q) in this kernel's symbols", black, notrace)
 	}
 	return black, notrace
+}
+
+// TestRecordProbeStack: a probe takes a filter, contexts and call chains
+// as a tracepoint does. Each uprobe hit the filter keeps carries its
+// thread's procname, pid and tid (the probe's own program writes them,
+// not the tracepoints' shared record) and a user call chain that report
+// names from the probed function into main, the program deleted by
+// then.
+func TestRecordProbeStack(t *testing.T) {
+	testenv.RequireRoot(t)
+	if major, minor, _ := testenv.KernelRelease(); major < 5 || major == 5 && minor < 15 {
+		t.Skipf("Linux %d.%d: kconsume's probes need BPF attach cookies (Linux 5.15)", major, minor)
+	}
+	bin := testenv.BuildC(t, "../../consumer/testdata/kcprobe.c", "-O1", "-fno-omit-frame-pointer")
+	out := filepath.Join(t.TempDir(), "t")
+	code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", "uprobe:"+bin+":kcprobe_target a=%di:s64", "-f", "a < -5000",
+		"--stack", "user", "--context", "procname,pid,tid", "--", bin, "9")
+	if code != 0 {
+		t.Fatalf("record: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	name := filepath.Base(bin)
+	if len(name) > 15 {
+		name = name[:15] // the kernel's comm
+	}
+	hit := regexp.MustCompile(`uprobes:kcprobe_target: procname="([^"]*)" pid=(\d+) tid=(\d+) common_type=\d+ common_pid=(\d+) .*a=(-?\d+) .*callstack_user=\[([^\]]*)\]`)
+	frame := regexp.MustCompile(`(\w+)\+0x[0-9a-f]+ \(` + regexp.QuoteMeta(bin) + `\)`)
+	var as []string
+	for _, l := range reportLines(t, out) {
+		m := hit.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("a hit without its contexts or call chain: %s", l)
+		}
+		if m[1] != name || m[2] != m[4] || m[3] != m[4] {
+			t.Errorf("contexts procname %q pid %s tid %s, want %q and the hit's pid %s: %s", m[1], m[2], m[3], name, m[4], l)
+		}
+		var names []string
+		for _, f := range frame.FindAllStringSubmatch(m[6], -1) {
+			names = append(names, f[1])
+		}
+		if want := []string{"kcprobe_target", "main"}; !slices.Equal(names, want) {
+			t.Errorf("frames of the program named %v, want %v: %s", names, want, l)
+		}
+		as = append(as, m[5])
+	}
+	if want := []string{"-5993", "-6993", "-7993"}; !slices.Equal(as, want) {
+		t.Errorf("hits with a = %v, want %v (the filter's)", as, want)
+	}
 }
