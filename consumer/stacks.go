@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"errors"
 	"github.com/kconsume/kconsume/consumer/layout"
 	"github.com/kconsume/kconsume/consumer/recorder"
 	"github.com/kconsume/kconsume/relayfmt"
@@ -53,14 +54,28 @@ func (s *Session) SymbolsErr() error { return s.symErr }
 
 // StackCounts returns the call chains recorded cut at their depth and
 // those recorded empty (recorder.StackCounts), so far, or after Close
-// those at Close; zero when no event records any. It fails when the
+// those at Close; zero when no event records any, or while Close is
+// under way. It reads the counters on the drainer's goroutine, as
+// Stats does, so that it may run beside Close. It fails when the
 // counters cannot be read.
 func (s *Session) StackCounts() (recorder.StackCounts, error) {
 	if c := s.finalStacks.Load(); c != nil {
 		return *c, nil
 	}
-	if s.rec == nil || !s.rec.Loaded() {
+	var out recorder.StackCounts
+	err := s.dr.do(func() error {
+		if s.rec == nil || !s.rec.Loaded() {
+			return nil
+		}
+		var err error
+		out, err = s.rec.StackCounts()
+		return err
+	})
+	if errors.Is(err, ErrClosed) {
+		if c := s.finalStacks.Load(); c != nil {
+			return *c, nil
+		}
 		return recorder.StackCounts{}, nil
 	}
-	return s.rec.StackCounts()
+	return out, err
 }
