@@ -198,8 +198,8 @@ func (u *userMaps) drain() {
 	}
 }
 
-// hold opens object i's file, if it is still the one mapped, and keeps it
-// open.
+// hold opens object i's file, if it is still the one mapped (the same
+// inode number), and keeps it open.
 func (u *userMaps) hold(i int, o procmap.Object) {
 	if _, ok := u.held[i]; ok || len(u.held) >= maxHeld {
 		return
@@ -209,8 +209,12 @@ func (u *userMaps) hold(i int, o procmap.Object) {
 		u.held[i] = nil
 		return
 	}
+	// The inode's number tells the file mapped from one put in its
+	// place since; its device may not: on overlayfs (containers, the
+	// vmtest guests' /tmp) stat gives the overlay's and perf's record
+	// the underlying file system's (file_inode of the mapping).
 	var st unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &st) != nil || st.Ino != o.Ino || o.Dev != 0 && st.Dev != o.Dev {
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Ino != o.Ino {
 		f.Close()
 		u.held[i] = nil
 		return
