@@ -137,23 +137,32 @@ static __always_inline __u32 kc_context_into(__u8 *d, __u32 bits)
 }
 
 /*
- * kc_context writes at off in this CPU's scratch record's data (where
- * kc_record builds the record) the contexts of bits (kc_context_into),
- * and returns the bytes written, 0 for an off that leaves no room. A
- * global function: the verifier checks its branches once, not once for
- * every path of each caller. It takes no pointer, which global
- * functions take only from Linux 5.12 on.
+ * kc_context_at writes at off in the data of this CPU's record in map, a
+ * per-CPU array whose value begins with a struct kc_scratch, the
+ * contexts of bits (kc_context_into), and returns the bytes written, 0
+ * for an off that leaves no room.
  */
-__noinline __u32 kc_context(__u32 off, __u32 bits)
+static __always_inline __u32 kc_context_at(void *map, __u32 off, __u32 bits)
 {
 	__u32 zero = 0;
-	struct kc_scratch *s = bpf_map_lookup_elem(&kc_scratch_map, &zero);
+	struct kc_scratch *s = bpf_map_lookup_elem(map, &zero);
 
 	if (!s || off > KC_MAX_PAYLOAD - 1 - KC_CTX_ROOM)
 		return 0;
 	barrier_var(off);
 	off &= KC_PAYLOAD_MASK;
 	return kc_context_into(s->data + off, bits);
+}
+
+/*
+ * kc_context is kc_context_at on this CPU's scratch record (where
+ * kc_record builds the record). A global function: the verifier checks
+ * its branches once, not once for every path of each caller. It takes no
+ * pointer, which global functions take only from Linux 5.12 on.
+ */
+__noinline __u32 kc_context(__u32 off, __u32 bits)
+{
+	return kc_context_at(&kc_scratch_map, off, bits);
 }
 
 /*

@@ -109,14 +109,8 @@ struct {
 /* kc_context_probe: kc/context.h. */
 __noinline __u32 kc_context_probe(__u32 off, __u32 bits)
 {
-	__u32 zero = 0;
-	struct kc_probe_scratch *sc = bpf_map_lookup_elem(&kc_probe_scratch, &zero);
-
-	if (!sc || off > KC_MAX_PAYLOAD - 1 - KC_CTX_ROOM)
-		return 0;
-	barrier_var(off);
-	off &= KC_PAYLOAD_MASK;
-	return kc_context_into(((struct kc_scratch *)&sc->rec)->data + off, bits);
+	/* Its record, rec, is the value's first member. */
+	return kc_context_at(&kc_probe_scratch, off, bits);
 }
 
 /* kc_probe_read reads n bytes at addr, of the process or the kernel. */
