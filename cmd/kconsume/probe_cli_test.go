@@ -161,7 +161,7 @@ func refusedFunctions(t *testing.T) (black, notrace string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bl, err := os.ReadFile(probe.KprobeBlacklist)
+	blacklisted, err := probe.ReadBlacklist(probe.KprobeBlacklist)
 	if err != nil {
 		t.Fatalf("a kernel with kprobes: %v", err)
 	}
@@ -183,13 +183,10 @@ func refusedFunctions(t *testing.T) (black, notrace string) {
 	skip := func(name string) bool {
 		return count[name] != 1 || strings.ContainsAny(name, ".$") || strings.HasPrefix(name, "__pfx_") || strings.HasPrefix(name, "__cfi_")
 	}
-	blacklisted := map[string]bool{}
-	for _, l := range strings.Split(string(bl), "\n") {
-		if f := strings.Fields(l); len(f) == 2 {
-			blacklisted[f[1]] = true
-			if black == "" && !skip(f[1]) {
-				black = f[1]
-			}
+	for _, name := range text {
+		if blacklisted[name] && !skip(name) {
+			black = name
+			break
 		}
 	}
 	isTraceable := map[string]bool{}

@@ -184,19 +184,27 @@ func TraceableFunctions(root string) ([]string, error) {
 // the kernel (NOKPROBE_SYMBOL, the kprobes and entry text; kernel/kprobes.c).
 const KprobeBlacklist = "/sys/kernel/debug/kprobes/blacklist"
 
-// Blacklisted reports whether the kprobe blacklist at path (KprobeBlacklist
-// where debugfs is mounted) holds function sym. It fails when the file
+// ReadBlacklist returns the functions of the kprobe blacklist at path
+// (KprobeBlacklist where debugfs is mounted). It fails when the file
 // cannot be read.
-func Blacklisted(path, sym string) (bool, error) {
+func ReadBlacklist(path string) (map[string]bool, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return false, fmt.Errorf("the kernel's kprobe blacklist: %w", err)
+		return nil, fmt.Errorf("the kernel's kprobe blacklist: %w", err)
 	}
+	out := map[string]bool{}
 	for _, l := range strings.Split(string(b), "\n") {
 		// "0xSTART-0xEND\tname" or "0xSTART-0xEND\tname [module]"
-		if f := strings.Fields(l); len(f) >= 2 && f[1] == sym {
-			return true, nil
+		if f := strings.Fields(l); len(f) >= 2 {
+			out[f[1]] = true
 		}
 	}
-	return false, nil
+	return out, nil
+}
+
+// Blacklisted reports whether the kprobe blacklist at path holds
+// function sym (ReadBlacklist). It fails when the file cannot be read.
+func Blacklisted(path, sym string) (bool, error) {
+	bl, err := ReadBlacklist(path)
+	return bl[sym], err
 }

@@ -44,8 +44,12 @@ type recAt struct {
 var ringRec = recAt{prefix: "kcf_", off: layout.RingOff, cut: layout.RingCut}
 
 // sysRec is the syscall record of event key (kc_sys_field_filter).
-func sysRec(key int) recAt {
-	return recAt{prefix: "kcs" + strconv.Itoa(key) + "_", off: func(o int) int { return o }}
+func sysRec(key int) recAt { return sysRecAs("kcs", key) }
+
+// sysRecAs is sysRec with labels of their own, starting with prefix, for
+// another function of the same program (kc_sys_trig_filter).
+func sysRecAs(prefix string, key int) recAt {
+	return recAt{prefix: prefix + strconv.Itoa(key) + "_", off: func(o int) int { return o }}
 }
 
 // fieldFilterFunc and sysFilterFunc are the functions the loader

@@ -158,9 +158,7 @@ func sysTriggers(spec *ebpf.CollectionSpec, ts *Triggers, evs []sysEvent, format
 	if len(conds) == 0 {
 		return start, nil // every condition always holds, as built
 	}
-	code, err := dispatch(conds, ff, func(k int) recAt {
-		return recAt{prefix: "kct" + strconv.Itoa(k) + "_", off: func(o int) int { return o }}
-	}, asm.Mov.Imm(asm.R2, sysRecLen))
+	code, err := dispatch(conds, ff, func(k int) recAt { return sysRecAs("kct", k) }, asm.Mov.Imm(asm.R2, sysRecLen))
 	if err != nil {
 		return false, fmt.Errorf("trigger: %w", err)
 	}
