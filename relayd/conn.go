@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultTimeout bounds connecting and every exchange with relayd.
@@ -49,6 +51,9 @@ type Client struct {
 	cmu  sync.Mutex
 	ctrl net.Conn
 	cbuf []byte
+	// owed counts the index commands sent whose replies are not read
+	// yet (SendIndex); they are read, in order, before any other reply.
+	owed int
 
 	dmu  sync.Mutex
 	data net.Conn
@@ -116,12 +121,40 @@ func (c *Client) exchange(cmd uint32, payload []byte, n int) ([]byte, error) {
 	if err := c.ctrl.SetDeadline(time.Now().Add(c.timeout)); err != nil {
 		return nil, err
 	}
+	if err := c.settle(0); err != nil {
+		return nil, err
+	}
 	var hdr [hdrSize]byte
 	putHeader(hdr[:], cmd, uint64(len(payload)))
 	bufs := net.Buffers{hdr[:], payload}
 	if _, err := bufs.WriteTo(c.ctrl); err != nil {
 		return nil, fmt.Errorf("send: %w", err)
 	}
+	return c.reply(n)
+}
+
+// settle reads the replies owed to index commands until at most keep are
+// left. It fails on a network error or the first index relayd refused.
+// The caller holds c.cmu.
+func (c *Client) settle(keep int) error {
+	if c.owed > keep {
+		c.quickAck()
+	}
+	for c.owed > keep {
+		r, err := c.reply(genericReplySize)
+		if err != nil {
+			return fmt.Errorf("send index: %w", err)
+		}
+		c.owed--
+		if code := be.Uint32(r); code != lttngOK {
+			return fmt.Errorf("send index: %w", replyError("command", code))
+		}
+	}
+	return nil
+}
+
+// reply reads n bytes of reply into c.cbuf[:n]. The caller holds c.cmu.
+func (c *Client) reply(n int) ([]byte, error) {
 	if cap(c.cbuf) < n {
 		c.cbuf = make([]byte, n)
 	}
@@ -275,15 +308,33 @@ func (c *Client) SendPacket(stream, seq uint64, data []byte, padding uint32) err
 	return nil
 }
 
-// SendIndex sends a packet's index (or a live beacon) and waits for
-// relayd to take it.
+// indexWindow is how many index commands may await relayd's reply. relayd
+// answers an index only once its data thread has written the packet
+// (both hold the stream's lock, lttng-tools src/bin/lttng-relayd/main.c),
+// so waiting for each reply would keep the next packet off the wire while
+// relayd writes the last one: streaming would run at half its speed.
+const indexWindow = 8
+
+// SendIndex sends a packet's index (or a live beacon). It does not wait
+// for relayd's reply unless indexWindow indexes already await theirs;
+// the replies are read in order before any later command's, and an index
+// relayd refused fails that later call (SendIndex, or any command).
 func (c *Client) SendIndex(x *Index) error {
 	var p [indexSize]byte
 	x.put(p[:])
-	if err := c.command(cmdSendIndex, p[:], nil, 0); err != nil {
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
+	if err := c.ctrl.SetDeadline(time.Now().Add(c.timeout)); err != nil {
 		return fmt.Errorf("send index: %w", err)
 	}
-	return nil
+	var hdr [hdrSize]byte
+	putHeader(hdr[:], cmdSendIndex, indexSize)
+	bufs := net.Buffers{hdr[:], p[:]}
+	if _, err := bufs.WriteTo(c.ctrl); err != nil {
+		return fmt.Errorf("send index: %w", err)
+	}
+	c.owed++
+	return c.settle(indexWindow)
 }
 
 // CloseStream says that lastSeq was the stream's last packet (^0 when it
@@ -320,4 +371,18 @@ func (c *Client) Close() error {
 		c.closeErr = errors.Join(errs...)
 	})
 	return c.closeErr
+}
+
+// quickAck acknowledges at once what relayd sent on the control
+// connection.
+func (c *Client) quickAck() {
+	tc, ok := c.ctrl.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	if rc, err := tc.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
+		})
+	}
 }

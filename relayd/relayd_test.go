@@ -360,3 +360,34 @@ func TestRelaydReconnect(t *testing.T) {
 		t.Fatalf("relayd holds %d events of 6000 in its two sessions", total)
 	}
 }
+
+// TestRelaydIndexRefusedLater sends indexes without waiting for relayd's
+// replies (SendIndex), then one for a stream relayd does not know: the
+// refusal is not lost, it fails the next command that reads a reply.
+func TestRelaydIndexRefusedLater(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	u, err := ParseURL(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Dial(context.Background(), u, Session{Host: "h", Name: "refused", Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("%v\nrelayd log:\n%s", err, r.LogTail(20))
+	}
+	defer c.Close()
+	h, err := c.AddStream("trace0", DomainPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StreamsSent(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SendIndex(&Index{Stream: h + 1000, Seq: 0}); err != nil {
+		t.Fatalf("SendIndex waited for the refusal: %v", err)
+	}
+	_, err = c.DataPending(h, 0)
+	t.Logf("data pending: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "send index") {
+		t.Fatalf("data pending after a refused index: %v, want the index's refusal", err)
+	}
+}

@@ -226,9 +226,12 @@ func (s *Sink) Stats() Stats {
 }
 
 // WritePacket sends packet, a finished packet of stream name, and its
-// index, and returns once relayd has taken the index. A packet whose
-// header cannot be read is refused; a network error stops the sink. Either
-// way the packet is counted as not sent and the error wraps ErrNotSent.
+// index, and returns once both are written to the connections; relayd's
+// reply to the index is read within the next few packets (SendIndex),
+// and the packet counts as sent once relayd confirms it has it. A packet
+// whose header cannot be read is refused; a network error stops the
+// sink. Either way the packet is counted as not sent and the error wraps
+// ErrNotSent.
 func (s *Sink) WritePacket(name string, packet []byte) error {
 	if err := s.writePacket(name, packet); err != nil {
 		s.notSent.Add(1)
