@@ -189,7 +189,7 @@ func (d *drainer) loop() {
 	woke := make([]uint64, 2*d.rec.CPUs()) // the writers' last wakeups seen
 	var st passState
 	var done []reply // commands run, to answer once re-armed
-	timeout := d.sleep(st.more, st.deadline)
+	timeout := d.sleep(st)
 	for {
 		t0 := time.Now()
 		var err error
@@ -223,7 +223,7 @@ func (d *drainer) loop() {
 			// recorder loses at most a pass's packets.
 			d.w.ch.Commit()
 			d.checkSize()
-			timeout = d.sleep(st.more, st.deadline)
+			timeout = d.sleep(st)
 		}
 		for _, r := range done {
 			r.c <- r.err
@@ -240,6 +240,9 @@ func (d *drainer) loop() {
 type passState struct {
 	deadline time.Time
 	more     bool
+	// blocked: a stream's packets wait for a remote sink's sub-buffer
+	// (stream.blocked).
+	blocked bool
 }
 
 // woken reads what the poller's ids say woke the drainer: a ring's
@@ -283,17 +286,17 @@ func (d *drainer) woken(ids []int32, woke []uint64, now time.Time) (fromRing, co
 func (d *drainer) pass(st *passState, now time.Time, fromRing, timer bool) {
 	over := d.overWatermark()
 	switch {
-	case fromRing && st.deadline.IsZero() && d.latency > 0 && !over:
+	case !st.blocked && fromRing && st.deadline.IsZero() && d.latency > 0 && !over:
 		// The first record of another process: pick it up, and
 		// whatever follows it, within the latency.
 		st.deadline, st.more = now.Add(d.latency), false
-	case !st.deadline.IsZero() && now.Before(st.deadline) && !fromRing && !over:
+	case !st.blocked && !st.deadline.IsZero() && now.Before(st.deadline) && !fromRing && !over:
 		// A command woke us before the deadline: keep waiting.
 		st.more = false
 	default:
 		// A ring still holding a watermark (with a latency bound, a
 		// good part of one) is drained again at once (drainAll).
-		st.more = d.drainAll(d.cutoff())
+		st.more, st.blocked = d.drainAll(d.cutoff())
 		if fromRing || timer {
 			select {
 			case d.activity <- struct{}{}:
@@ -333,10 +336,22 @@ type reply struct {
 // writers to wake it when it is to sleep: they are armed first and the
 // rings looked at after, so that a ring that crossed the watermark while
 // they were not armed is drained at once, not left until the next one.
-func (d *drainer) sleep(more bool, deadline time.Time) time.Duration {
-	timeout := d.timeout(more, deadline)
+func (d *drainer) sleep(st passState) time.Duration {
+	if st.blocked && !st.more {
+		// Not armed: the writers would wake the drainer for packets it
+		// cannot take until the sink frees a sub-buffer, and a ring
+		// over the watermark would have it drain again at once. It
+		// spun so, a core's worth, while relayd wrote the last packets
+		// (BENCHMARKS.md). The channel wakes it when a sub-buffer frees
+		// (relayfmt.Config.Room); roomPoll bounds the wait.
+		if st.deadline.IsZero() {
+			return roomPoll
+		}
+		return min(max(time.Until(st.deadline), time.Nanosecond), roomPoll)
+	}
+	timeout := d.timeout(st.more, st.deadline)
 	if timeout != 0 {
-		d.rec.Arm(d.latency > 0 && deadline.IsZero())
+		d.rec.Arm(d.latency > 0 && st.deadline.IsZero())
 		if d.overWatermark() {
 			return 0
 		}
@@ -388,6 +403,11 @@ func (d *drainer) lateness() time.Duration {
 	return defaultLateness
 }
 
+// roomPoll bounds the drainer's sleep while packets wait for a remote
+// sink's sub-buffer: the sink frees one within a packet's send, or has
+// failed and never will (the packets then wait in the ring for Close).
+const roomPoll = 50 * time.Millisecond
+
 // defaultLateness is lateness without a latency bound.
 const defaultLateness = time.Millisecond
 
@@ -428,7 +448,9 @@ func (d *drainer) cutoff() uint64 {
 // drainAll drains every stream's source and writes out the waiting
 // records stamped before cutoff. It reports whether a source still holds
 // the wakeup watermark or more, or with a latency bound an eighth of it:
-// then the drainer drains again at once instead of sleeping.
+// then the drainer drains again at once instead of sleeping; and whether
+// a stream's packets wait for a remote sink's free sub-buffer (blocked),
+// which the channel says when it comes (sleep).
 //
 // Without a bound, what is left below the watermark waits for the
 // writers to wake the drainer at the watermark, as they do whenever the
@@ -443,7 +465,7 @@ func (d *drainer) cutoff() uint64 {
 // 2026-11-26, 38ca4e7).
 // With a bound, records left behind by a drain would otherwise wait past
 // it for the next record of another process.
-func (d *drainer) drainAll(cutoff uint64) (more bool) {
+func (d *drainer) drainAll(cutoff uint64) (more, blocked bool) {
 	again := d.watermark
 	if d.latency > 0 {
 		again /= 8
@@ -453,11 +475,14 @@ func (d *drainer) drainAll(cutoff uint64) (more bool) {
 			st.bell.skipAll() // what rang it is what the drain reads
 		}
 		st.src.drain(d.w, d.loss, st, cutoff)
-		if st.src.waiting() >= again {
+		switch {
+		case st.blocked:
+			blocked = true
+		case st.src.waiting() >= again:
 			more = true
 		}
 	}
-	return more
+	return more, blocked
 }
 
 // flushAll drains everything and places the misses counted so far.

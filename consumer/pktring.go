@@ -71,6 +71,7 @@ func (p *pktRing) elem() ([]byte, uint64) {
 // them too, and closing each in turn, would chase a busy CPU's writers
 // with packets of a few events each for as long as they write.
 func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
+	st.blocked = false
 	l.placeKernel(st)
 	for st.win.n > 0 {
 		w.emit(st, st.win.pop()) // loss notices
@@ -110,7 +111,10 @@ func (p *pktRing) drain(w *writer, l *losses, st *stream, cutoff uint64) {
 		ok, err := w.ch.PutPacket(st.idx, e, cw>>32)
 		if !ok && err == nil {
 			if cutoff != ^uint64(0) {
-				return // no sub-buffer free for a remote sink: later
+				// No sub-buffer free for a remote sink: later, once
+				// the channel says one freed (relayfmt.Config.Room).
+				st.blocked = true
+				return
 			}
 			// The end, or a flush: the packet goes now, so a packet
 			// left in the ring is never one that Close forgets. The

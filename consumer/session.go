@@ -286,6 +286,7 @@ func newSession(cfg Config, nevents int, opts *recorder.Options) (_ *Session, er
 		Clock:         clockDesc(cfg.Clock, clockID),
 		Env:           env,
 		StreamContext: sc,
+		Room:          s.dr.poll.Wake,
 	}, sink)
 	if err != nil {
 		if cfg.Sink == nil {

@@ -70,6 +70,9 @@ type stream struct {
 	// last sent the walk back: until the walk passes it, every record
 	// goes through the window, where the late one takes its place.
 	replayEnd uint64
+	// blocked is set when the last drain left packets in the ring for
+	// want of a free sub-buffer of a remote sink (pktRing.drain).
+	blocked bool
 }
 
 // record returns the bytes of a waiting entry's record: in the source's

@@ -55,6 +55,12 @@ type Config struct {
 	// fields every event carries first (Metadata.StreamContext), which
 	// each class gets ahead of its own and each payload written holds.
 	StreamContext []Field
+	// Room, when set, is called once a buffer frees a sub-buffer after
+	// PutPacket returned false for want of one, or its sink fails: the
+	// caller may put the packet again (or find out). It runs on the
+	// sink's goroutine, or on the caller's own when the room came while
+	// PutPacket refused, and must not block.
+	Room func()
 }
 
 // Stats counts what happened in one buffer. Every record passed to Write
@@ -194,6 +200,9 @@ type buffer struct {
 
 	produced atomic.Uint64 // sub-buffers finished (writer)
 	consumed atomic.Uint64 // sub-buffers released (sink, or writer in Overwrite)
+	// wantRoom is set when PutPacket found no free sub-buffer: the next
+	// release calls Config.Room.
+	wantRoom atomic.Bool
 
 	// Sink side.
 	// inline: the writer writes finished sub-buffers itself (LocalSink);

@@ -39,6 +39,7 @@ func (b *buffer) release(cn uint64) {
 	b.consumed.Store(cn)
 	b.cond.Broadcast()
 	b.mu.Unlock()
+	b.roomFreed()
 }
 
 // waitDrained waits until the sink has released every finished
@@ -95,6 +96,8 @@ func (b *buffer) emit(pkt []byte, events uint64) error {
 		b.sinkErr = fmt.Errorf("stream %s: %w", b.name, err)
 		b.cond.Broadcast()
 		b.ch.failOnce.Do(func() { close(b.ch.failed) })
+		// No room will ever free: whoever waits for it finds out.
+		b.roomFreed()
 		return b.sinkErr
 	}
 	b.opened = true

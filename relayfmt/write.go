@@ -370,6 +370,12 @@ func (c *Channel) PutPacket(cpu int, pkt []byte, events uint64) (bool, error) {
 	}
 	if !b.inline {
 		if !b.open(begin) {
+			b.wantRoom.Store(true)
+			// The sink may have freed one since open looked: nobody
+			// would call Room for it.
+			if b.produced.Load()-b.consumed.Load() < b.n {
+				b.roomFreed()
+			}
 			return false, nil
 		}
 		copy(b.cur[PacketHeaderSize:], pkt[PacketHeaderSize:content/8])
@@ -401,6 +407,13 @@ func (c *Channel) PutPacket(cpu int, pkt []byte, events uint64) (bool, error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// roomFreed calls Config.Room if PutPacket waits for a sub-buffer.
+func (b *buffer) roomFreed() {
+	if b.wantRoom.Swap(false) && b.ch.cfg.Room != nil {
+		b.ch.cfg.Room()
+	}
 }
 
 // Run starts a Run on cpu's buffer (the one buffer in global mode) at its
