@@ -45,6 +45,7 @@ var families = []family{
 	{"./cmd/kconsume", "^BenchmarkStartStop$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkIdle$", "1x"},
 	{"./cmd/kconsume", "^BenchmarkSaturation$", "1x"},
+	{"./cmd/kconsume", "^BenchmarkSaturationRelayd$", "1x"},
 	{"./relayd", "^BenchmarkStream$", "4000000x"},
 	{"./relayd", "^BenchmarkStream(Paced|Lossless)$", "4000000x"},
 	{"./statedump", "^BenchmarkStatedump1000$", "3x"},

@@ -290,6 +290,7 @@ func rows() []sectionRow {
 			extra: []extra{{m(k, "GB/s"), "GB/s"}, {m(k, "dropped/op"), "dropped/record"}}, target: c.target}
 		if c.target != "" {
 			r.ok = func(_ results, f, _ stat) bool { return f.med >= 100 }
+			r.losses = []metric{m(k, "dropped/op")}
 		}
 		add(wr, r)
 	}
@@ -341,6 +342,24 @@ func rows() []sectionRow {
 		add(sat, row{what: "`trace-cmd record -d --no-filter -b KB`, " + budget.what, cmd: sc, fig: tcSlow, label: "% slower",
 			extra: []extra{{tcLost, "% of events lost (overrun)"}, {m(k, "trace-cmd-cpu-%"), "% more CPU time"}, {m(k, "trace-cmd-events"), "events recorded"}, {m(k, "trace-cmd-own-switches"), "own switches in the trace"}}})
 	}
+
+	const satr = "Streaming a recording: the hackbench of Saturation at 6 MiB per CPU, recorded by kconsume into local files and streamed by it to a real lttng-relayd on loopback (which writes on the same CPUs), in turn; slowdown against the untraced run of the round"
+	src := "go test -run '^$' -bench 'SaturationRelayd' -benchtime 1x ./cmd/kconsume"
+	rk := "SaturationRelayd/6M"
+	localLost := m(rk, "kconsume-lost-%")
+	add(satr, row{what: "`kconsume record --relayd net://127.0.0.1 …` (no local copy)", cmd: src, fig: m(rk, "kconsume-relayd-slowdown-%"), label: "% slower",
+		extra: []extra{{m(rk, "kconsume-relayd-lost-%"), "% of events lost"}, {m(rk, "kconsume-relayd-ring-lost-%"), "% lost ring full"},
+			{m(rk, "kconsume-relayd-subbuf-lost-%"), "% lost sub-buffers full"}, {m(rk, "kconsume-relayd-late-ms"), "ms drainer late"},
+			{m(rk, "kconsume-relayd-own-cpu-ms"), "ms of kconsume's own CPU (its summary)"}, {m(rk, "kconsume-relayd-own-switches"), "own switches in the trace"},
+			{m(rk, "kconsume-relayd-minus-kconsume-%"), "points of slowdown more than into local files in the same round"},
+			{m(rk, "kconsume-relayd-missing"), "events recorded but not in relayd's files (read back)"}},
+		target: "lost share ≤ the local files', every recorded event in relayd's files",
+		losses: []metric{m(rk, "kconsume-relayd-missing")},
+		ok: func(res results, _, _ stat) bool {
+			return summarize(res.get(m(rk, "kconsume-relayd-lost-%"))).med <= summarize(res.get(localLost)).med
+		}})
+	add(satr, row{what: "`kconsume record -o DIR …` (local files)", cmd: src, fig: m(rk, "kconsume-slowdown-%"), label: "% slower",
+		extra: []extra{{localLost, "% of events lost"}, {m(rk, "kconsume-own-cpu-ms"), "ms of kconsume's own CPU (its summary)"}, {m(rk, "kconsume-own-switches"), "own switches in the trace"}}})
 
 	const mem = "Memory: `kconsume record` peak RSS, 3 s of getpid flood on every CPU, overwrite mode"
 	for _, c := range []string{"256Kx8", "1Mx16", "4Mx16"} {

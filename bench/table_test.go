@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -96,5 +97,31 @@ func TestGuestRows(t *testing.T) {
 	}
 	if strings.Contains(table, "kconsume, raw path from the perf tracepoints") {
 		t.Errorf("a guest row without its guest:\n%s", table)
+	}
+}
+
+// TestLossColumnsJudged: a row with a target whose other columns count
+// lost, dropped, missed or skipped work judges them too: they are among
+// its losses (met only where each was 0), or its target is itself a
+// share of what was lost or delivered and says so.
+func TestLossColumnsJudged(t *testing.T) {
+	lossy := []string{"lost", "dropped", "missed", "missing", "overrun", "skipped", "discarded", "not in"}
+	for _, sr := range rows() {
+		r := sr.row
+		if r.ok == nil {
+			continue
+		}
+		judgedInTarget := strings.Contains(r.target, "lost") || strings.Contains(r.target, "deliver") || strings.Contains(r.target, "share")
+		for _, e := range r.extra {
+			isLoss := false
+			for _, w := range lossy {
+				isLoss = isLoss || strings.Contains(e.label, w)
+			}
+			// A time ("ms longest drainer overrun") counts no work.
+			if !isLoss || strings.HasPrefix(e.label, "ms ") || judgedInTarget || slices.Contains(r.losses, e.m) {
+				continue
+			}
+			t.Errorf("row %q (target %q): its column %q is not judged", r.what, r.target, e.label)
+		}
 	}
 }

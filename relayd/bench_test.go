@@ -28,7 +28,7 @@ func BenchmarkStream(b *testing.B) {
 		benchStream(b, s)
 	})
 	b.Run("relayd/64B", func(b *testing.B) {
-		r := testenv.StartRelayd(b)
+		r := testenv.StartQuietRelayd(b)
 		u, err := ParseURL(r.URL())
 		if err != nil {
 			b.Fatal(err)
@@ -105,7 +105,7 @@ func streamOpener(b *testing.B, target string) func(run string) (relayfmt.Sink, 
 			return s, func() uint64 { return countEvents(b, dir, dir) }
 		}
 	}
-	r := testenv.StartRelayd(b)
+	r := testenv.StartQuietRelayd(b)
 	u, err := ParseURL(r.URL())
 	if err != nil {
 		b.Fatal(err)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayfmt"
 )
 
 // saturationEvents are what BenchmarkSaturation records: every sched
@@ -82,6 +83,9 @@ type saturationRun struct {
 	// With KCONSUME_BENCH_BPF_STATS set, the kernel's run count and run
 	// time of each of the recorder's programs (by name) over the run.
 	bpf map[string]bpfProgStats
+	// missing is, for kconsume-relayd, the events recorded that are not
+	// in relayd's files (negative: more there than recorded).
+	missing int64
 }
 
 func (r saturationRun) lostShare() float64 {
@@ -147,6 +151,36 @@ func BenchmarkSaturation(b *testing.B) {
 	if out, err := exec.Command(tools["perf"], append(hackbench[:3:3], "-h")...).CombinedOutput(); err != nil && !strings.Contains(string(out), "messaging") {
 		testenv.Missing(b, "perf bench sched messaging: %v\n%s", err, out)
 	}
+	saturationRounds(b, order, "trace-cmd", tools, saturationBudgets)
+}
+
+// BenchmarkSaturationRelayd is BenchmarkSaturation's hackbench at 6 MiB
+// per CPU, untraced, recorded by kconsume into local files ("kconsume")
+// and streamed by it to a real lttng-relayd on loopback, which writes
+// the trace on the same CPUs ("kconsume-relayd"), in the same
+// alternated rounds: whether streaming keeps up with the rates a
+// recording produces. Besides BenchmarkSaturation's figures (the
+// relayd runs' paired against the local runs'), it reports the events
+// kconsume-relayd recorded that are not in relayd's files
+// (kconsume-relayd-missing, read back; 0 when relayd has them all).
+func BenchmarkSaturationRelayd(b *testing.B) {
+	testenv.RequireRoot(b)
+	tools := map[string]string{"kconsume": testenv.KconsumeBin(b)}
+	p, err := exec.LookPath("perf")
+	if err != nil {
+		testenv.Missing(b, "perf is required (apt-get install linux-perf): %v", err)
+	}
+	tools["perf"] = p
+	r := testenv.StartQuietRelayd(b)
+	tools["relayd-url"], tools["relayd-out"] = r.URL(), r.Out
+	saturationRounds(b, []string{"", "kconsume", "kconsume-relayd"}, "kconsume", tools, saturationBudgets[:1])
+}
+
+// saturationRounds runs hackbench untraced and under each tool of order
+// (order[0] is "", untraced), in rounds for each budget, and reports
+// BenchmarkSaturation's figures; each other tool's slowdown is paired by
+// round with that of paired.
+func saturationRounds(b *testing.B, order []string, paired string, tools map[string]string, budgets []saturationBudget) {
 	restore := testenv.SaveTracing(b)
 	defer restore()
 	rounds := 3
@@ -156,7 +190,7 @@ func BenchmarkSaturation(b *testing.B) {
 	if avg, err := os.ReadFile("/proc/loadavg"); err == nil {
 		b.Logf("load average before: %s", strings.TrimSpace(string(avg)))
 	}
-	for _, budget := range saturationBudgets {
+	for _, budget := range budgets {
 		b.Run(budget.name, func(b *testing.B) {
 			runs := map[string][]saturationRun{}
 			for r := range rounds * b.N {
@@ -181,8 +215,8 @@ func BenchmarkSaturation(b *testing.B) {
 						}
 						break
 					}
-					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d, missed %d), drainer %.1f ms late, %d own switches, own CPU %.1f ms",
-						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.missed, run.lateMs, run.own, run.ownMs)
+					b.Logf("round %d, %s: hackbench %.3f s, %.2f CPU s, %d events recorded, %d lost (ring %d, sub-buffers %d, missed %d), drainer %.1f ms late, %d own switches, own CPU %.1f ms, %d not in relayd's files",
+						r+1, cmp.Or(tool, "untraced"), run.secs, run.cpu, run.recorded, run.lost, run.ringLost, run.dropped, run.missed, run.lateMs, run.own, run.ownMs, run.missing)
 					for _, name := range slices.Sorted(maps.Keys(run.bpf)) {
 						p := run.bpf[name]
 						if p.runs == 0 {
@@ -218,7 +252,7 @@ func BenchmarkSaturation(b *testing.B) {
 				b.ReportMetric(slices.Min(share), tool+"-lost-min-%")
 				b.ReportMetric(slices.Max(share), tool+"-lost-max-%")
 				b.ReportMetric(median(rec), tool+"-events")
-				if tool == "trace-cmd" {
+				if tool == paired {
 					continue
 				}
 				// Paired by round: both ran within seconds of each
@@ -228,23 +262,23 @@ func BenchmarkSaturation(b *testing.B) {
 				var diff []float64
 				below := 0
 				for r, run := range runs[tool] {
-					d := 100 * (run.secs - runs["trace-cmd"][r].secs) / un[r].secs
+					d := 100 * (run.secs - runs[paired][r].secs) / un[r].secs
 					diff = append(diff, d)
 					if d < 0 {
 						below++
 					}
 				}
-				b.ReportMetric(median(diff), tool+"-minus-trace-cmd-%")
+				b.ReportMetric(median(diff), tool+"-minus-"+paired+"-%")
 				b.ReportMetric(float64(below), tool+"-rounds-faster")
 				// Two runs of one binary in the same rounds differed by
 				// 12 points of median here: the interval says how far
 				// the median can be trusted.
 				lo, hi, conf := medianInterval(diff)
-				b.ReportMetric(lo, tool+"-minus-trace-cmd-lo-%")
-				b.ReportMetric(hi, tool+"-minus-trace-cmd-hi-%")
+				b.ReportMetric(lo, tool+"-minus-"+paired+"-lo-%")
+				b.ReportMetric(hi, tool+"-minus-"+paired+"-hi-%")
 				b.ReportMetric(100*conf, "paired-confidence-%")
-				b.Logf("%s minus trace-cmd: median %.1f points, %.0f %% interval [%.1f, %.1f] over %d rounds, faster in %d",
-					tool, median(diff), 100*conf, lo, hi, len(diff), below)
+				b.Logf("%s minus %s: median %.1f points, %.0f %% interval [%.1f, %.1f] over %d rounds, faster in %d",
+					tool, paired, median(diff), 100*conf, lo, hi, len(diff), below)
 			}
 			for _, tool := range order[1:] {
 				if !strings.HasPrefix(tool, "kconsume") {
@@ -265,6 +299,14 @@ func BenchmarkSaturation(b *testing.B) {
 				b.ReportMetric(median(sub), tool+"-subbuf-lost-%")
 				b.ReportMetric(median(miss), tool+"-missed-%")
 				b.ReportMetric(median(late), tool+"-late-ms")
+				if tool == "kconsume-relayd" {
+					// The worst round's: any is a fault.
+					worst := 0.0
+					for _, run := range runs[tool] {
+						worst = max(worst, math.Abs(float64(run.missing)))
+					}
+					b.ReportMetric(worst, tool+"-missing")
+				}
 				if bpfStatsWanted() {
 					var ns, ms []float64
 					for _, run := range runs[tool] {
@@ -316,11 +358,18 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 	}
 	defer os.RemoveAll(dir)
 	var args []string
+	var relaydSession string
 	switch tool {
 	case "":
 		args = append([]string{tools["perf"]}, hackbench...)
 	case "kconsume", "kconsume-base":
 		args = append([]string{tools[tool], "record", "-q", "-o", filepath.Join(dir, "t"), "--session", fmt.Sprintf("kc-sat-%d", os.Getpid()),
+			"-e", strings.Join(saturationEvents, ",")}, budget.args...)
+		args = append(append(args, "--", tools["perf"]), hackbench...)
+	case "kconsume-relayd":
+		// No local copy: relayd alone gets the packets.
+		relaydSession = fmt.Sprintf("kc-sat-%d-%d", os.Getpid(), time.Now().UnixNano())
+		args = append([]string{tools["kconsume"], "record", "-q", "--relayd", tools["relayd-url"], "--relayd-hostname", "bench", "--session", relaydSession,
 			"-e", strings.Join(saturationEvents, ",")}, budget.args...)
 		args = append(append(args, "--", tools["perf"]), hackbench...)
 	case "trace-cmd":
@@ -359,7 +408,7 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 	}
 	run.secs, _ = strconv.ParseFloat(m[1], 64)
 	switch tool {
-	case "kconsume", "kconsume-base":
+	case "kconsume", "kconsume-base", "kconsume-relayd":
 		if err != nil {
 			return run, fmt.Errorf("kconsume record: %w\n%s", err, text)
 		}
@@ -387,15 +436,31 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 			}
 			run.lateMs = float64(d) / float64(time.Millisecond)
 		}
+		trace := filepath.Join(dir, "t")
+		if tool == "kconsume-relayd" {
+			// relayd's HOST/SESSION-DATE-TIME/kernel, counted and then
+			// removed: a round's trace is 40 MB.
+			dirs, _ := filepath.Glob(filepath.Join(tools["relayd-out"], "bench", relaydSession+"*", "kernel"))
+			if len(dirs) != 1 {
+				return run, fmt.Errorf("relayd's trace of session %s: found %v", relaydSession, dirs)
+			}
+			trace = dirs[0]
+			defer os.RemoveAll(filepath.Dir(trace))
+			n, err := traceEvents(trace)
+			if err != nil {
+				return run, fmt.Errorf("relayd's trace: %w", err)
+			}
+			run.missing = int64(run.recorded) - int64(n)
+		}
 		// The report is always the current binary's: the format is the
 		// same for both.
-		rep, err := exec.Command(tools["kconsume"], "report", filepath.Join(dir, "t"), "-e", "sched:sched_switch").Output()
+		rep, err := exec.Command(tools["kconsume"], "report", trace, "-e", "sched:sched_switch").Output()
 		if err != nil {
 			return run, fmt.Errorf("kconsume report: %w", err)
 		}
 		// The kernel keeps the first 15 bytes of the binary's name as
 		// the comm (TASK_COMM_LEN).
-		comm := filepath.Base(tools[tool])
+		comm := filepath.Base(cmp.Or(tools[tool], tools["kconsume"]))
 		comm = comm[:min(len(comm), 15)]
 		run.own = uint64(strings.Count(string(rep), `prev_comm="`+comm+`"`))
 	case "trace-cmd":
@@ -432,6 +497,27 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 		}
 	}
 	return run, nil
+}
+
+// traceEvents returns the events of the trace in dir, as relayfmt's
+// reader finds them.
+func traceEvents(dir string) (uint64, error) {
+	t, err := relayfmt.Open(dir)
+	if err != nil {
+		return 0, err
+	}
+	m, err := t.Merge()
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	var n uint64
+	for m.Next() {
+		if m.Item().Kind == relayfmt.EventItem {
+			n++
+		}
+	}
+	return n, m.Err()
 }
 
 func secsOf(runs []saturationRun) []float64 {
