@@ -346,6 +346,60 @@ func (c *Client) CloseStream(stream, lastSeq uint64) error {
 	return nil
 }
 
+// Chunk returns the id of the session's current trace chunk.
+func (c *Client) Chunk() uint64 { return c.chunk }
+
+// CreateTraceChunk creates the session's next trace chunk, the current
+// one's id plus one, created at t; ADD_STREAM and ROTATE_STREAMS name it
+// from then on. It returns the new id. relayd refuses it while the
+// previous chunk is not closed.
+func (c *Client) CreateTraceChunk(t time.Time) (uint64, error) {
+	id := c.chunk + 1
+	if err := c.command(cmdCreateTraceChunk, createChunk(id, uint64(t.Unix())), nil, 0); err != nil {
+		return 0, fmt.Errorf("create trace chunk %d: %w", id, err)
+	}
+	c.chunk = id
+	return id, nil
+}
+
+// RotateStreams switches streams to trace chunk chunk, each at its
+// position (the metadata stream switches at once, whatever its position:
+// its text must then be sent again from the start); with into unset they
+// switch to no chunk, and may take no more packets. relayd replies before
+// the switch, which happens once it has the packets before the
+// positions.
+func (c *Client) RotateStreams(chunk uint64, into bool, pos []StreamPosition) error {
+	if err := c.command(cmdRotateStreams, rotateStreams(chunk, into, pos), nil, 0); err != nil {
+		return fmt.Errorf("rotate streams: %w", err)
+	}
+	return nil
+}
+
+// CloseTraceChunk closes trace chunk id at t: relayd moves it to the
+// session's archives/ directory once its last stream has left it. It
+// returns the path relayd replied, relative to its output directory
+// (the session's directory for the first chunk closed).
+func (c *Client) CloseTraceChunk(id uint64, t time.Time) (string, error) {
+	c.cmu.Lock()
+	defer c.cmu.Unlock()
+	r, err := c.exchange(cmdCloseTraceChunk, closeChunk(id, uint64(t.Unix()), closeMoveToCompleted), closeChunkReplySize)
+	if err != nil {
+		return "", fmt.Errorf("close trace chunk %d: %w", id, err)
+	}
+	code, plen := be.Uint32(r[0:]), be.Uint32(r[4:])
+	if plen >= maxPathLen {
+		return "", fmt.Errorf("close trace chunk %d: reply announces a %d-byte path", id, plen)
+	}
+	path := make([]byte, plen)
+	if _, err := io.ReadFull(c.ctrl, path); err != nil {
+		return "", fmt.Errorf("close trace chunk %d: receive path: %w", id, err)
+	}
+	if code != lttngOK {
+		return "", replyError(fmt.Sprintf("close trace chunk %d", id), code)
+	}
+	return strings.TrimRight(string(path), "\x00"), nil
+}
+
 // DataPending reports whether relayd still misses data or indexes of a
 // stream up to lastSeq.
 func (c *Client) DataPending(stream, lastSeq uint64) (bool, error) {

@@ -31,6 +31,7 @@ const (
 	cmdSendIndex        = 13
 	cmdStreamsSent      = 16
 	cmdResetMetadata    = 17
+	cmdRotateStreams    = 18
 	cmdCreateTraceChunk = 19
 	cmdCloseTraceChunk  = 20
 )
@@ -55,7 +56,20 @@ const (
 	indexSize              = 80 // lttcomm_relayd_index with the 2.8+ fields (index 1.1)
 	resetMetadataSize      = 16 // lttcomm_relayd_reset_metadata
 	createChunkSize        = 20 // lttcomm_relayd_create_trace_chunk, no override name
+	closeChunkSize         = 21 // lttcomm_relayd_close_trace_chunk
+	closeChunkReplySize    = 8  // lttcomm_relayd_close_trace_chunk_reply, path follows
+	// rotateStreamsSize is lttcomm_relayd_rotate_streams as an x86-64
+	// peer lays it out, 7 bytes of padding after new_chunk_id's is_set,
+	// which every relayd since 2.11 on x86-64 reads (2.13.2+ reads any
+	// layout); a rotateEntrySize entry per stream follows.
+	rotateStreamsSize = 20
+	rotateEntrySize   = 16 // lttcomm_relayd_stream_rotation_position
 )
+
+// closeMoveToCompleted is LTTNG_TRACE_CHUNK_COMMAND_TYPE_MOVE_TO_COMPLETED
+// (src/common/trace-chunk.h): relayd moves a closed chunk to
+// archives/BEGIN-END-ID under the session directory.
+const closeMoveToCompleted = 0
 
 // Limits relayd enforces on what it receives (LTTNG_NAME_MAX,
 // LTTNG_HOST_NAME_MAX, LTTNG_PATH_MAX), the terminating NUL included.
@@ -185,6 +199,38 @@ func createChunk(id, created uint64) []byte {
 	be.PutUint64(b[0:], id)
 	be.PutUint64(b[8:], created)
 	be.PutUint32(b[16:], 0)
+	return b
+}
+
+// StreamPosition is where one stream switches to a new trace chunk: its
+// first packet there is the one whose CTF packet_seq_num is At.
+type StreamPosition struct {
+	Stream, At uint64
+}
+
+// rotateStreams encodes ROTATE_STREAMS into chunk (none when !into).
+func rotateStreams(chunk uint64, into bool, pos []StreamPosition) []byte {
+	b := make([]byte, rotateStreamsSize+rotateEntrySize*len(pos))
+	be.PutUint32(b[0:], uint32(len(pos)))
+	if into {
+		b[4] = 1
+		be.PutUint64(b[12:], chunk)
+	}
+	for i, p := range pos {
+		o := rotateStreamsSize + i*rotateEntrySize
+		be.PutUint64(b[o:], p.Stream)
+		be.PutUint64(b[o+8:], p.At)
+	}
+	return b
+}
+
+// closeChunk encodes CLOSE_TRACE_CHUNK with close command cmd.
+func closeChunk(id, closed uint64, cmd uint32) []byte {
+	b := make([]byte, closeChunkSize)
+	be.PutUint64(b[0:], id)
+	be.PutUint64(b[8:], closed)
+	b[16] = 1
+	be.PutUint32(b[17:], cmd)
 	return b
 }
 

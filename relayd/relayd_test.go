@@ -391,3 +391,84 @@ func TestRelaydIndexRefusedLater(t *testing.T) {
 		t.Fatalf("data pending after a refused index: %v, want the index's refusal", err)
 	}
 }
+
+// TestRelaydRotate rotates a channel streamed to a real lttng-relayd
+// twice: relayd archives three chunks, as LTTng's rotations leave them
+// (archives/BEGIN-END-ID/kernel), each a trace babeltrace2 reads alone,
+// and their events add up to those written, each once.
+func TestRelaydRotate(t *testing.T) {
+	r := testenv.StartRelayd(t)
+	s := newSink(t, r, "hosta", "rotate")
+	ch, err := relayfmt.NewChannel(relayfmt.Config{SubbufSize: 4096, NSubbufs: 64, CPUs: 2, Clock: relayfmt.Clock{Offset: 1.7e18}}, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ch.AddEventClass("ev_a", []relayfmt.Field{{Name: "value", Kind: relayfmt.Scalar, Elem: relayfmt.U64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000 // per CPU, about 9 packets each
+	p := make([]byte, 8)
+	for i := range n {
+		if i == n/3 || i == 2*n/3 {
+			if _, err := ch.Rotate(1e9 + uint64(i)*1000); err != nil {
+				t.Fatalf("rotate at event %d: %v\nrelayd log:\n%s", i, err, r.LogTail(20))
+			}
+		}
+		for cpu := range 2 {
+			binary.LittleEndian.PutUint64(p, uint64(i*2+cpu))
+			if err := ch.Write(cpu, 1e9+uint64(i)*1000+uint64(cpu), a.ID, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := ch.Close(); err != nil {
+		t.Fatalf("%v\nrelayd log:\n%s", err, r.LogTail(20))
+	}
+	if st := s.Stats(); st.Err != nil || st.NotSent != 0 {
+		t.Fatalf("sink: %+v", st)
+	}
+	sess := r.SessionDir(t, "hosta", "rotate")
+	var chunks []string
+	// relayd moves a chunk once its last stream leaves it, after Close
+	// returned.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		chunks, _ = filepath.Glob(filepath.Join(sess, "archives", "*", DomainPath))
+		if len(chunks) == 3 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(chunks) != 3 {
+		var all []string
+		_ = filepath.WalkDir(sess, func(p string, _ os.DirEntry, _ error) error { all = append(all, p); return nil })
+		t.Fatalf("relayd's archives: %q, want 3 chunks; session holds %q\nrelayd log:\n%s", chunks, all, r.LogTail(30))
+	}
+	seen := map[string]int{}
+	for _, c := range chunks {
+		lines, discards := testenv.RunBT2(t, c)
+		if len(discards) != 0 {
+			t.Errorf("chunk %s: discarded %v", c, discards)
+		}
+		t.Logf("chunk %s: %d events", filepath.Base(filepath.Dir(c)), len(lines))
+		if len(lines) == 0 {
+			t.Errorf("chunk %s holds no event", c)
+		}
+		for _, l := range lines {
+			i := strings.Index(l, "value = ")
+			if i < 0 {
+				t.Fatalf("chunk %s: %q", c, l)
+			}
+			seen[l[i:]]++
+		}
+	}
+	if len(seen) != 2*n {
+		t.Fatalf("the chunks hold %d distinct events, want %d", len(seen), 2*n)
+	}
+	for v, k := range seen {
+		if k != 1 {
+			t.Fatalf("event %q in %d chunks", v, k)
+		}
+	}
+}

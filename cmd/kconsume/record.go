@@ -140,7 +140,7 @@ func parseRecord(args []string, stderr io.Writer) (*recordOpts, error) {
 	if o.duration < 0 {
 		return nil, usageError{fmt.Errorf("--duration %v is negative", o.duration)}
 	}
-	if err := o.rot.check(fs, cfg, o.relay); err != nil {
+	if err := o.rot.check(fs, cfg, o.relay, o.out != ""); err != nil {
 		return nil, usageError{err}
 	}
 	if err := f.addSynth(&cfg, o.synthFile); err != nil {

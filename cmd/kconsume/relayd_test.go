@@ -19,7 +19,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kconsume/kconsume/chunks"
 	"github.com/kconsume/kconsume/internal/testenv"
+	"github.com/kconsume/kconsume/relayd"
 )
 
 // uniq keeps these tests' session names (/run/kconsume/NAME) apart from
@@ -479,4 +481,74 @@ func getpidsEvery() (stop func()) {
 	}()
 	var once sync.Once
 	return func() { once.Do(func() { close(quit); <-done }) }
+}
+
+// TestE2ERelaydRotate records a getpid flood on every CPU to a real
+// lttng-relayd alone, rotating by size: relayd archives the chunks as
+// LTTng's rotations leave them (SESSION/archives/BEGIN-END-ID/kernel),
+// the last one too at the end, each reads alone in babeltrace2 and in
+// kconsume report, and their events and discarded events add up to the
+// calls made, as record's summary says.
+func TestE2ERelaydRotate(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.BT2(t)
+	r := testenv.StartRelayd(t)
+	perCPU := 200000
+	if testenv.InGuest() {
+		// Under TCG a fifth: still some ten chunks of 256 KiB.
+		perCPU = 40000
+	}
+	cpus := min(runtime.NumCPU(), 2)
+	name := "rot52" + uniq
+	rec := startRecording(t, name, "--relayd", r.URL(), "--relayd-hostname", "hostr", "-e", "syscalls:sys_enter_getpid", "--comm", getpidsComm,
+		"--subbuf-size", "16K", "--rotate-size", "256K", "--duration", "5m")
+	var wg sync.WaitGroup
+	for cpu := range cpus {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			getpidsOn(t, perCPU, cpu)
+		}()
+	}
+	wg.Wait()
+	if code := rec.stop(t); code != 0 {
+		t.Fatalf("record: exit %d\n%s\nrelayd log:\n%s", code, rec.out.String(), r.LogTail(20))
+	}
+	out := rec.out.String()
+	sess := r.SessionDir(t, "hostr", name)
+	// relayd moves the last chunk once its streams are closed, after
+	// record returned.
+	var archived []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		archived, _ = filepath.Glob(filepath.Join(sess, chunks.ArchivesDir, "*", relayd.DomainPath))
+		if left, _ := filepath.Glob(filepath.Join(sess, ".tmp_*")); len(left) == 0 && len(archived) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(archived) < 3 {
+		t.Fatalf("relayd archived %d chunks (%q), want several\n%s\nrelayd log:\n%s", len(archived), archived, out, r.LogTail(20))
+	}
+	if stray, _ := filepath.Glob(filepath.Join(sess, "*", relayd.DomainPath)); len(stray) > 1 {
+		t.Errorf("chunks left outside archives/: %q", stray)
+	}
+	var events, discarded int
+	for _, c := range archived {
+		e, d := traceCounts(t, c)
+		events += e
+		discarded += d
+		if o, code := shell(t, testenv.KconsumeBin(t)+" report "+c+" | grep -c sys_enter_getpid"); strings.TrimSpace(o) != strconv.Itoa(e) {
+			t.Errorf("kconsume report %s: exit %d, %s events; babeltrace2 read %d", c, code, strings.TrimSpace(o), e)
+		}
+	}
+	made := cpus * perCPU
+	if events+discarded != made {
+		t.Errorf("%d chunks on relayd: %d events and %d discarded, %d of the %d calls made\n%s", len(archived), events, discarded, events+discarded, made, out)
+	}
+	recorded, lost := summaryCounts(t, out)
+	if recorded != events || lost != discarded {
+		t.Errorf("summary: %d recorded and %d discarded; relayd's chunks: %d and %d\n%s", recorded, lost, events, discarded, out)
+	}
+	t.Logf("relayd archived %d chunks: %d events, %d discarded", len(archived), events, discarded)
 }

@@ -43,8 +43,10 @@ func (r *rotateFlags) enabled() bool { return r.size > 0 || r.interval > 0 || r.
 // check refuses, before anything is traced, rotation settings that
 // cannot work: a zero or negative interval, a size under one sub-buffer
 // per stream, a budget without rotation or too small to keep a closed
-// chunk, and rotation with a flight recorder or with relayd.
-func (r *rotateFlags) check(fs *flag.FlagSet, cfg consumer.Config, relay *relaydOut) error {
+// chunk, rotation with a flight recorder, and, with relayd, rotation of
+// a live session, of relayd's trace and a local copy together, or a
+// budget (relayd keeps what it archives).
+func (r *rotateFlags) check(fs *flag.FlagSet, cfg consumer.Config, relay *relaydOut, local bool) error {
 	fs.Visit(func(f *flag.Flag) { r.intervalSet = r.intervalSet || f.Name == "rotate-interval" })
 	r.trigger = slices.ContainsFunc(cfg.Triggers, func(t consumer.Trigger) bool { return t.Action == consumer.TriggerRotate })
 	if r.intervalSet && r.interval <= 0 {
@@ -63,7 +65,14 @@ func (r *rotateFlags) check(fs *flag.FlagSet, cfg consumer.Config, relay *relayd
 		return errors.New("rotation (--rotate-size, --rotate-interval, a rotate trigger) needs --mode discard: a flight recorder writes its sub-buffers only at a snapshot (ctl snapshot)")
 	}
 	if relay.enabled() {
-		return errors.New("rotation (--rotate-size, --rotate-interval, a rotate trigger) does not go with --relayd yet: lttng-relayd's files would not rotate; record to -o DIR alone to rotate")
+		switch {
+		case local:
+			return errors.New("rotation (--rotate-size, --rotate-interval, a rotate trigger) rotates relayd's trace (--relayd alone) or a local one (-o DIR alone), not both yet")
+		case relay.live != 0:
+			return errors.New("rotation (--rotate-size, --rotate-interval, a rotate trigger) does not go with --live-timer: live viewers cannot follow a chunk's new trace UUID (lttng-sessiond refuses to rotate live sessions too)")
+		case r.maxSize > 0 || r.maxChunks > 0:
+			return errors.New("--max-size and --max-chunks bound a local trace (-o DIR): lttng-relayd keeps every chunk it archives")
+		}
 	}
 	if r.maxChunks == 1 {
 		return errors.New("--max-chunks 1 keeps only the chunk being written, deleting every closed one: want 2 or more")
@@ -98,6 +107,13 @@ func (r *rotateFlags) open(o *recordOpts, cfg *consumer.Config, stderr io.Writer
 	if !r.enabled() {
 		return nil
 	}
+	cfg.RotateSize, cfg.RotateInterval = uint64(r.size), r.interval
+	if o.relay.enabled() {
+		// relayd's sink rotates (relayd.Sink.CloseChunk); check
+		// refused a local copy beside it.
+		fmt.Fprintf(stderr, "kconsume record: the trace rotates on relayd: each closed chunk, a complete trace, goes to the session's %s directory there\n", filepath.Join(chunks.ArchivesDir, "BEGIN-END-ID"))
+		return nil
+	}
 	root, trace := o.out, ""
 	if o.sessionDir != "" {
 		root, trace = o.sessionDir, filepath.Base(o.out)
@@ -115,7 +131,6 @@ func (r *rotateFlags) open(o *recordOpts, cfg *consumer.Config, stderr io.Writer
 	}
 	r.sink = s
 	cfg.Sink = s
-	cfg.RotateSize, cfg.RotateInterval = uint64(r.size), r.interval
 	fmt.Fprintf(stderr, "kconsume record: the trace rotates: each closed chunk, a complete trace, goes to %s\n", filepath.Join(root, chunks.ArchivesDir, "BEGIN-END-ID"))
 	return nil
 }

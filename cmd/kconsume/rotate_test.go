@@ -289,7 +289,7 @@ func TestRotateBadInput(t *testing.T) {
 		{[]string{"--rotate-size", "1M", "--max-chunks", "1"}, "want 2 or more"},
 		{[]string{"--rotate-size", "1M", "--max-chunks", "-3"}, "want 2 or more"},
 		{[]string{"--rotate-size", "1M", "--mode", "overwrite"}, "needs --mode discard"},
-		{[]string{"--rotate-interval", "1m", "--relayd", "net://localhost"}, "does not go with --relayd"},
+		{[]string{"--rotate-interval", "1m", "--relayd", "net://localhost"}, "rotates relayd's trace (--relayd alone) or a local one (-o DIR alone), not both"},
 	}
 	for _, c := range cases {
 		code, _, stderr := runCmd(append(slicesClone(ev), c.args...)...)
@@ -300,10 +300,19 @@ func TestRotateBadInput(t *testing.T) {
 			t.Fatalf("%v created %s", c.args, out)
 		}
 	}
-	// Without -o, with relayd alone.
-	code, _, stderr := runCmd("record", "-e", "syscalls:sys_enter_getpid", "--relayd", "net://localhost", "--rotate-size", "1M")
-	if code != 2 || !strings.Contains(stderr, "does not go with --relayd") {
-		t.Errorf("--relayd without -o: exit %d, stderr %q", code, stderr)
+	// Without -o, with relayd alone: no budget, no live session.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rotate-size", "1M", "--max-chunks", "3"}, "lttng-relayd keeps every chunk it archives"},
+		{[]string{"--rotate-size", "1M", "--max-size", "1G"}, "lttng-relayd keeps every chunk it archives"},
+		{[]string{"--rotate-interval", "1m", "--live-timer", "1s"}, "does not go with --live-timer"},
+	} {
+		code, _, stderr := runCmd(append([]string{"record", "-e", "syscalls:sys_enter_getpid", "--relayd", "net://localhost"}, c.args...)...)
+		if code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("--relayd %v: exit %d, stderr %q; want exit 2 mentioning %q", c.args, code, stderr, c.want)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kconsume/kconsume/chunks"
 	"github.com/kconsume/kconsume/consumer"
 )
 
@@ -125,6 +126,15 @@ func (r *recordRun) summary(stats []consumer.CPUStats, d consumer.DrainerStats) 
 	}
 	r.relay.summary(w)
 	r.rot.summary(w)
+	if r.rot != nil && r.rot.sink == nil && r.rot.enabled() && r.s != nil {
+		// relayd's sink rotated: relayd archived every chunk, the last
+		// one included, or none when the trace never rotated.
+		if n := r.s.Channel().Chunks(); n > 1 {
+			fmt.Fprintf(w, "%d chunks, each archived by relayd in the session's %s directory\n", n, chunks.ArchivesDir)
+		} else {
+			fmt.Fprintln(w, "not rotated: the trace is one chunk, in relayd's session directory")
+		}
+	}
 	if records > 0 || discarded > 0 {
 		where := "the trace"
 		if local != "" {
