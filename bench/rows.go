@@ -347,17 +347,23 @@ func rows() []sectionRow {
 	src := "go test -run '^$' -bench 'SaturationRelayd' -benchtime 1x ./cmd/kconsume"
 	rk := "SaturationRelayd/6M"
 	localLost := m(rk, "kconsume-lost-%")
-	add(satr, row{what: "`kconsume record --relayd net://127.0.0.1 …` (no local copy)", cmd: src, fig: m(rk, "kconsume-relayd-slowdown-%"), label: "% slower",
-		extra: []extra{{m(rk, "kconsume-relayd-lost-%"), "% of events lost"}, {m(rk, "kconsume-relayd-ring-lost-%"), "% lost ring full"},
-			{m(rk, "kconsume-relayd-subbuf-lost-%"), "% lost sub-buffers full"}, {m(rk, "kconsume-relayd-late-ms"), "ms drainer late"},
-			{m(rk, "kconsume-relayd-own-cpu-ms"), "ms of kconsume's own CPU (its summary)"}, {m(rk, "kconsume-relayd-own-switches"), "own switches in the trace"},
-			{m(rk, "kconsume-relayd-minus-kconsume-%"), "points of slowdown more than into local files in the same round"},
-			{m(rk, "kconsume-relayd-missing"), "events recorded but not in relayd's files (read back)"}},
-		target: "lost share ≤ the local files', every recorded event in relayd's files",
-		losses: []metric{m(rk, "kconsume-relayd-missing")},
-		ok: func(res results, _, _ stat) bool {
-			return summarize(res.get(m(rk, "kconsume-relayd-lost-%"))).med <= summarize(res.get(localLost)).med
-		}})
+	for _, v := range []struct{ tool, what string }{
+		{"kconsume-relayd", "`kconsume record --relayd net://127.0.0.1 …` (no local copy), relayd at its default priority"},
+		{"kconsume-relayd-nice", "the same, relayd's threads at kconsume's own priority (`nice -n -20`) for the run"},
+	} {
+		t := v.tool
+		add(satr, row{what: v.what, cmd: src, fig: m(rk, t+"-slowdown-%"), label: "% slower",
+			extra: []extra{{m(rk, t+"-lost-%"), "% of events lost"}, {m(rk, t+"-ring-lost-%"), "% lost ring full"},
+				{m(rk, t+"-subbuf-lost-%"), "% lost sub-buffers full"}, {m(rk, t+"-late-ms"), "ms drainer late"},
+				{m(rk, t+"-own-cpu-ms"), "ms of kconsume's own CPU (its summary)"}, {m(rk, t+"-own-switches"), "own switches in the trace"},
+				{m(rk, t+"-minus-kconsume-%"), "points of slowdown more than into local files in the same round"},
+				{m(rk, t+"-missing"), "events recorded but not in relayd's files (read back)"}},
+			target: "lost share ≤ the local files', every recorded event in relayd's files",
+			losses: []metric{m(rk, t+"-missing")},
+			ok: func(res results, _, _ stat) bool {
+				return summarize(res.get(m(rk, t+"-lost-%"))).med <= summarize(res.get(localLost)).med
+			}})
+	}
 	add(satr, row{what: "`kconsume record -o DIR …` (local files)", cmd: src, fig: m(rk, "kconsume-slowdown-%"), label: "% slower",
 		extra: []extra{{localLost, "% of events lost"}, {m(rk, "kconsume-own-cpu-ms"), "ms of kconsume's own CPU (its summary)"}, {m(rk, "kconsume-own-switches"), "own switches in the trace"}}})
 

@@ -173,8 +173,14 @@ func BenchmarkSaturationRelayd(b *testing.B) {
 	tools["perf"] = p
 	r := testenv.StartQuietRelayd(b)
 	tools["relayd-url"], tools["relayd-out"] = r.URL(), r.Out
-	saturationRounds(b, []string{"", "kconsume", "kconsume-relayd"}, "kconsume", tools, saturationBudgets[:1])
+	saturationRelayd = r
+	defer func() { saturationRelayd = nil }()
+	saturationRounds(b, []string{"", "kconsume", "kconsume-relayd", "kconsume-relayd-nice"}, "kconsume", tools, saturationBudgets[:1])
 }
+
+// saturationRelayd is BenchmarkSaturationRelayd's relayd, which the
+// kconsume-relayd-nice runs renice to kconsume's own priority.
+var saturationRelayd *testenv.Relayd
 
 // saturationRounds runs hackbench untraced and under each tool of order
 // (order[0] is "", untraced), in rounds for each budget, and reports
@@ -299,7 +305,7 @@ func saturationRounds(b *testing.B, order []string, paired string, tools map[str
 				b.ReportMetric(median(sub), tool+"-subbuf-lost-%")
 				b.ReportMetric(median(miss), tool+"-missed-%")
 				b.ReportMetric(median(late), tool+"-late-ms")
-				if tool == "kconsume-relayd" {
+				if strings.HasPrefix(tool, "kconsume-relayd") {
 					// The worst round's: any is a fault.
 					worst := 0.0
 					for _, run := range runs[tool] {
@@ -366,7 +372,11 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 		args = append([]string{tools[tool], "record", "-q", "-o", filepath.Join(dir, "t"), "--session", fmt.Sprintf("kc-sat-%d", os.Getpid()),
 			"-e", strings.Join(saturationEvents, ",")}, budget.args...)
 		args = append(append(args, "--", tools["perf"]), hackbench...)
-	case "kconsume-relayd":
+	case "kconsume-relayd", "kconsume-relayd-nice":
+		if tool == "kconsume-relayd-nice" {
+			saturationRelayd.Renice(b, defaultNice)
+			defer saturationRelayd.Renice(b, 0)
+		}
 		// No local copy: relayd alone gets the packets.
 		relaydSession = fmt.Sprintf("kc-sat-%d-%d", os.Getpid(), time.Now().UnixNano())
 		args = append([]string{tools["kconsume"], "record", "-q", "--relayd", tools["relayd-url"], "--relayd-hostname", "bench", "--session", relaydSession,
@@ -408,7 +418,7 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 	}
 	run.secs, _ = strconv.ParseFloat(m[1], 64)
 	switch tool {
-	case "kconsume", "kconsume-base", "kconsume-relayd":
+	case "kconsume", "kconsume-base", "kconsume-relayd", "kconsume-relayd-nice":
 		if err != nil {
 			return run, fmt.Errorf("kconsume record: %w\n%s", err, text)
 		}
@@ -437,7 +447,7 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 			run.lateMs = float64(d) / float64(time.Millisecond)
 		}
 		trace := filepath.Join(dir, "t")
-		if tool == "kconsume-relayd" {
+		if strings.HasPrefix(tool, "kconsume-relayd") {
 			// relayd's HOST/SESSION-DATE-TIME/kernel, counted and then
 			// removed: a round's trace is 40 MB.
 			dirs, _ := filepath.Glob(filepath.Join(tools["relayd-out"], "bench", relaydSession+"*", "kernel"))

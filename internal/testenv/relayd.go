@@ -84,6 +84,26 @@ func (r *Relayd) Restart(t testing.TB) {
 	}
 }
 
+// Renice sets the nice value of every thread of relayd (a process's
+// nice value is its threads' own on Linux). It fails t when a thread
+// cannot be reniced.
+func (r *Relayd) Renice(t testing.TB, nice int) {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", r.cmd.Process.Pid))
+	if err != nil {
+		t.Fatalf("relayd's threads: %v", err)
+	}
+	for _, e := range tasks {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, syscall.ESRCH) {
+			t.Fatalf("renice relayd thread %d to %d: %v", tid, nice, err)
+		}
+	}
+}
+
 // URL returns net://127.0.0.1:CONTROL:DATA.
 func (r *Relayd) URL() string {
 	return fmt.Sprintf("net://127.0.0.1:%d:%d", r.Control, r.Data)
