@@ -8,27 +8,27 @@ import (
 	"github.com/kconsume/kconsume/relayfmt"
 )
 
-// slowSink is a remote sink (it is no relayfmt.LocalSink) that takes
-// delay over each packet before it writes it to dir: relayd on a slow
-// link.
-type slowSink struct {
-	dir   *relayfmt.DirSink
-	delay time.Duration
+// gatedSink is a remote sink (it is no relayfmt.LocalSink) that takes
+// no packet until gate is closed, then writes them to dir: relayd
+// behind a link that stalled.
+type gatedSink struct {
+	dir  *relayfmt.DirSink
+	gate chan struct{}
 }
 
-func (s slowSink) WriteMetadata(text []byte) error { return s.dir.WriteMetadata(text) }
-func (s slowSink) Close() error                    { return s.dir.Close() }
-func (s slowSink) WritePacket(name string, p []byte) error {
-	time.Sleep(s.delay)
+func (s gatedSink) WriteMetadata(text []byte) error { return s.dir.WriteMetadata(text) }
+func (s gatedSink) Close() error                    { return s.dir.Close() }
+func (s gatedSink) WritePacket(name string, p []byte) error {
+	<-s.gate
 	return s.dir.WritePacket(name, p)
 }
 
-// TestRemoteSinkBlockedSleeps records, in packet mode, more packets than
-// a slow remote sink takes for a while, with the ring over the drainer's
-// watermark: the drainer, whose packets wait in the ring for the
-// channel's sub-buffers, sleeps until the sink frees one instead of
+// TestRemoteSinkBlockedSleeps records, in packet mode, packets that a
+// remote sink does not take for a while, with the ring over the
+// drainer's watermark: the drainer, whose packets wait in the ring for
+// the channel's sub-buffers, sleeps until the sink frees one instead of
 // draining again at once (it spun so, a core's worth, while relayd
-// wrote), and every event still reaches the trace.
+// wrote), and every event reaches the trace once the sink takes them.
 func TestRemoteSinkBlockedSleeps(t *testing.T) {
 	testenv.RequireRoot(t)
 	if !areaExpected(t) {
@@ -41,12 +41,19 @@ func TestRemoteSinkBlockedSleeps(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Under 3 MiB of events (some 20 bytes each), eleven 256 KiB
-	// packets: with 150 ms a packet the sink is behind for more than a
-	// second, and the ring holds them all.
+	// packets, which the ring holds.
 	const n = 150000
 	c := startChild(t, "getpid", n)
+	gate := make(chan struct{})
+	defer func() {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	}()
 	s, _ := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, RingSize: ring, Watermark: 256 << 10,
-		Sink: slowSink{ds, 150 * time.Millisecond}})
+		Sink: gatedSink{ds, gate}})
 	if err := s.Packets(); err != nil {
 		t.Fatalf("packet mode not used: %v", err)
 	}
@@ -69,18 +76,19 @@ func TestRemoteSinkBlockedSleeps(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.run(t)
-	// Half a second more: the sink is behind for more than a second.
+	// Half a second more with the sink stalled.
 	time.Sleep(500 * time.Millisecond)
 	cpu1, blocked := drainerCPU()
 	used, wall := cpu1-cpu0, time.Since(t0)
 	t.Logf("the drainer used %v of CPU in %v (packets still waiting for the sink: %v)", used, wall, blocked)
 	if !blocked {
-		t.Fatal("no packet waited for the sink at the end: the sink kept up, and the test measured nothing")
+		t.Fatal("no packet waited for the stalled sink: the test measured nothing")
 	}
-	// Spinning, it used 660 ms of 760; asleep, 2 ms.
+	// Spinning, it used nearly all of it; asleep, a few ms.
 	if used > wall/5 {
 		t.Fatalf("the drainer used %v of CPU in %v while it could mostly only wait for the sink", used, wall)
 	}
+	close(gate)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
