@@ -84,6 +84,8 @@ type stream struct {
 	// empty is set once Live sent an empty packet for a stream that had
 	// none: it stands for the channel's own empty first packet.
 	empty bool
+	// inChunk is set once a packet went out in the current trace chunk.
+	inChunk bool
 	// floor is the latest time this stream told relayd about: the end of
 	// its last packet or live beacon. Live viewers may have shown other
 	// streams' events up to it, so no packet may begin before it.
@@ -298,7 +300,7 @@ func (s *Sink) send(c *Client, st *stream, x Index, data []byte, padding uint32,
 		return err
 	}
 	st.next++
-	st.active = true
+	st.active, st.inChunk = true, true
 	st.seqNum = x.PacketSeqNum
 	st.floor = max(st.floor, x.TimestampEnd)
 	s.sent.Add(1)
@@ -619,7 +621,7 @@ func instanceOf(name string) (uint64, error) {
 // stopping the sink, when relayd is lost or refuses, or still misses
 // packets after the session's timeout; a live session refuses, as
 // lttng-sessiond does: its viewers cannot follow a chunk's new UUID.
-func (s *Sink) CloseChunk(_ relayfmt.Chunk, next bool) error {
+func (s *Sink) CloseChunk(ch relayfmt.Chunk, next bool) error {
 	s.lmu.Lock() // no live beacon meanwhile
 	defer s.lmu.Unlock()
 	s.mmu.Lock()
@@ -638,6 +640,14 @@ func (s *Sink) CloseChunk(_ relayfmt.Chunk, next bool) error {
 		return fmt.Errorf("relayd %s: %w", s.cfg.URL, failed)
 	}
 	slices.SortFunc(streams, func(a, b *stream) int { return int(a.handle - b.handle) })
+	// relayd switches a stream after a packet it has of the old chunk;
+	// one that has none would put its next packet, the new chunk's, in
+	// the old chunk's files. Such a stream ends the old chunk with an
+	// empty packet, as lttng-consumerd flushes one into every stream.
+	if err := s.closeEmpty(c, streams, ch.End); err != nil {
+		s.fail(c, err)
+		return fmt.Errorf("relayd %s: %w", s.cfg.URL, err)
+	}
 	if err := s.rotate(c, streams, meta, next); err != nil {
 		s.fail(c, err)
 		return fmt.Errorf("relayd %s: %w", s.cfg.URL, err)
@@ -650,8 +660,40 @@ func (s *Sink) CloseChunk(_ relayfmt.Chunk, next bool) error {
 		// end (relayfmt.Channel.Rotate), in files of its own that no
 		// live viewer reads on from the old ones.
 		st.mu.Lock()
-		st.floor = 0
+		st.floor, st.inChunk = 0, false
 		st.mu.Unlock()
+	}
+	return nil
+}
+
+// closeEmpty sends an empty packet stamped at, under the current chunk's
+// metadata, for each of streams that sent none in the current chunk.
+// The caller holds s.mmu.
+func (s *Sink) closeEmpty(c *Client, streams []*stream, at uint64) error {
+	var m *relayfmt.Metadata
+	for _, st := range streams {
+		st.mu.Lock()
+		err := func() error {
+			if st.inChunk {
+				return nil
+			}
+			if m == nil {
+				var err error
+				if m, err = relayfmt.ParseMetadata(s.metaText); err != nil {
+					return fmt.Errorf("the chunk's metadata: %w", err)
+				}
+			}
+			// Not the channel's own empty first packet (Live's):
+			// the next chunk's is the channel's to send.
+			empty := st.empty
+			err := s.sendEmpty(c, st, m, max(at, st.floor))
+			st.empty = empty
+			return err
+		}()
+		st.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("stream %s: empty packet closing the chunk: %w", st.name, err)
+		}
 	}
 	return nil
 }

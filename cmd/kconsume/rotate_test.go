@@ -31,6 +31,21 @@ func getpidsOn(t *testing.T, n, cpu int) {
 // closedChunks returns the closed chunks in the session directory dir,
 // oldest first: their names begin with their time, to the second, and
 // end with their index.
+// getpidsOnEach runs n getpid calls on each of CPUs 0 to cpus-1 at once
+// (getpidsOn), and returns when all are done.
+func getpidsOnEach(t *testing.T, n, cpus int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for cpu := range cpus {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			getpidsOn(t, n, cpu)
+		}()
+	}
+	wg.Wait()
+}
+
 func closedChunks(t *testing.T, dir string) []string {
 	t.Helper()
 	ents, err := os.ReadDir(filepath.Join(dir, chunks.ArchivesDir))
@@ -118,7 +133,6 @@ func TestRotateWeekInMinutes(t *testing.T) {
 	rec := startRecording(t, "week52"+uniq, "-o", dir, "-e", "syscalls:sys_enter_getpid", "--comm", getpidsComm,
 		"--subbuf-size", "16K", "--ring-size", "256K", "--rotate-size", rotateSize, "--max-size", strconv.Itoa(maxSize), "--duration", "5m")
 	var (
-		wg                sync.WaitGroup
 		peak, biggest     uint64
 		samples           int
 		stopSampling      = make(chan struct{})
@@ -141,14 +155,7 @@ func TestRotateWeekInMinutes(t *testing.T) {
 			}
 		}
 	}()
-	for cpu := range cpus {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			getpidsOn(t, perCPU, cpu)
-		}()
-	}
-	wg.Wait()
+	getpidsOnEach(t, perCPU, cpus)
 	if code := rec.stop(t); code != 0 {
 		t.Fatalf("record: exit %d\n%s", code, rec.out.String())
 	}
