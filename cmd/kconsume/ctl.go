@@ -178,7 +178,7 @@ func (h *handler) status(s *consumer.Session, cpu int) (string, error) {
 
 // rotate closes the session's current chunk and begins the next.
 func (h *handler) rotate(s *consumer.Session) (string, error) {
-	if h.rot == nil || h.rot.sink == nil {
+	if h.rot == nil || !h.rot.enabled() {
 		return "", errors.New("rotate needs a session recording with --rotate-size or --rotate-interval (its trace is written in chunks)")
 	}
 	c, err := s.Rotate()
@@ -186,8 +186,11 @@ func (h *handler) rotate(s *consumer.Session) (string, error) {
 		return "", err
 	}
 	where := "deleted at once under the budget"
-	if st := h.rot.sink.Stats(); st.Last != "" {
-		where = "in " + st.Last
+	switch {
+	case h.rot.sink == nil:
+		where = "archived by relayd"
+	case h.rot.sink.Stats().Last != "":
+		where = "in " + h.rot.sink.Stats().Last
 	}
 	return fmt.Sprintf("chunk %d closed, %s: %d events, %d discarded, %s\n", c.Index, where, c.Events, c.Discarded, humanBytes(c.Bytes)), nil
 }

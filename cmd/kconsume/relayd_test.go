@@ -484,7 +484,8 @@ func getpidsEvery() (stop func()) {
 }
 
 // TestE2ERelaydRotate records a getpid flood on every CPU to a real
-// lttng-relayd alone, rotating by size: relayd archives the chunks as
+// lttng-relayd alone, rotating by size and once by ctl rotate: relayd
+// archives the chunks as
 // LTTng's rotations leave them (SESSION/archives/BEGIN-END-ID/kernel),
 // the last one too at the end, each reads alone in babeltrace2 and in
 // kconsume report, and their events and discarded events add up to the
@@ -505,6 +506,14 @@ func TestE2ERelaydRotate(t *testing.T) {
 	rec := startRecording(t, name, "--relayd", r.URL(), "--relayd-hostname", "hostr", "-e", "syscalls:sys_enter_getpid", "--comm", getpidsComm,
 		"--subbuf-size", "16K", "--ring-size", "256K", "--rotate-size", "256K", "--duration", "5m")
 	getpidsOnEach(t, perCPU, cpus)
+	// ctl rotate rotates relayd's trace too, and status says where.
+	bin := testenv.KconsumeBin(t)
+	if reply, err := exec.Command(bin, "ctl", "--session", name, "rotate").CombinedOutput(); err != nil || !strings.Contains(string(reply), "archived by relayd") {
+		t.Errorf("ctl rotate: %v: %s", err, reply)
+	}
+	if st, err := exec.Command(bin, "ctl", "--session", name, "status").CombinedOutput(); err != nil || !strings.Contains(string(st), "being written on relayd") {
+		t.Errorf("ctl status: %v: %s", err, st)
+	}
 	if code := rec.stop(t); code != 0 {
 		t.Fatalf("record: exit %d\n%s\nrelayd log:\n%s", code, rec.out.String(), r.LogTail(20))
 	}

@@ -137,7 +137,13 @@ func (r *rotateFlags) open(o *recordOpts, cfg *consumer.Config, stderr io.Writer
 
 // status writes the chunks' counts for ctl status.
 func (r *rotateFlags) status(w io.Writer, s *consumer.Session) {
-	if r == nil || r.sink == nil {
+	if r == nil || !r.enabled() {
+		return
+	}
+	if r.sink == nil {
+		// relayd's sink rotates: relayd archives the closed chunks.
+		n := s.Channel().Chunks() - 1
+		fmt.Fprintf(w, "chunk %d being written on relayd; %d closed, in the session's %s directory there\n", n, n, chunks.ArchivesDir)
 		return
 	}
 	st := r.sink.Stats()
