@@ -157,18 +157,8 @@ func countEvents(b *testing.B, dir, gone string) uint64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := t.Merge()
+	n, err := t.Events()
 	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
-	var n uint64
-	for m.Next() {
-		if m.Item().Kind == relayfmt.EventItem {
-			n++
-		}
-	}
-	if err := m.Err(); err != nil {
 		b.Fatal(err)
 	}
 	return n

@@ -512,16 +512,6 @@ func traceEvents(dir string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	m, err := tr.Merge()
-	if err != nil {
-		return 0, err
-	}
-	defer m.Close()
-	n := 0
-	for m.Next() {
-		if m.Item().Kind == relayfmt.EventItem {
-			n++
-		}
-	}
-	return n, m.Err()
+	n, err := tr.Events()
+	return int(n), err
 }

@@ -416,6 +416,24 @@ func NewMerger(streams []*StreamReader) *Merger {
 	return m
 }
 
+// Events returns how many events t's streams hold, read in merged
+// order (loss notices are not events). It fails as Merge does, or with
+// the first stream that cannot be read to its end.
+func (t *Trace) Events() (uint64, error) {
+	m, err := t.Merge()
+	if err != nil {
+		return 0, err
+	}
+	defer m.Close()
+	var n uint64
+	for m.Next() {
+		if m.Item().Kind == EventItem {
+			n++
+		}
+	}
+	return n, m.Err()
+}
+
 // Merge opens every stream of t and returns a merger over them. Close it
 // to close the files.
 func (t *Trace) Merge() (*Merger, error) {

@@ -516,18 +516,7 @@ func traceEvents(dir string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	m, err := t.Merge()
-	if err != nil {
-		return 0, err
-	}
-	defer m.Close()
-	var n uint64
-	for m.Next() {
-		if m.Item().Kind == relayfmt.EventItem {
-			n++
-		}
-	}
-	return n, m.Err()
+	return t.Events()
 }
 
 func secsOf(runs []saturationRun) []float64 {
