@@ -449,8 +449,9 @@ func (d *drainer) cutoff() uint64 {
 // records stamped before cutoff. It reports whether a source still holds
 // the wakeup watermark or more, or with a latency bound an eighth of it:
 // then the drainer drains again at once instead of sleeping; and whether
-// a stream's packets wait for a remote sink's free sub-buffer (blocked),
-// which the channel says when it comes (sleep).
+// such a stream's packets wait for a free sub-buffer of a remote sink
+// (blocked): then it drains again when the channel says one freed
+// (sleep), not at once.
 //
 // Without a bound, what is left below the watermark waits for the
 // writers to wake the drainer at the watermark, as they do whenever the
@@ -476,9 +477,11 @@ func (d *drainer) drainAll(cutoff uint64) (more, blocked bool) {
 		}
 		st.src.drain(d.w, d.loss, st, cutoff)
 		switch {
+		case st.src.waiting() < again:
+			// Left for the writers' wakeup, room or not.
 		case st.blocked:
 			blocked = true
-		case st.src.waiting() >= again:
+		default:
 			more = true
 		}
 	}
