@@ -124,13 +124,25 @@ func (c *Client) exchange(cmd uint32, payload []byte, n int) ([]byte, error) {
 	if err := c.settle(0); err != nil {
 		return nil, err
 	}
-	var hdr [hdrSize]byte
-	putHeader(hdr[:], cmd, uint64(len(payload)))
-	bufs := net.Buffers{hdr[:], payload}
-	if _, err := bufs.WriteTo(c.ctrl); err != nil {
+	if err := c.write(cmd, payload); err != nil {
 		return nil, fmt.Errorf("send: %w", err)
 	}
 	return c.reply(n)
+}
+
+// write sends cmd's header and its payload, the parts one after the
+// other, on the control connection. The caller holds c.cmu and has set
+// the deadline.
+func (c *Client) write(cmd uint32, parts ...[]byte) error {
+	var hdr [hdrSize]byte
+	size := 0
+	for _, p := range parts {
+		size += len(p)
+	}
+	putHeader(hdr[:], cmd, uint64(size))
+	bufs := append(net.Buffers{hdr[:]}, parts...)
+	_, err := bufs.WriteTo(c.ctrl)
+	return err
 }
 
 // settle reads the replies owed to index commands until at most keep are
@@ -272,10 +284,7 @@ func (c *Client) SendMetadata(stream uint64, text []byte) error {
 	if err := c.ctrl.SetDeadline(time.Now().Add(c.timeout)); err != nil {
 		return fmt.Errorf("send metadata: %w", err)
 	}
-	var hdr [hdrSize]byte
-	putHeader(hdr[:], cmdSendMetadata, uint64(metadataPayloadSize+len(text)))
-	bufs := net.Buffers{hdr[:], p[:], text}
-	if _, err := bufs.WriteTo(c.ctrl); err != nil {
+	if err := c.write(cmdSendMetadata, p[:], text); err != nil {
 		return fmt.Errorf("send metadata: %w", err)
 	}
 	return nil
@@ -308,11 +317,11 @@ func (c *Client) SendPacket(stream, seq uint64, data []byte, padding uint32) err
 	return nil
 }
 
-// indexWindow is how many index commands may await relayd's reply. relayd
-// answers an index only once its data thread has written the packet
-// (both hold the stream's lock, lttng-tools src/bin/lttng-relayd/main.c),
-// so waiting for each reply would keep the next packet off the wire while
-// relayd writes the last one: streaming would run at half its speed.
+// indexWindow is how many index commands may await relayd's reply.
+// relayd 2.13's reply to an index came once it had taken the packet's
+// data: 330 to 450 µs after a 1 MiB packet (BENCHMARKS.md, issue 56),
+// as long as the send, during which the next packet would stay off the
+// wire.
 const indexWindow = 8
 
 // SendIndex sends a packet's index (or a live beacon). It does not wait
@@ -327,10 +336,7 @@ func (c *Client) SendIndex(x *Index) error {
 	if err := c.ctrl.SetDeadline(time.Now().Add(c.timeout)); err != nil {
 		return fmt.Errorf("send index: %w", err)
 	}
-	var hdr [hdrSize]byte
-	putHeader(hdr[:], cmdSendIndex, indexSize)
-	bufs := net.Buffers{hdr[:], p[:]}
-	if _, err := bufs.WriteTo(c.ctrl); err != nil {
+	if err := c.write(cmdSendIndex, p[:]); err != nil {
 		return fmt.Errorf("send index: %w", err)
 	}
 	c.owed++
