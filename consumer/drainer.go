@@ -344,10 +344,10 @@ func (d *drainer) sleep(st passState) time.Duration {
 		// spun so, a core's worth, while relayd wrote the last packets
 		// (BENCHMARKS.md). The channel wakes it when a sub-buffer frees
 		// (relayfmt.Config.Room); roomPoll bounds the wait.
-		if st.deadline.IsZero() {
-			return roomPoll
+		if t := d.timeout(false, st.deadline); t > 0 && t < roomPoll {
+			return t
 		}
-		return min(max(time.Until(st.deadline), time.Nanosecond), roomPoll)
+		return roomPoll
 	}
 	timeout := d.timeout(st.more, st.deadline)
 	if timeout != 0 {

@@ -172,13 +172,13 @@ func BenchmarkSaturationRelayd(b *testing.B) {
 	}
 	tools["perf"] = p
 	r := testenv.StartQuietRelayd(b)
-	tools["relayd-url"], tools["relayd-out"] = r.URL(), r.Out
 	saturationRelayd = r
 	defer func() { saturationRelayd = nil }()
 	saturationRounds(b, []string{"", "kconsume", "kconsume-relayd", "kconsume-relayd-nice"}, "kconsume", tools, saturationBudgets[:1])
 }
 
-// saturationRelayd is BenchmarkSaturationRelayd's relayd, which the
+// saturationRelayd is BenchmarkSaturationRelayd's relayd, to which the
+// kconsume-relayd runs stream and which the
 // kconsume-relayd-nice runs renice to kconsume's own priority.
 var saturationRelayd *testenv.Relayd
 
@@ -379,7 +379,7 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 		}
 		// No local copy: relayd alone gets the packets.
 		relaydSession = fmt.Sprintf("kc-sat-%d-%d", os.Getpid(), time.Now().UnixNano())
-		args = append([]string{tools["kconsume"], "record", "-q", "--relayd", tools["relayd-url"], "--relayd-hostname", "bench", "--session", relaydSession,
+		args = append([]string{tools["kconsume"], "record", "-q", "--relayd", saturationRelayd.URL(), "--relayd-hostname", "bench", "--session", relaydSession,
 			"-e", strings.Join(saturationEvents, ",")}, budget.args...)
 		args = append(append(args, "--", tools["perf"]), hackbench...)
 	case "trace-cmd":
@@ -450,7 +450,7 @@ func saturate(b *testing.B, tool string, tools map[string]string, budget saturat
 		if strings.HasPrefix(tool, "kconsume-relayd") {
 			// relayd's HOST/SESSION-DATE-TIME/kernel, counted and then
 			// removed: a round's trace is 40 MB.
-			dirs, _ := filepath.Glob(filepath.Join(tools["relayd-out"], "bench", relaydSession+"*", "kernel"))
+			dirs, _ := filepath.Glob(filepath.Join(saturationRelayd.Out, "bench", relaydSession+"*", "kernel"))
 			if len(dirs) != 1 {
 				return run, fmt.Errorf("relayd's trace of session %s: found %v", relaydSession, dirs)
 			}

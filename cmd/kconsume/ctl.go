@@ -185,12 +185,12 @@ func (h *handler) rotate(s *consumer.Session) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	where := "deleted at once under the budget"
-	switch {
-	case h.rot.sink == nil:
-		where = "archived by relayd"
-	case h.rot.sink.Stats().Last != "":
-		where = "in " + h.rot.sink.Stats().Last
+	where := "archived by relayd"
+	if h.rot.sink != nil {
+		where = "deleted at once under the budget"
+		if last := h.rot.sink.Stats().Last; last != "" {
+			where = "in " + last
+		}
 	}
 	return fmt.Sprintf("chunk %d closed, %s: %d events, %d discarded, %s\n", c.Index, where, c.Events, c.Discarded, humanBytes(c.Bytes)), nil
 }
