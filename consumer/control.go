@@ -226,7 +226,7 @@ func (s *Session) copySymbols(dir string) error {
 	if s.umaps == nil {
 		return nil
 	}
-	procs, err := s.rec.UserStackProcs()
+	procs, err := s.userStackProcs()
 	if err != nil {
 		return fmt.Errorf("rewind: %w", err)
 	}

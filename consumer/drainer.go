@@ -44,6 +44,11 @@ type drainer struct {
 	counts     drainerCounts
 	lastMissed time.Time
 	rot        rotation
+	// nudge, when set, is called after a pass woken by a ring, at most
+	// once a userSavePeriod (lastNudge): the user symbols' saver checks
+	// for processes new to the user call chains.
+	nudge     func()
+	lastNudge time.Time
 }
 
 type command struct {
@@ -207,6 +212,10 @@ func (d *drainer) loop() {
 		}
 		fromRing, command := d.woken(ids, woke, now)
 		d.pass(&st, now, fromRing, timeout > 0 && !command)
+		if fromRing && d.nudge != nil && now.Sub(d.lastNudge) >= userSavePeriod {
+			d.lastNudge = now
+			d.nudge()
+		}
 		d.triggered()
 		var end bool
 		done, end = d.runCommands(done[:0])

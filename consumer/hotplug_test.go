@@ -93,3 +93,51 @@ func TestCPUHotplug(t *testing.T) {
 		})
 	}
 }
+
+// TestPerfContextOfflineCounted: a perf context's counter cannot be
+// opened on a CPU that is offline at the start. Once the CPU is back, its
+// events carry 0 for the counter, and each is counted
+// (StackCounts.CountersUnread) rather than passed off as a reading.
+func TestPerfContextOfflineCounted(t *testing.T) {
+	if !testenv.InGuest() {
+		t.Skip("offlines a CPU: runs only inside a vmtest guest (make vmtest)")
+	}
+	testenv.RequireRoot(t)
+	online, err := onlineCPUs(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(online) < 2 || !online[1] {
+		t.Fatalf("needs CPU 1 online in the guest, have %v", online)
+	}
+	const n = 2000
+	testenv.SetCPUOnline(t, 1, false)
+	t.Cleanup(func() { testenv.SetCPUOnline(t, 1, true) })
+	c := startChild(t, "getpid", n, "KC_CHILD_CPU=1")
+	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{c.tid}, Contexts: []string{"perf:cpu:cpu-clock"}})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.SetCPUOnline(t, 1, true)
+	c.run(t)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	counts, err := s.StackCounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events, zeros int
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem || it.CPU != 1 {
+			return
+		}
+		events++
+		if field(vals, "perf_cpu_cpu_clock").Uint(0) == 0 {
+			zeros++
+		}
+	})
+	if events != n || zeros != n || counts.CountersUnread != n {
+		t.Fatalf("%d events on CPU 1, %d with a zero counter, %d counted unread; want %d of each", events, zeros, counts.CountersUnread, n)
+	}
+}

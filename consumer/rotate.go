@@ -99,7 +99,7 @@ func (s *Session) userSymbolsAtRotation() {
 	}
 	s.dr.rot.before = func() {
 		s.umaps.catchUp()
-		if procs, err := s.rec.UserStackProcs(); err == nil {
+		if procs, err := s.userStackProcs(); err == nil {
 			_ = writeUserSymbols(s.cfg.Dir, s.umaps.snapshot(procs))
 		}
 	}

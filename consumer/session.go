@@ -64,8 +64,15 @@ type Session struct {
 	ctxs   []layout.Context // the contexts every event records
 	symErr error            // why the kernel's symbols are not in the trace
 	umaps  *userMaps        // what processes map, for user call chains (nil: none)
+	saver  *userSaver       // saves umaps' symbols as they change (nil: none)
+	// ustackSeen holds every process read from the recorder's map of
+	// those with user call chains (userStackProcs).
+	ustackMu   sync.Mutex
+	ustackSeen map[int32]bool
 	// mapsLost counts the kernel's mmap records it dropped (MappingsLost).
 	mapsLost uint64
+	// symsUnread and symsUnheld are UserFilesUnread's.
+	symsUnread, symsUnheld int
 
 	synthMu sync.Mutex // guards synth after New
 	synth   map[string]synthClass
@@ -190,6 +197,9 @@ func New(cfg Config) (*Session, error) {
 		return nil, err
 	}
 	s.userSymbolsAtRotation()
+	if s.saver = startUserSaver(s); s.saver != nil {
+		s.dr.nudge = s.saver.poke
+	}
 	if err := s.startInterval(); err != nil {
 		s.Close()
 		s.removeOutput()
@@ -465,6 +475,9 @@ func (s *Session) Close() error {
 			if loaded && s.umaps != nil {
 				// Before the channel closes: a rotated trace's last
 				// chunk takes them with it.
+				if s.saver != nil {
+					s.saver.halt()
+				}
 				errs = append(errs, s.saveUserSymbols())
 			}
 			errs = append(errs, s.ch.Close())
@@ -485,6 +498,9 @@ func (s *Session) Close() error {
 
 // release frees kernel objects and mappings.
 func (s *Session) release() {
+	if s.saver != nil {
+		s.saver.halt()
+	}
 	if s.umaps != nil {
 		s.umaps.close()
 	}

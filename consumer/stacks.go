@@ -34,14 +34,22 @@ func streamContext(cfg Config) ([]relayfmt.Field, int) {
 // saveUserSymbols writes the user symbols (UserSymbols) of the processes
 // whose user call chains the trace holds.
 func (s *Session) saveUserSymbols() error {
-	procs, err := s.rec.UserStackProcs()
+	procs, err := s.userStackProcs()
 	if err != nil {
 		return err
 	}
 	f := s.umaps.finish(procs)
 	s.mapsLost = s.umaps.lost.Load()
+	s.symsUnread, s.symsUnheld = s.umaps.unread, s.umaps.unheld
 	return writeUserSymbols(s.cfg.Dir, f)
 }
+
+// UserFilesUnread returns, after Close, how many files mapped by the
+// processes of the user call chains gave no symbols (unread: gone, or
+// not ELF, when their symbols were read), and how many files were not
+// held open because maxHeld were (unheld: their symbols are read from
+// their path, which may be gone).
+func (s *Session) UserFilesUnread() (unread, unheld int) { return s.symsUnread, s.symsUnheld }
 
 // MappingsLost returns how many of the kernel's mmap, fork and exec
 // records it dropped while user call chains were recorded: frames of

@@ -33,11 +33,12 @@ func saveKernelSymbols(dir string) error {
 	})
 }
 
-// writeGzip writes into dir/name what fill writes, gzip-compressed; a
-// file it could not write whole is removed. Its errors name what.
+// writeGzip writes into dir/name what fill writes, gzip-compressed. The
+// file is written beside under a dot-name and renamed into place, so
+// that a reader, a chunk's copy or a recorder killed meanwhile finds the
+// old content or the new, whole. Its errors name what.
 func writeGzip(dir, name, what string, fill func(io.Writer) error) (err error) {
-	path := filepath.Join(dir, name)
-	out, err := os.Create(path)
+	out, err := os.CreateTemp(dir, "."+name+".*")
 	if err != nil {
 		return fmt.Errorf("saving %s: %w", what, err)
 	}
@@ -45,10 +46,18 @@ func writeGzip(dir, name, what string, fill func(io.Writer) error) (err error) {
 		if cerr := out.Close(); err == nil && cerr != nil {
 			err = fmt.Errorf("saving %s: %w", what, cerr)
 		}
+		if err == nil {
+			if rerr := os.Rename(out.Name(), filepath.Join(dir, name)); rerr != nil {
+				err = fmt.Errorf("saving %s: %w", what, rerr)
+			}
+		}
 		if err != nil {
-			os.Remove(path)
+			os.Remove(out.Name())
 		}
 	}()
+	if err := out.Chmod(0o644); err != nil {
+		return fmt.Errorf("saving %s: %w", what, err)
+	}
 	z := gzip.NewWriter(out)
 	if err := fill(z); err != nil {
 		return fmt.Errorf("saving %s: %w", what, err)
@@ -59,9 +68,6 @@ func writeGzip(dir, name, what string, fill func(io.Writer) error) (err error) {
 	return nil
 }
 
-// readGzip calls read with the decompressed content of dir/name. It
-// fails with ErrNoSymbols when the file is absent, and with read's
-// error or the file's, naming what.
 func readGzip(dir, name, what string, read func(io.Reader) error) error {
 	f, err := os.Open(filepath.Join(dir, name))
 	if errors.Is(err, os.ErrNotExist) {

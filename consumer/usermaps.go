@@ -48,9 +48,9 @@ type userSymbol struct {
 	Size  uint64 `json:"s,omitempty"`
 }
 
-// maxHeld bounds the mapped files held open, so that their symbols can
-// be read at the end even if they are deleted meanwhile.
-const maxHeld = 4096
+// MaxHeldFiles bounds the mapped files held open, so that their symbols
+// can be read at the end even if they are deleted meanwhile.
+const MaxHeldFiles = 4096
 
 // userMaps follows, while user call chains are recorded, what processes
 // map, fork and exec, from the kernel's side-band records of a dummy
@@ -71,6 +71,17 @@ type userMaps struct {
 	caughtUp chan chan struct{}
 	// started is set once loop runs.
 	started bool
+	// syms caches objectSymbols' reads, by object index: an object's
+	// file does not change (its inode is checked when held).
+	syms map[int]userObject
+	// changes counts the drains that applied records; changed is
+	// signalled (without blocking) after each (the saver's wakeup).
+	changes atomic.Uint64
+	changed chan struct{}
+	// unheld counts the objects not held open because MaxHeldFiles were;
+	// unread, the objects of the last snapshot whose file could not be
+	// read (gone before it was held, or not ELF).
+	unheld, unread int
 }
 
 // catchUp has the loop apply every record the rings hold now, and waits
@@ -114,7 +125,7 @@ func startUserMaps(ncpu int, clockID int32) (*userMaps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("following processes' mappings for user call chains: eventfd: %w", err)
 	}
-	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{}), wake: wake, caughtUp: make(chan chan struct{}, 1)}
+	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{}), wake: wake, caughtUp: make(chan chan struct{}, 1), syms: map[int]userObject{}, changed: make(chan struct{}, 1)}
 	for cpu := range ncpu {
 		r, err := openSideRing(cpu, clockID)
 		if errors.Is(err, unix.ENODEV) {
@@ -180,9 +191,19 @@ func (u *userMaps) drain() {
 	for _, r := range u.rings {
 		recs = r.read(recs, &u.lost)
 	}
+	if len(recs) == 0 {
+		return
+	}
 	sort.SliceStable(recs, func(i, j int) bool { return recs[i].time < recs[j].time })
 	u.mu.Lock()
-	defer u.mu.Unlock()
+	defer func() {
+		u.mu.Unlock()
+		u.changes.Add(1)
+		select {
+		case u.changed <- struct{}{}:
+		default:
+		}
+	}()
 	for _, rec := range recs {
 		switch rec.kind {
 		case unix.PERF_RECORD_MMAP2:
@@ -201,7 +222,11 @@ func (u *userMaps) drain() {
 // hold opens object i's file, if it is still the one mapped (the same
 // inode number), and keeps it open.
 func (u *userMaps) hold(i int, o procmap.Object) {
-	if _, ok := u.held[i]; ok || len(u.held) >= maxHeld {
+	if _, ok := u.held[i]; ok {
+		return
+	}
+	if len(u.held) >= MaxHeldFiles {
+		u.unheld++
 		return
 	}
 	f, err := os.Open(o.Path)
@@ -254,10 +279,15 @@ func (u *userMaps) snapshot(pids []int32) *userSymbolFile {
 	// The saved model numbers its objects anew: only those used.
 	renum := map[int]int{}
 	out := &userSymbolFile{Model: m}
+	u.unread = 0
 	for _, i := range used {
 		o := u.model.Objects[i]
 		renum[i] = m.Object(o)
-		out.Objects = append(out.Objects, u.objectSymbols(i, o))
+		uo := u.objectSymbols(i, o)
+		if uo.Segments == nil {
+			u.unread++
+		}
+		out.Objects = append(out.Objects, uo)
 	}
 	for pid := range procs {
 		for _, img := range u.model.Procs[pid] {
@@ -273,8 +303,12 @@ func (u *userMaps) snapshot(pids []int32) *userSymbolFile {
 }
 
 // objectSymbols reads object i's functions, from the file held open or
-// else from its path; none when neither can be read.
+// else from its path; none when neither can be read. What it read is
+// kept for its next call.
 func (u *userMaps) objectSymbols(i int, o procmap.Object) userObject {
+	if uo, ok := u.syms[i]; ok {
+		return uo
+	}
 	from := o.Path
 	if f := u.held[i]; f != nil {
 		from = "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
@@ -288,6 +322,7 @@ func (u *userMaps) objectSymbols(i int, o procmap.Object) userObject {
 	for _, s := range obj.Symbols() {
 		uo.Symbols = append(uo.Symbols, userSymbol{Name: s.Name, Value: s.Value, Size: s.Size})
 	}
+	u.syms[i] = uo
 	return uo
 }
 

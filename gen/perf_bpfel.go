@@ -109,6 +109,7 @@ const (
 	PerfMapKcCgroup       = "kc_cgroup"
 	PerfMapKcComms        = "kc_comms"
 	PerfMapKcCtxPerf      = "kc_ctx_perf"
+	PerfMapKcCtxStats     = "kc_ctx_stats"
 	PerfMapKcEpoch        = "kc_epoch"
 	PerfMapKcFilterKept   = "kc_filter_kept"
 	PerfMapKcInjectBuf    = "kc_inject_buf"
@@ -195,6 +196,7 @@ type PerfMapSpecs struct {
 	KcCgroup      *ebpf.MapSpec `ebpf:"kc_cgroup"`
 	KcComms       *ebpf.MapSpec `ebpf:"kc_comms"`
 	KcCtxPerf     *ebpf.MapSpec `ebpf:"kc_ctx_perf"`
+	KcCtxStats    *ebpf.MapSpec `ebpf:"kc_ctx_stats"`
 	KcEpoch       *ebpf.MapSpec `ebpf:"kc_epoch"`
 	KcFilterKept  *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf   *ebpf.MapSpec `ebpf:"kc_inject_buf"`
@@ -253,6 +255,7 @@ type PerfMaps struct {
 	KcCgroup      *ebpf.Map `ebpf:"kc_cgroup"`
 	KcComms       *ebpf.Map `ebpf:"kc_comms"`
 	KcCtxPerf     *ebpf.Map `ebpf:"kc_ctx_perf"`
+	KcCtxStats    *ebpf.Map `ebpf:"kc_ctx_stats"`
 	KcEpoch       *ebpf.Map `ebpf:"kc_epoch"`
 	KcFilterKept  *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf   *ebpf.Map `ebpf:"kc_inject_buf"`
@@ -273,6 +276,7 @@ func (m *PerfMaps) Close() error {
 		m.KcCgroup,
 		m.KcComms,
 		m.KcCtxPerf,
+		m.KcCtxStats,
 		m.KcEpoch,
 		m.KcFilterKept,
 		m.KcInjectBuf,

@@ -164,6 +164,7 @@ const (
 	RingbufMapKcComms          = "kc_comms"
 	RingbufMapKcCtfMap         = "kc_ctf_map"
 	RingbufMapKcCtxPerf        = "kc_ctx_perf"
+	RingbufMapKcCtxStats       = "kc_ctx_stats"
 	RingbufMapKcEpoch          = "kc_epoch"
 	RingbufMapKcFilterKept     = "kc_filter_kept"
 	RingbufMapKcInjectBuf      = "kc_inject_buf"
@@ -318,6 +319,7 @@ type RingbufMapSpecs struct {
 	KcComms          *ebpf.MapSpec `ebpf:"kc_comms"`
 	KcCtfMap         *ebpf.MapSpec `ebpf:"kc_ctf_map"`
 	KcCtxPerf        *ebpf.MapSpec `ebpf:"kc_ctx_perf"`
+	KcCtxStats       *ebpf.MapSpec `ebpf:"kc_ctx_stats"`
 	KcEpoch          *ebpf.MapSpec `ebpf:"kc_epoch"`
 	KcFilterKept     *ebpf.MapSpec `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.MapSpec `ebpf:"kc_inject_buf"`
@@ -408,6 +410,7 @@ type RingbufMaps struct {
 	KcComms          *ebpf.Map `ebpf:"kc_comms"`
 	KcCtfMap         *ebpf.Map `ebpf:"kc_ctf_map"`
 	KcCtxPerf        *ebpf.Map `ebpf:"kc_ctx_perf"`
+	KcCtxStats       *ebpf.Map `ebpf:"kc_ctx_stats"`
 	KcEpoch          *ebpf.Map `ebpf:"kc_epoch"`
 	KcFilterKept     *ebpf.Map `ebpf:"kc_filter_kept"`
 	KcInjectBuf      *ebpf.Map `ebpf:"kc_inject_buf"`
@@ -436,6 +439,7 @@ func (m *RingbufMaps) Close() error {
 		m.KcComms,
 		m.KcCtfMap,
 		m.KcCtxPerf,
+		m.KcCtxStats,
 		m.KcEpoch,
 		m.KcFilterKept,
 		m.KcInjectBuf,

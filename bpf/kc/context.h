@@ -42,6 +42,18 @@ struct {
 	__uint(max_entries, 1); /* set to KC_CTX_PERF_MAX times the number of CPUs at load */
 } kc_ctx_perf SEC(".maps");
 
+/*
+ * kc_ctx_stats counts, per CPU, the perf counter contexts the kernel
+ * would not read (bpf_perf_event_read_value failed: no counter open on
+ * this CPU, or one in error), each written as 0.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} kc_ctx_stats SEC(".maps");
+
 /* The number of possible CPUs, kc_ctx_perf's stride. */
 const volatile __u32 kc_ctx_ncpu = 1;
 
@@ -128,8 +140,14 @@ static __always_inline __u32 kc_context_into(__u8 *d, __u32 bits)
 
 		if (!(bits & (KC_CTX_PERF0 << k)))
 			continue;
-		if (bpf_perf_event_read_value(&kc_ctx_perf, k * kc_ctx_ncpu + bpf_get_smp_processor_id(), &v, sizeof(v)))
+		if (bpf_perf_event_read_value(&kc_ctx_perf, k * kc_ctx_ncpu + bpf_get_smp_processor_id(), &v, sizeof(v))) {
+			__u32 zero = 0;
+			__u64 *failed = bpf_map_lookup_elem(&kc_ctx_stats, &zero);
+
+			if (failed)
+				(*failed)++;
 			v.counter = 0;
+		}
 		kc_put(__u64, d, n, v.counter);
 		n += 8;
 	}

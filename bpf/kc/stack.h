@@ -51,10 +51,12 @@ struct {
 /*
  * kc_ustack_procs holds the processes whose user call chains were
  * recorded, so that the consumer saves the symbols of their files
- * (consumer/usermaps.go); a process past its size is left unnamed.
+ * (consumer/usermaps.go, usersave.go). Least recently used first out: a
+ * recording of days sees more processes than it holds, and the consumer
+ * keeps every one it has read, every few seconds.
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u32);
 	__type(value, __u8);

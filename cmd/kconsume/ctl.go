@@ -167,8 +167,13 @@ func (h *handler) status(s *consumer.Session, cpu int) (string, error) {
 		}
 		fmt.Fprintf(&b, "%-5d %8v %12d %12d %12d %12d\n", c.CPU, !c.Disabled, c.Channel.Records, c.Discarded(), c.KernelLost, c.Missed)
 	}
-	if chains, err := s.StackCounts(); err == nil && chains.Truncated+chains.Failed > 0 {
-		fmt.Fprintf(&b, "call chains: %d cut at the depth, %d recorded empty\n", chains.Truncated, chains.Failed)
+	if chains, err := s.StackCounts(); err == nil {
+		if chains.Truncated+chains.Failed > 0 {
+			fmt.Fprintf(&b, "call chains: %d cut at the depth, %d recorded empty\n", chains.Truncated, chains.Failed)
+		}
+		if chains.CountersUnread > 0 {
+			fmt.Fprintf(&b, "perf contexts: %d unread, written as 0\n", chains.CountersUnread)
+		}
 	}
 	triggerNote(&b, s)
 	h.relay.status(&b)

@@ -195,7 +195,7 @@ func TestMetrics(t *testing.T) {
 		// the gap): wait for the running one.
 		return resp.StatusCode == 200 && strings.Contains(body, "kconsume_running 1")
 	})
-	for _, want := range []string{"# TYPE kconsume_lost_total counter", `layer="kernel"`, `kconsume_events_total{cpu="0"}`, "kconsume_emitted_total", `kconsume_missed_total{cpu="0"}`, `kconsume_callchains_lost_total{state="empty"} 0`, "\nkconsume_drainer_late_total ", "# TYPE kconsume_drainer_overrun_max_seconds gauge"} {
+	for _, want := range []string{"# TYPE kconsume_lost_total counter", `layer="kernel"`, `kconsume_events_total{cpu="0"}`, "kconsume_emitted_total", `kconsume_missed_total{cpu="0"}`, `kconsume_callchains_lost_total{state="empty"} 0`, "kconsume_perf_contexts_unread_total 0", "\nkconsume_drainer_late_total ", "# TYPE kconsume_drainer_overrun_max_seconds gauge"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}

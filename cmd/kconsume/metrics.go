@@ -78,6 +78,7 @@ func promText(running bool, stats []consumer.CPUStats, d consumer.DrainerStats, 
 	counter("kconsume_missed_total", "Runs of the recorder the kernel skipped, another BPF program running on the CPU: at most that many events lost, those known lost also in kconsume_lost_total.", func(c consumer.CPUStats) uint64 { return c.Missed })
 	fmt.Fprintf(&b, "# HELP kconsume_callchains_lost_total Call chains cut at the depth (truncated) or recorded empty (empty).\n# TYPE kconsume_callchains_lost_total counter\n")
 	fmt.Fprintf(&b, "kconsume_callchains_lost_total{state=\"truncated\"} %d\nkconsume_callchains_lost_total{state=\"empty\"} %d\n", chains.Truncated, chains.Failed)
+	fmt.Fprintf(&b, "# HELP kconsume_perf_contexts_unread_total Perf counter contexts the kernel would not read, written as 0.\n# TYPE kconsume_perf_contexts_unread_total counter\nkconsume_perf_contexts_unread_total %d\n", chains.CountersUnread)
 	fmt.Fprintf(&b, "# HELP kconsume_lost_total Events lost, by layer.\n# TYPE kconsume_lost_total counter\n")
 	for _, c := range stats {
 		for _, l := range []struct {

@@ -124,9 +124,17 @@ func TestRecordUserStack(t *testing.T) {
 	if err := os.Remove(bin); err != nil {
 		t.Fatal(err)
 	}
+	checkUserFrames(t, out, bin, 3)
+}
+
+// checkUserFrames checks that report reads n events in the trace in dir,
+// each with a user call chain whose frames in bin, the kcstack program,
+// are named kcstack_c, kcstack_b, kcstack_a, main.
+func checkUserFrames(t *testing.T, dir, bin string, n int) {
+	t.Helper()
 	frame := regexp.MustCompile(`(\w+)\+0x[0-9a-f]+ \(` + regexp.QuoteMeta(bin) + `\)`)
 	chain := regexp.MustCompile(`callstack_user=\[([^\]]*)\]`)
-	lines := reportLines(t, out)
+	lines := reportLines(t, dir)
 	for _, line := range lines {
 		c := chain.FindStringSubmatch(line)
 		if c == nil {
@@ -140,9 +148,53 @@ func TestRecordUserStack(t *testing.T) {
 			t.Errorf("frames of the program named %v, want %v: %s", names, want, line)
 		}
 	}
-	if len(lines) != 3 {
-		t.Errorf("%d getpid events, want 3:\n%s", len(lines), strings.Join(lines, "\n"))
+	if len(lines) != n {
+		t.Errorf("%d getpid events, want %d:\n%s", len(lines), n, strings.Join(lines, "\n"))
 	}
+}
+
+// TestKillKeepsUserSymbols: a recording of user call chains killed
+// (SIGKILL) a while after its process ran keeps that process's symbols,
+// saved while it ran (consumer/usersave.go): once kconsume recover has
+// written what the rings held, report names the program's frames,
+// though the program was deleted before the kill.
+func TestKillKeepsUserSymbols(t *testing.T) {
+	testenv.RequireRoot(t)
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skipf("no C compiler: %v", err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kcstack")
+	if out, err := exec.Command(cc, "-O0", "-fno-omit-frame-pointer", "-o", bin, "../../consumer/testdata/kcstack.c").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v: %s", err, out)
+	}
+	out := filepath.Join(dir, "t")
+	rec := startRecording(t, "ksyms"+uniq, "-o", out, "--comm", "kcstack", "-e", "syscalls:sys_enter_getpid", "--stack", "user", "--duration", "10m")
+	run := exec.Command(bin)
+	run.Stdin = strings.NewReader("abcd")
+	if b, err := run.CombinedOutput(); err != nil {
+		t.Fatalf("kcstack: %v: %s", err, b)
+	}
+	syms := filepath.Join(out, consumer.UserSymbols)
+	waitFor(t, func() bool {
+		_, err := os.Stat(syms)
+		return err == nil
+	})
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	// The events into the trace's files: what a killed recording's
+	// rings hold, recover counts lost, not written.
+	if code, _, stderr := runCmd("ctl", "--session", rec.name, "flush"); code != 0 {
+		t.Fatalf("ctl flush: exit %d: %s", code, stderr)
+	}
+	_ = rec.cmd.Process.Kill()
+	rec.wait(t)
+	if code, stdout, stderr := runCmd("recover", out); code != 0 {
+		t.Fatalf("recover: exit %d\n%s%s", code, stdout, stderr)
+	}
+	checkUserFrames(t, out, bin, 4)
 }
 
 // TestRecordContextsLTTng: under --profile lttng the contexts are in the

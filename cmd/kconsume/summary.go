@@ -237,4 +237,14 @@ func stackNote(w io.Writer, s *consumer.Session, depth int) {
 	if n := s.MappingsLost(); n > 0 {
 		fmt.Fprintf(w, "note: the kernel dropped %d records of what processes mapped: some user frames may stay unnamed\n", n)
 	}
+	if unread, unheld := s.UserFilesUnread(); unread > 0 {
+		why := "gone before kconsume could hold them open"
+		if unheld > 0 {
+			why += fmt.Sprintf(", or among the %d not held past the first %d", unheld, consumer.MaxHeldFiles)
+		}
+		fmt.Fprintf(w, "note: %d files mapped by processes of the user call chains gave no symbols (%s): their frames show as addresses\n", unread, why)
+	}
+	if c.CountersUnread > 0 {
+		fmt.Fprintf(w, "note: %d perf counter contexts could not be read and are written as 0 (a CPU offline when the counters were opened, or a counter in error)\n", c.CountersUnread)
+	}
 }

@@ -75,30 +75,43 @@ func (r *Recorder) tail(i int) bool {
 	return i < len(r.stacks) && r.stacks[i] != 0 || len(r.ctxs) > 0
 }
 
-// StackCounts are the call chains the recorder could not record whole.
+// StackCounts are the call chains and contexts the recorder could not
+// record whole.
 type StackCounts struct {
 	// Truncated were cut at the depth: the chain went deeper.
 	Truncated uint64
 	// Failed were recorded empty: the kernel gave none (bpf_get_stack
 	// failed), or the record left no room for them.
 	Failed uint64
+	// CountersUnread are perf counter contexts the kernel would not
+	// read, each written as 0: a CPU offline when the counters were
+	// opened, or a counter in error.
+	CountersUnread uint64
 }
 
-// StackCounts returns the counts of all CPUs, zero when no event records
-// call chains. It fails when the counters cannot be read.
+// StackCounts returns the counts of all CPUs: zero call chains when no
+// event records any, zero counters when no event records a perf
+// context. It fails when the counters cannot be read.
 func (r *Recorder) StackCounts() (StackCounts, error) {
 	var c StackCounts
-	m := r.coll.Maps[gen.RingbufMapKcStackStats]
-	if m == nil || !slices.ContainsFunc(r.stacks, func(s layout.Stack) bool { return s != 0 }) {
-		return c, nil
+	if m := r.coll.Maps[gen.RingbufMapKcStackStats]; m != nil && slices.ContainsFunc(r.stacks, func(s layout.Stack) bool { return s != 0 }) {
+		var per []gen.RingbufKcStackCount
+		if err := m.Lookup(uint32(0), &per); err != nil {
+			return c, fmt.Errorf("reading the stack counts: %w", err)
+		}
+		for _, p := range per {
+			c.Truncated += p.Truncated
+			c.Failed += p.Failed
+		}
 	}
-	var per []gen.RingbufKcStackCount
-	if err := m.Lookup(uint32(0), &per); err != nil {
-		return c, fmt.Errorf("reading the stack counts: %w", err)
-	}
-	for _, p := range per {
-		c.Truncated += p.Truncated
-		c.Failed += p.Failed
+	if m := r.coll.Maps[gen.RingbufMapKcCtxStats]; m != nil && len(r.perfFDs) > 0 {
+		var per []uint64
+		if err := m.Lookup(uint32(0), &per); err != nil {
+			return c, fmt.Errorf("reading the perf contexts' counts: %w", err)
+		}
+		for _, n := range per {
+			c.CountersUnread += n
+		}
 	}
 	return c, nil
 }
@@ -108,7 +121,8 @@ func (r *Recorder) StackCounts() (StackCounts, error) {
 var errStackUser = errors.New("its user-space fields are recorded by a program that records no call chain")
 
 // UserStackProcs returns the processes whose user call chains were
-// recorded. It fails when the map cannot be read.
+// recorded, of those the recorder's map holds now: once full it lets go
+// of the least recently used. It fails when the map cannot be read.
 func (r *Recorder) UserStackProcs() ([]int32, error) {
 	m := r.coll.Maps[gen.RingbufMapKcUstackProcs]
 	if m == nil {
