@@ -649,3 +649,57 @@ func buildKCStack(t *testing.T, flags ...string) string {
 	}
 	return bin
 }
+
+// TestKernelStackModuleFrames: the call chains of a module's tracepoint
+// (9pnet's 9p_client_req, which the guests' root file system fires)
+// resolve, from the symbols the trace saved, to the functions of the
+// modules they ran in: 9pnet's client and the 9p file system's.
+func TestKernelStackModuleFrames(t *testing.T) {
+	if !testenv.InGuest() {
+		t.Skip("needs a root file system on 9p: runs inside a vmtest guest (make vmtest)")
+	}
+	testenv.RequireRoot(t)
+	s, dir := newTestSession(t, Config{Events: []string{"9p:9p_client_req"}, Stacks: []EventStack{{Stack: StackKernel}}})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// Files the guest has not read yet: 9p requests to the host.
+	read := 0
+	ents, _ := os.ReadDir("/usr/share/doc")
+	for _, e := range ents {
+		if _, err := os.ReadFile(filepath.Join("/usr/share/doc", e.Name(), "copyright")); err == nil {
+			if read++; read == 20 {
+				break
+			}
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	syms, err := ReadKernelSymbols(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, _ := testenv.RunBT2(t, dir)
+	seen := map[string]string{} // module: a function of it in a chain
+	for _, l := range lines {
+		st := bt2Stack.FindStringSubmatch(l)
+		if st == nil {
+			t.Fatalf("babeltrace2 line without a kernel call chain: %q", l)
+		}
+		for _, a := range bt2Addr.FindAllString(st[1], -1) {
+			v, _ := strconv.ParseUint(a[2:], 16, 64)
+			name, mod, _, ok := syms.Symbol(v)
+			if !ok {
+				t.Fatalf("address %s in no kernel symbol: %q", a, l)
+			}
+			if mod != "" {
+				seen[mod] = name
+			}
+		}
+	}
+	t.Logf("%d events (%d files read); module frames: %v", len(lines), read, seen)
+	if !strings.HasPrefix(seen["9pnet"], "p9_") || !strings.HasPrefix(seen["9p"], "v9fs_") {
+		t.Fatalf("module frames %v in %d events: want 9pnet's p9_* and 9p's v9fs_*", seen, len(lines))
+	}
+}

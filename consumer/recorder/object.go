@@ -231,7 +231,7 @@ func attach(ps *ebpf.ProgramSpec, prog *ebpf.Program) (link.Link, error) {
 		if !ok {
 			return nil, fmt.Errorf("%w: section %q names no tracepoint (tracepoint/GROUP/NAME)", ErrConfig, sec)
 		}
-		return link.Tracepoint(group, name, prog, nil)
+		return attachTracepoint(group, name, prog, nil)
 	case "raw_tp", "raw_tracepoint":
 		if target == "" {
 			return nil, fmt.Errorf("%w: section %q names no tracepoint", ErrConfig, sec)

@@ -164,7 +164,7 @@ func (t *tracepoints) refilter(r *Recorder, i int, f *tracefs.Format, flt *filte
 		opts = &link.TracepointOptions{Cookie: uint64(i)}
 	}
 	return copyRefilter(r, i, name, ps, t.links, false, func(p *ebpf.Program) (link.Link, error) {
-		return link.Tracepoint(f.System, f.Name, p, opts)
+		return attachTracepoint(f.System, f.Name, p, opts)
 	}), nil
 }
 

@@ -212,13 +212,13 @@ func (t *tracepoints) attach(r *Recorder, f *tracefs.Format, i int, recorded, as
 			name = filteredProg(i)
 		}
 	}
-	lk, err := link.Tracepoint(f.System, f.Name, r.coll.Programs[name], opts)
+	lk, err := attachTracepoint(f.System, f.Name, r.coll.Programs[name], opts)
 	if errors.Is(err, unix.EACCES) && name != gen.RingbufProgKcTracepoint && t.cookie {
 		// perf checks a copy's loads against the event's last field
 		// (max_ctx_offset); where that is not its largest, record the
 		// event the general way.
 		name = gen.RingbufProgKcTracepoint
-		lk, err = link.Tracepoint(f.System, f.Name, r.coll.Programs[name], opts)
+		lk, err = attachTracepoint(f.System, f.Name, r.coll.Programs[name], opts)
 	}
 	if err != nil {
 		return fmt.Errorf("attaching to %s: %w", f.FullName(), err)
