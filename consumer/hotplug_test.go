@@ -14,17 +14,7 @@ import (
 // CPU 1's stream: the perf transport reopens the ring of a CPU that comes
 // back, and records left in an offline CPU's ring are still drained.
 func TestCPUHotplug(t *testing.T) {
-	if !testenv.InGuest() {
-		t.Skip("offlines a CPU: runs only inside a vmtest guest (make vmtest)")
-	}
-	testenv.RequireRoot(t)
-	online, err := onlineCPUs(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(online) < 2 || !online[1] {
-		t.Fatalf("needs CPU 1 online in the guest, have %v", online)
-	}
+	needCPU1(t)
 	const n1, n2 = 3000, 2000
 	for _, tr := range transports(t) {
 		t.Run(tr.String(), func(t *testing.T) {
@@ -99,17 +89,7 @@ func TestCPUHotplug(t *testing.T) {
 // events carry 0 for the counter, and each is counted
 // (StackCounts.CountersUnread) rather than passed off as a reading.
 func TestPerfContextOfflineCounted(t *testing.T) {
-	if !testenv.InGuest() {
-		t.Skip("offlines a CPU: runs only inside a vmtest guest (make vmtest)")
-	}
-	testenv.RequireRoot(t)
-	online, err := onlineCPUs(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(online) < 2 || !online[1] {
-		t.Fatalf("needs CPU 1 online in the guest, have %v", online)
-	}
+	needCPU1(t)
 	const n = 2000
 	testenv.SetCPUOnline(t, 1, false)
 	t.Cleanup(func() { testenv.SetCPUOnline(t, 1, true) })
@@ -139,5 +119,22 @@ func TestPerfContextOfflineCounted(t *testing.T) {
 	})
 	if events != n || zeros != n || counts.CountersUnread != n {
 		t.Fatalf("%d events on CPU 1, %d with a zero counter, %d counted unread; want %d of each", events, zeros, counts.CountersUnread, n)
+	}
+}
+
+// needCPU1 skips the test outside a vmtest guest, since it offlines a
+// CPU, and fails it when the guest's CPU 1 is not online.
+func needCPU1(t *testing.T) {
+	t.Helper()
+	if !testenv.InGuest() {
+		t.Skip("offlines a CPU: runs only inside a vmtest guest (make vmtest)")
+	}
+	testenv.RequireRoot(t)
+	online, err := onlineCPUs(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(online) < 2 || !online[1] {
+		t.Fatalf("needs CPU 1 online in the guest, have %v", online)
 	}
 }

@@ -106,15 +106,8 @@ func reportLines(t *testing.T, dir string, args ...string) []string {
 // trace saved.
 func TestRecordUserStack(t *testing.T) {
 	testenv.RequireRoot(t)
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skipf("no C compiler: %v", err)
-	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "kcstack")
-	if out, err := exec.Command(cc, "-O0", "-fno-omit-frame-pointer", "-o", bin, "../../consumer/testdata/kcstack.c").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v: %s", err, out)
-	}
+	bin := buildKCStack(t, dir)
 	out := filepath.Join(dir, "t")
 	code, stdout, stderr := runCmd("record", "-q", "-o", out, "--comm", "kcstack", "-e", "syscalls:sys_enter_getpid", "--stack", "user",
 		"--", "sh", "-c", "printf abc | "+bin)
@@ -125,6 +118,21 @@ func TestRecordUserStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkUserFrames(t, out, bin, 3)
+}
+
+// buildKCStack builds the kcstack program with frame pointers into dir
+// and returns its path; it skips the test without a C compiler.
+func buildKCStack(t *testing.T, dir string) string {
+	t.Helper()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skipf("no C compiler: %v", err)
+	}
+	bin := filepath.Join(dir, "kcstack")
+	if out, err := exec.Command(cc, "-O0", "-fno-omit-frame-pointer", "-o", bin, "../../consumer/testdata/kcstack.c").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v: %s", err, out)
+	}
+	return bin
 }
 
 // checkUserFrames checks that report reads n events in the trace in dir,
@@ -160,15 +168,8 @@ func checkUserFrames(t *testing.T, dir, bin string, n int) {
 // though the program was deleted before the kill.
 func TestKillKeepsUserSymbols(t *testing.T) {
 	testenv.RequireRoot(t)
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skipf("no C compiler: %v", err)
-	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "kcstack")
-	if out, err := exec.Command(cc, "-O0", "-fno-omit-frame-pointer", "-o", bin, "../../consumer/testdata/kcstack.c").CombinedOutput(); err != nil {
-		t.Fatalf("cc: %v: %s", err, out)
-	}
+	bin := buildKCStack(t, dir)
 	out := filepath.Join(dir, "t")
 	rec := startRecording(t, "ksyms"+uniq, "-o", out, "--comm", "kcstack", "-e", "syscalls:sys_enter_getpid", "--stack", "user", "--duration", "10m")
 	run := exec.Command(bin)
