@@ -703,3 +703,140 @@ func TestKernelStackModuleFrames(t *testing.T) {
 		t.Fatalf("module frames %v in %d events: want 9pnet's p9_* and 9p's v9fs_*", seen, len(lines))
 	}
 }
+
+// TestStacksMatchBpftrace has bpftrace judge the call chains: it runs
+// beside a session on the same getpid calls of the kcstack program,
+// printing each event's kstack(perf) and ustack(perf). Every user chain
+// kconsume recorded equals bpftrace's of the same event, address for
+// address (both ask the kernel's unwinder at the same tracepoint), and
+// where the kernel gives syscall events a kernel chain (6.12 on), so do
+// the kernel chains below the tracing frames.
+func TestStacksMatchBpftrace(t *testing.T) {
+	testenv.RequireRoot(t)
+	bt, err := exec.LookPath("bpftrace")
+	if err != nil {
+		t.Fatalf("bpftrace, the judge (Debian's package): %v", err)
+	}
+	bin := buildKCStack(t, "-O0", "-fno-omit-frame-pointer")
+	const n = 20
+	kc := exec.Command(bin)
+	in, err := kc.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kc.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = kc.Process.Kill() })
+	prog := fmt.Sprintf(`tracepoint:syscalls:sys_enter_getpid /pid == %d/ { printf("K\n%%sU\n%%sE\n", kstack(perf), ustack(perf)); }`, kc.Process.Pid)
+	judge := exec.Command(bt, "-e", prog)
+	out, errOut := &testenv.Output{}, &testenv.Output{}
+	judge.Stdout, judge.Stderr = out, errOut
+	if err := judge.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = judge.Process.Kill() })
+	for deadline := time.Now().Add(2 * time.Minute); !strings.Contains(errOut.String()+out.String(), "Attaching 1 probe"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("bpftrace never attached:\n%s%s", out.String(), errOut.String())
+		}
+	}
+	stacks := StackUser
+	major, minor, _ := testenv.KernelRelease()
+	if major > 6 || major == 6 && minor >= 12 {
+		stacks |= StackKernel // before, session refuses them on syscall events
+	}
+	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, PIDs: []int{kc.Process.Pid}, Stacks: []EventStack{{Stack: stacks}}})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.Write(make([]byte, n)); err != nil {
+		t.Fatal(err)
+	}
+	in.Close()
+	if err := kc.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// bpftrace prints as it reads its buffers, and may not read what is
+	// left there once interrupted: its n events first, for a minute at
+	// most.
+	for deadline := time.Now().Add(time.Minute); strings.Count(out.String(), "\nE\n") < n && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = judge.Process.Signal(os.Interrupt)
+	_ = judge.Wait()
+
+	// bpftrace's events: K, the kernel frames, U, the user frames, E;
+	// a frame is a tab, its address in hex, then its name.
+	type chains struct{ kernel, user []uint64 }
+	var theirs []chains
+	var cur *[]uint64
+	for _, l := range strings.Split(out.String(), "\n") {
+		switch {
+		case l == "K":
+			theirs = append(theirs, chains{})
+			cur = &theirs[len(theirs)-1].kernel
+		case l == "U" && cur != nil:
+			cur = &theirs[len(theirs)-1].user
+		case l == "E":
+			cur = nil
+		case cur != nil && strings.HasPrefix(l, "\t"):
+			f := strings.Fields(l)
+			a, err := strconv.ParseUint(f[0], 16, 64)
+			if err != nil {
+				t.Fatalf("bpftrace frame %q: %v", l, err)
+			}
+			*cur = append(*cur, a)
+		}
+	}
+	var ours []chains
+	walkTrace(t, dir, func(it *relayfmt.Item, vals []relayfmt.Value) {
+		if it.Kind != relayfmt.EventItem {
+			t.Fatalf("%v in the trace", it.Kind)
+		}
+		var c chains
+		for _, f := range []struct {
+			name string
+			to   *[]uint64
+		}{{"callstack_kernel", &c.kernel}, {"callstack_user", &c.user}} {
+			if f.name == "callstack_kernel" && stacks&StackKernel == 0 {
+				continue
+			}
+			st := field(vals, f.name)
+			for i := range st.Len() {
+				*f.to = append(*f.to, st.Uint(i))
+			}
+		}
+		ours = append(ours, c)
+	})
+	if len(ours) != n || len(theirs) != n {
+		t.Fatalf("%d events recorded, bpftrace printed %d; want %d each\nbpftrace:\n%s%s", len(ours), len(theirs), n, out.String(), errOut.String())
+	}
+	var syms *kallsyms.Table
+	if stacks&StackKernel != 0 {
+		if syms, err = ReadKernelSymbols(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kernels := 0
+	for i := range ours {
+		o, b := ours[i], theirs[i]
+		if len(o.user) < 4 || !slices.Equal(o.user, b.user) {
+			t.Errorf("event %d: user chain %#x, bpftrace %#x", i, o.user, b.user)
+		}
+		if len(o.kernel) == 0 {
+			continue // the kernel gives none to syscall events before 6.12
+		}
+		kernels++
+		if err := sameBelowTracing(o.kernel, b.kernel, entryStub(syms)); err != nil {
+			t.Errorf("event %d: %v\nkconsume: %v\nbpftrace: %v", i, err, frameNames(syms, o.kernel), frameNames(syms, b.kernel))
+		}
+	}
+	if stacks&StackKernel != 0 && kernels != n {
+		t.Errorf("%d of %d events with a kernel chain on a kernel that gives them", kernels, n)
+	}
+	t.Logf("%d events: user chains equal, %d kernel chains equal below the tracing frames", n, kernels)
+}
