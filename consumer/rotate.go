@@ -53,7 +53,7 @@ type rotation struct {
 	trig bool
 	last atomic.Int64 // the last rotation, or the start, in Unix ns
 	// before runs before each rotation: it writes into the trace's
-	// directory what the closing chunk takes with it (the user symbols).
+	// directory what the closing chunk takes with it (the symbols).
 	before func()
 }
 
@@ -90,14 +90,19 @@ func (d *drainer) checkSize() {
 	}
 }
 
-// userSymbolsAtRotation has each rotation write the user symbols known
-// so far into the trace's directory, which the closing chunk takes a
-// copy of, so that its user call chains resolve on their own.
-func (s *Session) userSymbolsAtRotation() {
-	if s.umaps == nil || s.cfg.Dir == "" {
+// symbolsAtRotation has each rotation write into the trace's directory,
+// which the closing chunk takes a copy of, the kernel's symbols when
+// modules came or went (refreshKernelSymbols) and the user symbols known
+// so far, so that the chunk's call chains resolve on their own.
+func (s *Session) symbolsAtRotation() {
+	if s.cfg.Dir == "" || s.kmods == nil && s.umaps == nil {
 		return
 	}
 	s.dr.rot.before = func() {
+		_ = s.refreshKernelSymbols()
+		if s.umaps == nil {
+			return
+		}
 		s.umaps.catchUp()
 		if procs, err := s.userStackProcs(); err == nil {
 			_ = writeUserSymbols(s.cfg.Dir, s.umaps.snapshot(procs))

@@ -63,8 +63,11 @@ type Session struct {
 	stacks []layout.Stack   // the call chains each event records (nil: none)
 	ctxs   []layout.Context // the contexts every event records
 	symErr error            // why the kernel's symbols are not in the trace
-	umaps  *userMaps        // what processes map, for user call chains (nil: none)
-	saver  *userSaver       // saves umaps' symbols as they change (nil: none)
+	// kmods are the modules loaded at the last save of the kernel's
+	// symbols (refreshKernelSymbols); nil when none was saved.
+	kmods map[string]string
+	umaps *userMaps  // what processes map, for user call chains (nil: none)
+	saver *userSaver // saves umaps' symbols as they change (nil: none)
 	// ustackSeen holds every process read from the recorder's map of
 	// those with user call chains (userStackProcs).
 	ustackMu   sync.Mutex
@@ -173,7 +176,8 @@ func New(cfg Config) (*Session, error) {
 	if cfg.Dir != "" && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackKernel != 0 }) {
 		// A trace without them still shows the addresses: a note, not
 		// a failure.
-		s.symErr = saveKernelSymbols(cfg.Dir)
+		s.kmods = loadedModules()
+		s.symErr = saveKernelSymbols(cfg.Dir, nil)
 	}
 	if cfg.Dir != "" && slices.ContainsFunc(stacks, func(st layout.Stack) bool { return st&StackUser != 0 }) {
 		clockID, _ := checkClock(cfg.Clock)
@@ -196,7 +200,7 @@ func New(cfg Config) (*Session, error) {
 		s.removeOutput()
 		return nil, err
 	}
-	s.userSymbolsAtRotation()
+	s.symbolsAtRotation()
 	if s.saver = startUserSaver(s); s.saver != nil {
 		s.dr.nudge = s.saver.poke
 	}
@@ -472,6 +476,10 @@ func (s *Session) Close() error {
 		}
 		if s.ch != nil {
 			loaded := s.rec != nil && s.rec.Loaded()
+			if loaded {
+				// Before the channel closes, as the user symbols.
+				errs = append(errs, s.refreshKernelSymbols())
+			}
 			if loaded && s.umaps != nil {
 				// Before the channel closes: a rotated trace's last
 				// chunk takes them with it.

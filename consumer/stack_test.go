@@ -21,6 +21,7 @@ import (
 	"github.com/kconsume/kconsume/internal/testenv"
 	"github.com/kconsume/kconsume/relayfmt"
 	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -839,4 +840,97 @@ func TestStacksMatchBpftrace(t *testing.T) {
 		t.Errorf("%d of %d events with a kernel chain on a kernel that gives them", kernels, n)
 	}
 	t.Logf("%d events: user chains equal, %d kernel chains equal below the tracing frames", n, kernels)
+}
+
+// TestKernelSymbolsOfModuleLoadedLater: a module loaded while the
+// session records (loop, unloaded first) has its frames named from the
+// trace's symbols, saved again at the end because the modules changed
+// (refreshKernelSymbols): the block_rq_issue events of a read from a
+// loop device hold loop_queue_rq [loop].
+func TestKernelSymbolsOfModuleLoadedLater(t *testing.T) {
+	if !testenv.InGuest() {
+		t.Skip("unloads and loads a module: runs only inside a vmtest guest (make vmtest)")
+	}
+	testenv.RequireRoot(t)
+	const ko = "/run/vmtest-modules/loop.ko"
+	if _, err := os.Stat(ko); err != nil {
+		if _, builtin := loadedModules()["loop"]; !builtin {
+			if _, err := os.Stat("/sys/module/loop"); err == nil {
+				t.Skip("loop is built into this kernel: no module to load")
+			}
+		}
+		t.Fatalf("vmtest's init copies the guest's modules to /run/vmtest-modules: %v", err)
+	}
+	if _, err := exec.LookPath("losetup"); err != nil {
+		testenv.Missing(t, "losetup is required to read a loop device (apt-get install util-linux): %v", err)
+	}
+	load := func() error {
+		f, err := os.Open(ko)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return unix.FinitModule(int(f.Fd()), "", 0)
+	}
+	if _, ok := loadedModules()["loop"]; ok {
+		if err := unix.DeleteModule("loop", 0); err != nil {
+			t.Fatalf("unloading loop: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		if _, ok := loadedModules()["loop"]; !ok {
+			if err := load(); err != nil {
+				t.Errorf("loading loop back: %v", err)
+			}
+		}
+	})
+	s, dir := newTestSession(t, Config{Events: []string{"block:block_rq_issue"}, Stacks: []EventStack{{Stack: StackKernel}}})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := load(); err != nil {
+		t.Fatalf("loading loop: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "disk")
+	if err := os.WriteFile(file, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "--find", "--show", file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	read := exec.Command("dd", "if="+dev, "of=/dev/null", "bs=64k", "iflag=direct")
+	if out, err := read.CombinedOutput(); err != nil {
+		t.Errorf("dd: %v: %s", err, out)
+	}
+	if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+		t.Errorf("losetup -d: %v: %s", err, out)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	syms, err := ReadKernelSymbols(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, _ := testenv.RunBT2(t, dir)
+	named := 0
+	for _, l := range lines {
+		st := bt2Stack.FindStringSubmatch(l)
+		if st == nil {
+			t.Fatalf("babeltrace2 line without a kernel call chain: %q", l)
+		}
+		for _, a := range bt2Addr.FindAllString(st[1], -1) {
+			v, _ := strconv.ParseUint(a[2:], 16, 64)
+			if name, mod, _, ok := syms.Symbol(v); ok && mod == "loop" && name == "loop_queue_rq" {
+				named++
+				break
+			}
+		}
+	}
+	t.Logf("%d of %d block_rq_issue events through loop_queue_rq [loop]", named, len(lines))
+	if named == 0 {
+		t.Fatalf("no frame named loop_queue_rq [loop] in %d events", len(lines))
+	}
 }

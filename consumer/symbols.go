@@ -1,12 +1,15 @@
 package consumer
 
 import (
+	"bufio"
 	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/kconsume/kconsume/internal/kallsyms"
 )
@@ -18,19 +21,82 @@ import (
 // readers skip it, as every file whose name starts with a dot.
 const KernelSymbols = ".kallsyms.gz"
 
-// saveKernelSymbols writes KernelSymbols into dir. It fails when
-// /proc/kallsyms cannot be read or hides its addresses, or the file
-// cannot be written.
-func saveKernelSymbols(dir string) error {
+// saveKernelSymbols writes KernelSymbols into dir, and after the current
+// symbols the lines of kept, those of modules unloaded since an earlier
+// save. It fails when /proc/kallsyms cannot be read or hides its
+// addresses, or the file cannot be written.
+func saveKernelSymbols(dir string, kept []string) error {
 	in, err := os.Open("/proc/kallsyms")
 	if err != nil {
 		return fmt.Errorf("saving the kernel's symbols: %w", err)
 	}
 	defer in.Close()
 	return writeGzip(dir, KernelSymbols, "the kernel's symbols", func(w io.Writer) error {
-		_, err := kallsyms.CopyText(w, in)
-		return err
+		if _, err := kallsyms.CopyText(w, in); err != nil {
+			return err
+		}
+		for _, l := range kept {
+			if _, err := io.WriteString(w, l+"\n"); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
+}
+
+// loadedModules returns the modules loaded now, by name, with their load
+// address (/proc/modules; its use counts change too often to compare);
+// none when the file cannot be read.
+func loadedModules() map[string]string {
+	b, err := os.ReadFile("/proc/modules")
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 6 {
+			out[f[0]] = f[5]
+		}
+	}
+	return out
+}
+
+// refreshKernelSymbols saves the kernel's symbols again when the modules
+// loaded differ from those of the last save, so that the frames of a
+// module loaded while recording resolve: at each rotation, and at the
+// end. The symbols of a module unloaded meanwhile are kept from the
+// file saved before. It does nothing for a session that saved none
+// (symErr set, no kernel call chains, no directory); it returns the
+// save's error.
+func (s *Session) refreshKernelSymbols() error {
+	if s.kmods == nil || s.symErr != nil {
+		return nil
+	}
+	now := loadedModules()
+	if maps.Equal(now, s.kmods) {
+		return nil
+	}
+	var kept []string
+	_ = readGzip(s.cfg.Dir, KernelSymbols, "the trace's kernel symbols", func(r io.Reader) error {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			l := sc.Text()
+			i := strings.LastIndexByte(l, '[')
+			if i < 0 || !strings.HasSuffix(l, "]") {
+				continue
+			}
+			mod := l[i+1 : len(l)-1]
+			if addr, ok := now[mod]; !ok || addr != s.kmods[mod] {
+				kept = append(kept, l)
+			}
+		}
+		return sc.Err()
+	})
+	if err := saveKernelSymbols(s.cfg.Dir, kept); err != nil {
+		return err
+	}
+	s.kmods = now
+	return nil
 }
 
 // writeGzip writes into dir/name what fill writes, gzip-compressed. The

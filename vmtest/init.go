@@ -47,6 +47,8 @@ mkdir -p $r/dev/pts $r/dev/shm
 mount -t devpts devpts $r/dev/pts
 mount -t tmpfs tmpfs $r/dev/shm
 mount -t tmpfs -o mode=0755 tmpfs $r/run
+# The modules loaded above, for tests that load one while they record.
+mkdir -p $r/run/vmtest-modules && cp /modules/*.ko $r/run/vmtest-modules/ 2>/dev/null
 mount -t tracefs tracefs $r/sys/kernel/tracing 2>/dev/null
 mount -t debugfs debugfs $r/sys/kernel/debug
 mount -t bpf bpf $r/sys/fs/bpf
