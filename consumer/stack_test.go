@@ -934,3 +934,58 @@ func TestKernelSymbolsOfModuleLoadedLater(t *testing.T) {
 		t.Fatalf("no frame named loop_queue_rq [loop] in %d events", len(lines))
 	}
 }
+
+// TestUserMapsForgetExited: while user call chains are recorded, the
+// processes that exit without one are forgotten (userMaps.prune), so a
+// recording of days does not keep every process it saw; one that
+// recorded a chain and exited is kept, and named in the trace's symbols.
+func TestUserMapsForgetExited(t *testing.T) {
+	testenv.RequireRoot(t)
+	bin := buildKCStack(t, "-O0", "-fno-omit-frame-pointer")
+	s, dir := newTestSession(t, Config{Events: []string{"syscalls:sys_enter_getpid"}, Comms: []string{"kcstack"}, Stacks: []EventStack{{Stack: StackUser}}})
+	if err := s.Start(); err != nil {
+		t.Fatal(err)
+	}
+	procs := func() int {
+		s.umaps.mu.Lock()
+		defer s.umaps.mu.Unlock()
+		return len(s.umaps.model.Procs)
+	}
+	before := procs()
+	kc := exec.Command(bin)
+	kc.Stdin = strings.NewReader("abc")
+	if out, err := kc.CombinedOutput(); err != nil {
+		t.Fatalf("kcstack: %v: %s", err, out)
+	}
+	const n = 200
+	sh := exec.Command("sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do /bin/true; i=$((i+1)); done", n))
+	if out, err := sh.CombinedOutput(); err != nil {
+		t.Fatalf("sh: %v: %s", err, out)
+	}
+	for deadline := time.Now().Add(time.Minute); s.saver.pruned.Load() < n; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d processes forgotten a minute after %d exited", s.saver.pruned.Load(), n+2)
+		}
+	}
+	after := procs()
+	s.umaps.mu.Lock()
+	_, kept := s.umaps.model.Procs[int32(kc.Process.Pid)]
+	s.umaps.mu.Unlock()
+	if !kept {
+		t.Errorf("kcstack (pid %d), which recorded user chains, was forgotten", kc.Process.Pid)
+	}
+	if after > before+n/4 {
+		t.Errorf("%d processes in the model after %d exited, from %d at the start", after, n, before)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	saved, err := ReadUserSymbols(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := saved.model.Procs[int32(kc.Process.Pid)]; !ok {
+		t.Errorf("kcstack (pid %d) not in the trace's user symbols", kc.Process.Pid)
+	}
+	t.Logf("%d processes at the start, %d after %d exited, %d forgotten", before, after, n+2, s.saver.pruned.Load())
+}

@@ -213,6 +213,8 @@ func (u *userMaps) drain() {
 			u.model.Mmap(rec.pid, rec.time, rec.addr, rec.length, rec.pgoff, i)
 		case unix.PERF_RECORD_FORK:
 			u.model.Fork(rec.pid, rec.tid, rec.ppid, rec.time)
+		case unix.PERF_RECORD_EXIT:
+			u.model.Exit(rec.pid, rec.tid)
 		case unix.PERF_RECORD_COMM:
 			u.model.Exec(rec.pid, rec.time)
 		}
@@ -300,6 +302,25 @@ func (u *userMaps) snapshot(pids []int32) *userSymbolFile {
 		}
 	}
 	return out
+}
+
+// prune forgets the processes that exited and are not among those with
+// user call chains, which procs returns (sorted): no chain of theirs can
+// come, so the symbol file never needs them. procs is read under the
+// lock that the side-band reader takes to apply records, after every
+// exit applied so far: a process's chains are noted before it exits. It
+// returns how many processes it forgot, or procs' error.
+func (u *userMaps) prune(procs func() ([]int32, error)) (int, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	keep, err := procs()
+	if err != nil {
+		return 0, err
+	}
+	return u.model.Prune(func(pid int32) bool {
+		_, found := slices.BinarySearch(keep, pid)
+		return found
+	}), nil
 }
 
 // objectSymbols reads object i's functions, from the file held open or
@@ -482,7 +503,7 @@ func decodeSide(b []byte, lost *atomic.Uint64) (sideRecord, bool) {
 		}
 		rec.path = string(name)
 		return rec, len(rec.path) > 0 && rec.path[0] == '/'
-	case unix.PERF_RECORD_FORK:
+	case unix.PERF_RECORD_FORK, unix.PERF_RECORD_EXIT:
 		// pid, ppid, tid, ptid, time, sample_id.
 		if len(b) < 8+24+16 {
 			return rec, false

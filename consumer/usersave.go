@@ -3,6 +3,7 @@ package consumer
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,6 +37,8 @@ type userSaver struct {
 	// err is the last failure.
 	saves, errors int
 	err           error
+	// pruned counts the processes forgotten (userMaps.prune).
+	pruned atomic.Int64
 }
 
 // startUserSaver starts saving s's user symbols as they change; nil when
@@ -90,6 +93,11 @@ func (v *userSaver) loop() {
 func (v *userSaver) save() {
 	u := v.s.umaps
 	changes := u.changes.Load()
+	// The processes that exited without a user call chain go first: a
+	// recording of days would otherwise keep every process it saw.
+	if n, err := u.prune(v.s.userStackProcs); err == nil {
+		v.pruned.Add(int64(n))
+	}
 	procs, err := v.s.userStackProcs()
 	if err != nil {
 		v.errors++

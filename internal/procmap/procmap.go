@@ -47,11 +47,49 @@ type Model struct {
 	Procs   map[int32][]Image `json:"procs"`
 	Objects []Object          `json:"objects"`
 	objs    map[Object]int
+	// exited holds the processes that exited since they last forked,
+	// which Prune may forget.
+	exited map[int32]bool
 }
 
 // New returns an empty model.
 func New() *Model {
-	return &Model{Threads: map[int32]int32{}, Procs: map[int32][]Image{}, objs: map[Object]int{}}
+	return &Model{Threads: map[int32]int32{}, Procs: map[int32][]Image{}, objs: map[Object]int{}, exited: map[int32]bool{}}
+}
+
+// Exit records that thread tid of process pid exited; the process has
+// once its main thread (tid pid) has.
+func (m *Model) Exit(pid, tid int32) {
+	if pid != tid {
+		return
+	}
+	if m.exited == nil {
+		m.exited = map[int32]bool{}
+	}
+	m.exited[pid] = true
+}
+
+// Prune forgets the processes that exited for which keep reports false,
+// and their threads, and returns how many it forgot. A process that
+// ran before the model began and exited is forgotten alike.
+func (m *Model) Prune(keep func(pid int32) bool) int {
+	n := 0
+	for pid := range m.exited {
+		if keep(pid) {
+			continue
+		}
+		delete(m.Procs, pid)
+		delete(m.exited, pid)
+		n++
+	}
+	if n > 0 {
+		for tid, pid := range m.Threads {
+			if _, ok := m.Procs[pid]; !ok {
+				delete(m.Threads, tid)
+			}
+		}
+	}
+	return n
 }
 
 // Object returns the index of the object, adding it when new.
@@ -119,6 +157,7 @@ func (m *Model) Fork(pid, tid, ppid int32, t uint64) {
 		m.Threads[tid] = pid
 		return
 	}
+	delete(m.exited, pid) // a pid used again
 	if pid == ppid {
 		return
 	}

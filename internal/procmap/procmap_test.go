@@ -83,3 +83,39 @@ func TestDump(t *testing.T) {
 		t.Errorf("Find of %#x in this process at time 1: none", addr)
 	}
 }
+
+// TestPrune: Prune forgets exited processes that keep refuses, with
+// their threads, and keeps the others; a pid forked again after its exit
+// is a live process, not forgotten.
+func TestPrune(t *testing.T) {
+	m := New()
+	obj := m.Object(Object{Path: "/bin/x", Ino: 1})
+	for _, pid := range []int32{10, 11, 12} {
+		m.Fork(pid, pid, 1, 100)
+		m.Mmap(pid, 110, 0x1000, 0x1000, 0, obj)
+	}
+	m.Fork(10, 20, 10, 120) // a thread of 10
+	m.Exit(10, 20)          // the thread alone: 10 lives on
+	m.Exit(11, 11)
+	m.Exit(12, 12)
+	m.Exit(10, 10)
+	m.Fork(12, 12, 1, 200) // pid 12 used again
+	if n := m.Prune(func(pid int32) bool { return pid == 11 }); n != 1 {
+		t.Fatalf("forgot %d, want 1 (pid 10)", n)
+	}
+	if _, ok := m.Procs[10]; ok {
+		t.Error("pid 10 exited and was not kept, but is still there")
+	}
+	if _, ok := m.Threads[20]; ok {
+		t.Error("thread 20 of the forgotten pid 10 is still there")
+	}
+	if _, ok := m.Find(11, 150, 0x1800); !ok {
+		t.Error("pid 11, kept, lost its mapping")
+	}
+	if img := m.at(12, 250); img == nil || len(img.Maps) != 0 {
+		t.Errorf("pid 12, forked again, has image %+v, want the new process's (no mappings)", img)
+	}
+	if n := m.Prune(func(int32) bool { return false }); n != 1 {
+		t.Errorf("second prune forgot %d, want 1 (pid 11, no longer kept)", n)
+	}
+}
