@@ -89,7 +89,7 @@ func defineRecordFlags(fs *flag.FlagSet, o *recordOpts, f *recordFlags) {
 	fs.Var(&f.filters, "f", "keep only the events of the -e before it whose fields pass this `expression`, in ftrace's event filter language (docs/filters.md): -e sched:sched_switch -f 'prev_comm == \"nginx\"'")
 	f.stacks.events = &f.events
 	fs.Var(&f.stacks, "stack", "record the call chain of each event of the -e before it, or of every event when no -e comes before: `kernel`, user or both (docs/stacks.md)")
-	fs.Var(&f.contexts, "context", "record these contexts with every event, LTTng's names: procname, pid, tid, ppid, prio, nice, vpid, vtid, vppid, cpu_id, cgroup, perf:cpu:COUNTER (repeat or commas; docs/stacks.md)")
+	fs.Var(&f.contexts, "context", "record these contexts with every event, LTTng's names: procname, pid, tid, ppid, prio, nice, vpid, vtid, vppid, cpu_id, cgroup, perf:cpu:COUNTER, and callstack-kernel and callstack-user (--stack kernel, --stack user) (repeat or commas; docs/stacks.md)")
 	fs.IntVar(&f.stackDepth, "stack-depth", 0, "most `frames` of a call chain (default: the kernel's limit, kernel.perf_event_max_stack, 127)")
 	fs.Var(filterFlag{&f.filters}, "filter", "keep only the events of `EVENT:EXPR` (EVENT as -e takes it, globs too) whose fields pass EXPR, in ftrace's event filter language (docs/filters.md)")
 	fs.Var(&f.triggers, "trigger", "`'EVENT[ FILTER] : ACTION[, every DURATION]'`: on an event of EVENT whose fields pass FILTER (ftrace's filter language), the recorder itself takes ACTION: snapshot (--mode overwrite: save the flight recorder's buffers, the event and what came before it), stop or start recording, or rotate (close the trace's chunk, the event in it, and begin the next: docs/rotation.md); at most once per DURATION (default 1s); the event must be recorded (-e); repeatable (docs/triggers.md)")
@@ -175,8 +175,6 @@ func (f *recordFlags) config() (consumer.Config, error) {
 		Events:     f.events.list,
 		Filters:    f.filters.list,
 		Triggers:   f.triggers.list,
-		Stacks:     f.stacks.list,
-		Contexts:   f.contexts,
 		StackDepth: f.stackDepth,
 		Cgroup:     f.cgroup,
 		Comms:      f.comms,
@@ -185,6 +183,19 @@ func (f *recordFlags) config() (consumer.Config, error) {
 		Global:     f.global,
 		RingSize:   int(f.ring),
 		Latency:    f.latency,
+	}
+	// LTTng's callstack contexts are call chains (--stack) for every
+	// event, which LTTng users ask for by those names.
+	cfg.Stacks = slices.Clone(f.stacks.list)
+	for _, c := range f.contexts {
+		switch c {
+		case "callstack-kernel":
+			cfg.Stacks = append(cfg.Stacks, consumer.EventStack{Stack: consumer.StackKernel})
+		case "callstack-user":
+			cfg.Stacks = append(cfg.Stacks, consumer.EventStack{Stack: consumer.StackUser})
+		default:
+			cfg.Contexts = append(cfg.Contexts, c)
+		}
 	}
 	for _, p := range f.pids {
 		n, err := strconv.Atoi(p)

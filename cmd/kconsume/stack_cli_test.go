@@ -89,6 +89,35 @@ func TestRecordStack(t *testing.T) {
 	}
 }
 
+// TestRecordContextCallstack: LTTng's callstack contexts, as LTTng users
+// name them (--context callstack-kernel,callstack-user), record the call
+// chains --stack both records, beside the other contexts.
+func TestRecordContextCallstack(t *testing.T) {
+	testenv.RequireRoot(t)
+	out := filepath.Join(t.TempDir(), "t")
+	code, stdout, stderr := runCmd("record", "-q", "-o", out, "-e", "sched:sched_process_exit",
+		"--context", "procname,callstack-kernel", "--context", "callstack-user", "--", "sleep", "0.01")
+	if code != 0 {
+		t.Fatalf("record: exit %d\n%s%s", code, stdout, stderr)
+	}
+	lines := reportLines(t, out)
+	sleeps := 0
+	for _, l := range lines {
+		if !strings.Contains(l, `procname="sleep"`) {
+			continue
+		}
+		sleeps++
+		for _, want := range []string{"callstack_kernel=[", "callstack_user=["} {
+			if !strings.Contains(l, want) {
+				t.Errorf("no %s…] in %s", want, l)
+			}
+		}
+	}
+	if sleeps != 1 {
+		t.Errorf("%d exits of sleep, want 1:\n%s", sleeps, strings.Join(lines, "\n"))
+	}
+}
+
 // reportLines runs kconsume report on dir with args, and returns its lines.
 func reportLines(t *testing.T, dir string, args ...string) []string {
 	t.Helper()
