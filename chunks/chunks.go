@@ -115,6 +115,12 @@ func (s *Sink) current() (*relayfmt.DirSink, error) {
 	return s.cur, nil
 }
 
+// Path returns the path of stream file name in the chunk being written,
+// in the trace's directory.
+func (s *Sink) Path(name string) string {
+	return filepath.Join(s.cfg.Root, s.cfg.Trace, name)
+}
+
 // WriteMetadata writes the current chunk's metadata.
 func (s *Sink) WriteMetadata(text []byte) error {
 	d, err := s.current()

@@ -18,15 +18,22 @@ import (
 // holds up no local write: relayd falls behind (Behind) and catches up,
 // or the Sink counts what it could not send (Sink.Stats). The zero value
 // with Dir and Remote set is ready.
+//
+// With a local copy written in chunks (chunks.Sink) and a remote Sink
+// that rotates too, the Tee rotates both (CloseChunk): relayd gets every
+// packet of a chunk before its rotation, and the next chunk's from the
+// local copy's next files.
 type Tee struct {
-	Dir    *relayfmt.DirSink // the local copy
-	Remote relayfmt.Sink     // a *Sink, which counts what it could not send
+	Dir    LocalCopy     // the local copy
+	Remote relayfmt.Sink // a *Sink, which counts what it could not send
 
 	mu      sync.Mutex
 	cond    sync.Cond // signalled when a sender goes idle
 	senders map[string]*sender
 	closed  bool
 	wg      sync.WaitGroup
+	// sendersWG counts the senders' goroutines alone (CloseChunk).
+	sendersWG sync.WaitGroup
 
 	// The metadata relayd is to have: the latest text and its
 	// generation; the generation relayd has (under mmu).
@@ -35,6 +42,16 @@ type Tee struct {
 	mmu      sync.Mutex
 	metaSent uint64
 	metaErr  error
+}
+
+// LocalCopy is a Tee's local sink, whose stream files the Tee reads back
+// by their path: a relayfmt.DirSink, or a chunks.Sink.
+type LocalCopy interface {
+	relayfmt.Sink
+	// Path returns the file stream name is written to now.
+	Path(name string) string
+	WriteFinal(name string, packets ...[]byte) error
+	Reserve(names []string, packetSize int) error
 }
 
 // sender sends one stream's packets to relayd, read back from the local
@@ -124,6 +141,7 @@ func (t *Tee) WritePacket(name string, packet []byte) error {
 		s = &sender{name: name, f: f}
 		t.senders[name] = s
 		t.wg.Add(1)
+		t.sendersWG.Add(1)
 		go t.send(s)
 	}
 	s.queue = append(s.queue, queued{size: len(packet), meta: t.metaGen})
@@ -135,6 +153,7 @@ func (t *Tee) WritePacket(name string, packet []byte) error {
 // order until Close.
 func (t *Tee) send(s *sender) {
 	defer t.wg.Done()
+	defer t.sendersWG.Done()
 	defer s.f.Close()
 	t.mu.Lock()
 	for {
@@ -223,6 +242,44 @@ func (t *Tee) WriteFinal(name string, packets ...[]byte) error {
 // returns its error.
 func (t *Tee) Reserve(names []string, packetSize int) error {
 	return t.Dir.Reserve(names, packetSize)
+}
+
+// Rotates reports whether the Tee writes chunks: its local copy and
+// relayd's Sink both do (relayfmt.CanRotate).
+func (t *Tee) Rotates() bool {
+	return relayfmt.CanRotate(t.Dir) && relayfmt.CanRotate(t.Remote)
+}
+
+// CloseChunk closes the current chunk c on relayd, then in the local copy
+// (relayfmt.Rotator), and with next begins the next on both. relayd
+// rotates what it has: the Tee first waits until every packet written
+// so far went to relayd (sent, or counted as not sent), which holds the
+// channel's writer for as long as relayd takes, up to its timeout a
+// packet, as relayd's Sink alone does. The senders, which read the
+// closed chunk's files, end; the next chunk's packets start new ones on
+// the next chunk's files. relayd's failure is its Sink's to count; the
+// error returned is the local copy's.
+func (t *Tee) CloseChunk(c relayfmt.Chunk, next bool) error {
+	local, ok := t.Dir.(relayfmt.Rotator)
+	remote, rok := t.Remote.(relayfmt.Rotator)
+	if !ok || !rok {
+		return relayfmt.ErrNoRotate
+	}
+	_ = t.Sync(context.Background())
+	_ = remote.CloseChunk(c, next)
+	t.mu.Lock()
+	t.init()
+	old := t.senders
+	t.senders = map[string]*sender{}
+	for _, s := range old {
+		s.done = true
+	}
+	t.cond.Broadcast()
+	t.mu.Unlock()
+	// Their queues are empty (Sync): they end at once, and close the
+	// closed chunk's files before the local copy moves them.
+	t.sendersWG.Wait()
+	return local.CloseChunk(c, next)
 }
 
 // Close closes the local copy, lets the senders send (or count) every

@@ -192,9 +192,14 @@ func (h *handler) rotate(s *consumer.Session) (string, error) {
 	}
 	where := "archived by relayd"
 	if h.rot.sink != nil {
-		where = "deleted at once under the budget"
+		local := "deleted at once under the budget"
 		if last := h.rot.sink.Stats().Last; last != "" {
-			where = "in " + last
+			local = "in " + last
+		}
+		if h.rot.relay {
+			where += ", and " + local
+		} else {
+			where = local
 		}
 	}
 	return fmt.Sprintf("chunk %d closed, %s: %d events, %d discarded, %s\n", c.Index, where, c.Events, c.Discarded, humanBytes(c.Bytes)), nil

@@ -131,10 +131,13 @@ func (r *relaydOut) connect(cfg *consumer.Config, name string, stderr io.Writer)
 	if cfg.Dir == "" {
 		cfg.Sink = s
 	} else {
-		local, err := relayfmt.NewDirSink(cfg.Dir)
-		if err != nil {
-			s.Close()
-			return err
+		// A local copy that rotates (rotateFlags.open) is the Tee's.
+		local, ok := cfg.Sink.(relayd.LocalCopy)
+		if !ok {
+			if local, err = relayfmt.NewDirSink(cfg.Dir); err != nil {
+				s.Close()
+				return err
+			}
 		}
 		r.local = cfg.Dir
 		r.tee = &relayd.Tee{Dir: local, Remote: s}

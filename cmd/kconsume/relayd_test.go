@@ -484,15 +484,22 @@ func getpidsEvery() (stop func()) {
 }
 
 // TestE2ERelaydRotate records a getpid flood on every CPU to a real
-// lttng-relayd alone, rotating by size and once by ctl rotate: relayd
-// archives the chunks as
-// LTTng's rotations leave them (SESSION/archives/BEGIN-END-ID/kernel),
-// the last one too at the end, each reads alone in babeltrace2 and in
-// kconsume report, and their events and discarded events add up to the
-// calls made, as record's summary says.
+// lttng-relayd, alone and with a local copy (-o), rotating by size and
+// once by ctl rotate: relayd archives the chunks as LTTng's rotations
+// leave them (SESSION/archives/BEGIN-END-ID/kernel), the last one too at
+// the end, each reads alone in babeltrace2 and in kconsume report, and
+// their events and discarded events add up to the calls made, as
+// record's summary says. The local copy's chunks, closed at the same
+// moments, hold the same events chunk for chunk.
 func TestE2ERelaydRotate(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.BT2(t)
+	t.Run("relayd", func(t *testing.T) { relaydRotate(t, false) })
+	t.Run("relayd-and-local", func(t *testing.T) { relaydRotate(t, true) })
+}
+
+// relaydRotate is TestE2ERelaydRotate, with a local copy or not.
+func relaydRotate(t *testing.T, local bool) {
 	r := testenv.StartRelayd(t)
 	perCPU := 200000
 	if testenv.InGuest() {
@@ -501,10 +508,18 @@ func TestE2ERelaydRotate(t *testing.T) {
 	}
 	cpus := min(runtime.NumCPU(), 2)
 	name := "rot52" + uniq
+	if local {
+		name += "l"
+	}
 	// A small ring: the drainer, which rotates between its passes,
 	// passes often.
-	rec := startRecording(t, name, "--relayd", r.URL(), "--relayd-hostname", "hostr", "-e", "syscalls:sys_enter_getpid", "--comm", getpidsComm,
-		"--subbuf-size", "16K", "--ring-size", "256K", "--rotate-size", "256K", "--duration", "5m")
+	args := []string{"--relayd", r.URL(), "--relayd-hostname", "hostr", "-e", "syscalls:sys_enter_getpid", "--comm", getpidsComm,
+		"--subbuf-size", "16K", "--ring-size", "256K", "--rotate-size", "256K", "--duration", "5m"}
+	dir := filepath.Join(t.TempDir(), "t")
+	if local {
+		args = append(args, "-o", dir)
+	}
+	rec := startRecording(t, name, args...)
 	getpidsOnEach(t, perCPU, cpus)
 	// ctl rotate rotates relayd's trace too, and status says where.
 	bin := testenv.KconsumeBin(t)
@@ -556,5 +571,74 @@ func TestE2ERelaydRotate(t *testing.T) {
 	if recorded != events || lost != discarded {
 		t.Errorf("summary: %d recorded and %d discarded; relayd's chunks: %d and %d\n%s", recorded, lost, events, discarded, out)
 	}
+	if local {
+		// By index, which ends each chunk's name.
+		index := func(p string) int {
+			name := filepath.Base(filepath.Dir(p))
+			n, _ := strconv.Atoi(name[strings.LastIndexByte(name, '-')+1:])
+			return n
+		}
+		slices.SortFunc(archived, func(a, b string) int { return index(a) - index(b) })
+		kept := closedChunks(t, dir)
+		if len(kept) != len(archived) {
+			t.Errorf("%d local chunks, %d on relayd", len(kept), len(archived))
+		}
+		for i := range min(len(kept), len(archived)) {
+			le, ld := traceCounts(t, kept[i])
+			re, rd := traceCounts(t, archived[i])
+			if le != re || ld != rd {
+				t.Errorf("chunk %d: %d events and %d discarded locally (%s), %d and %d on relayd (%s)", i, le, ld, kept[i], re, rd, archived[i])
+			}
+		}
+	}
 	t.Logf("relayd archived %d chunks: %d events, %d discarded", len(archived), events, discarded)
+}
+
+// TestE2ERelaydKilledRotating: relayd killed while a recording with a
+// local copy (-o) rotates on both. The local copy goes on rotating: its
+// chunks' events and discarded events add up to the calls made, exactly,
+// record ends well, and what relayd missed is counted as not sent.
+func TestE2ERelaydKilledRotating(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.BT2(t)
+	r := testenv.StartRelayd(t)
+	perCPU := 200000
+	if testenv.InGuest() {
+		perCPU = 40000
+	}
+	cpus := min(runtime.NumCPU(), 2)
+	name := "rotk" + uniq
+	dir := filepath.Join(t.TempDir(), "t")
+	rec := startRecording(t, name, "-o", dir, "--relayd", r.URL(), "--relayd-hostname", "hostk", "-e", "syscalls:sys_enter_getpid", "--comm", getpidsComm,
+		"--subbuf-size", "16K", "--ring-size", "256K", "--rotate-size", "256K", "--duration", "5m")
+	// relayd dies once it archived a chunk, while the calls go on.
+	flood := make(chan struct{})
+	go func() {
+		defer close(flood)
+		getpidsOnEach(t, perCPU, cpus)
+	}()
+	waitFor(t, func() bool {
+		m, _ := filepath.Glob(filepath.Join(r.Out, "hostk", name+"-*", chunks.ArchivesDir, "*", relayd.DomainPath))
+		return len(m) > 0
+	})
+	r.Kill()
+	<-flood
+	if code := rec.stop(t); code != 0 {
+		t.Fatalf("record: exit %d\n%s", code, rec.out.String())
+	}
+	out := rec.out.String()
+	var events, discarded int
+	kept := closedChunks(t, dir)
+	for _, c := range kept {
+		e, d := traceCounts(t, c)
+		events += e
+		discarded += d
+	}
+	if made := cpus * perCPU; events+discarded != made {
+		t.Errorf("%d local chunks: %d events and %d discarded, %d of the %d calls made\n%s", len(kept), events, discarded, events+discarded, made, out)
+	}
+	if m := relaydSummary.FindStringSubmatch(out); m == nil || m[2] == "0" {
+		t.Errorf("the summary does not count what relayd missed:\n%s", out)
+	}
+	t.Logf("%d local chunks: %d events, %d discarded", len(kept), events, discarded)
 }

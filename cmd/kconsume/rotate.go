@@ -24,6 +24,7 @@ type rotateFlags struct {
 	maxChunks     int
 	trigger       bool         // a rotate trigger is given; set by check
 	sink          *chunks.Sink // set by open
+	relay         bool         // relayd rotates too; set by open
 }
 
 // defineRotateFlags adds record's rotation flags to fs.
@@ -44,8 +45,8 @@ func (r *rotateFlags) enabled() bool { return r.size > 0 || r.interval > 0 || r.
 // cannot work: a zero or negative interval, a size under one sub-buffer
 // per stream, a budget without rotation or too small to keep a closed
 // chunk, rotation with a flight recorder, and, with relayd, rotation of
-// a live session, of relayd's trace and a local copy together, or a
-// budget (relayd keeps what it archives).
+// a live session, or a budget without a local copy (relayd keeps what it
+// archives).
 func (r *rotateFlags) check(fs *flag.FlagSet, cfg consumer.Config, relay *relaydOut, local bool) error {
 	fs.Visit(func(f *flag.Flag) { r.intervalSet = r.intervalSet || f.Name == "rotate-interval" })
 	r.trigger = slices.ContainsFunc(cfg.Triggers, func(t consumer.Trigger) bool { return t.Action == consumer.TriggerRotate })
@@ -66,11 +67,9 @@ func (r *rotateFlags) check(fs *flag.FlagSet, cfg consumer.Config, relay *relayd
 	}
 	if relay.enabled() {
 		switch {
-		case local:
-			return errors.New("rotation (--rotate-size, --rotate-interval, a rotate trigger) rotates relayd's trace (--relayd alone) or a local one (-o DIR alone), not both yet")
 		case relay.live != 0:
 			return errors.New("rotation (--rotate-size, --rotate-interval, a rotate trigger) does not go with --live-timer: live viewers cannot follow a chunk's new trace UUID (lttng-sessiond refuses to rotate live sessions too)")
-		case r.maxSize > 0 || r.maxChunks > 0:
+		case !local && (r.maxSize > 0 || r.maxChunks > 0):
 			return errors.New("--max-size and --max-chunks bound a local trace (-o DIR): lttng-relayd keeps every chunk it archives")
 		}
 	}
@@ -108,11 +107,15 @@ func (r *rotateFlags) open(o *recordOpts, cfg *consumer.Config, stderr io.Writer
 		return nil
 	}
 	cfg.RotateSize, cfg.RotateInterval = uint64(r.size), r.interval
+	r.relay = o.relay.enabled()
 	if o.relay.enabled() {
-		// relayd's sink rotates (relayd.Sink.CloseChunk); check
-		// refused a local copy beside it.
+		// relayd's sink rotates (relayd.Sink.CloseChunk); a local copy
+		// beside it rotates too, in the chunks sink made below, which
+		// relayd's Tee wraps (relaydOut.connect).
 		fmt.Fprintf(stderr, "kconsume record: the trace rotates on relayd: each closed chunk, a complete trace, goes to the session's %s directory there\n", filepath.Join(chunks.ArchivesDir, "BEGIN-END-ID"))
-		return nil
+		if o.out == "" {
+			return nil
+		}
 	}
 	root, trace := o.out, ""
 	if o.sessionDir != "" {
@@ -140,11 +143,13 @@ func (r *rotateFlags) status(w io.Writer, s *consumer.Session) {
 	if r == nil || !r.enabled() {
 		return
 	}
-	if r.sink == nil {
+	if r.sink == nil || r.relay {
 		// relayd's sink rotates: relayd archives the closed chunks.
 		n := s.Channel().Chunks() - 1
 		fmt.Fprintf(w, "chunk %d being written on relayd; %d closed, in the session's %s directory there\n", n, n, chunks.ArchivesDir)
-		return
+		if r.sink == nil {
+			return
+		}
 	}
 	st := r.sink.Stats()
 	fmt.Fprintf(w, "chunk %d being written; %d closed, %d kept (%s)\n", s.Channel().Chunks()-1, st.Closed, st.Kept, humanBytes(st.KeptBytes))

@@ -329,7 +329,7 @@ func TestRotateBadInput(t *testing.T) {
 		{[]string{"--rotate-size", "1M", "--max-chunks", "1"}, "want 2 or more"},
 		{[]string{"--rotate-size", "1M", "--max-chunks", "-3"}, "want 2 or more"},
 		{[]string{"--rotate-size", "1M", "--mode", "overwrite"}, "needs --mode discard"},
-		{[]string{"--rotate-interval", "1m", "--relayd", "net://localhost"}, "rotates relayd's trace (--relayd alone) or a local one (-o DIR alone), not both"},
+		{[]string{"--rotate-interval", "1m", "--relayd", "net://localhost", "--live-timer", "1s"}, "does not go with --live-timer"},
 	}
 	for _, c := range cases {
 		code, _, stderr := runCmd(append(slicesClone(ev), c.args...)...)
