@@ -68,7 +68,7 @@ func (r *rotateFlags) check(fs *flag.FlagSet, cfg consumer.Config, relay *relayd
 	if relay.enabled() {
 		switch {
 		case relay.live != 0:
-			return errors.New("rotation (--rotate-size, --rotate-interval, a rotate trigger) does not go with --live-timer: live viewers cannot follow a chunk's new trace UUID (lttng-sessiond refuses to rotate live sessions too)")
+			return errors.New("rotation (--rotate-size, --rotate-interval, a rotate trigger) does not go with --live-timer: live viewers cannot follow a chunk's new trace UUID (LTTng rotates only sessions in normal or network streaming mode, not live ones: lttng-rotate(1))")
 		case !local && (r.maxSize > 0 || r.maxChunks > 0):
 			return errors.New("--max-size and --max-chunks bound a local trace (-o DIR): lttng-relayd keeps every chunk it archives")
 		}
