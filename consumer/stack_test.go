@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -332,15 +333,7 @@ func userStacks(t *testing.T, bin string, n int) [][]string {
 	if err := s.Start(); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	cmd, in := startKCStack(t, bin)
 	proc, err := procfs.NewProc(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
@@ -651,6 +644,22 @@ func buildKCStack(t *testing.T, flags ...string) string {
 	return bin
 }
 
+// startKCStack starts the kcstack program bin, which waits for its
+// input, and returns it and its input; it is killed at the end of t.
+func startKCStack(t *testing.T, bin string) (*exec.Cmd, io.WriteCloser) {
+	t.Helper()
+	cmd := exec.Command(bin)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return cmd, in
+}
+
 // TestKernelStackModuleFrames: the call chains of a module's tracepoint
 // (9pnet's 9p_client_req, which the guests' root file system fires)
 // resolve, from the symbols the trace saved, to the functions of the
@@ -720,15 +729,7 @@ func TestStacksMatchBpftrace(t *testing.T) {
 	}
 	bin := buildKCStack(t, "-O0", "-fno-omit-frame-pointer")
 	const n = 20
-	kc := exec.Command(bin)
-	in, err := kc.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kc.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = kc.Process.Kill() })
+	kc, in := startKCStack(t, bin)
 	prog := fmt.Sprintf(`tracepoint:syscalls:sys_enter_getpid /pid == %d/ { printf("K\n%%sU\n%%sE\n", kstack(perf), ustack(perf)); }`, kc.Process.Pid)
 	judge := exec.Command(bt, "-e", prog)
 	out, errOut := &testenv.Output{}, &testenv.Output{}
