@@ -99,11 +99,23 @@ func (s *Session) refreshKernelSymbols() error {
 	return nil
 }
 
-// writeGzip writes into dir/name what fill writes, gzip-compressed. The
-// file is written beside under a dot-name and renamed into place, so
-// that a reader, a chunk's copy or a recorder killed meanwhile finds the
-// old content or the new, whole. Its errors name what.
-func writeGzip(dir, name, what string, fill func(io.Writer) error) (err error) {
+// writeGzip writes into dir/name what fill writes, gzip-compressed, as
+// writeAtomic does. Its errors name what.
+func writeGzip(dir, name, what string, fill func(io.Writer) error) error {
+	return writeAtomic(dir, name, what, func(w io.Writer) error {
+		z := gzip.NewWriter(w)
+		if err := fill(z); err != nil {
+			return err
+		}
+		return z.Close()
+	})
+}
+
+// writeAtomic writes into dir/name what fill writes. The file is written
+// beside under a dot-name and renamed into place, so that a reader, a
+// chunk's copy or a recorder killed meanwhile finds the old content or
+// the new, whole. Its errors name what.
+func writeAtomic(dir, name, what string, fill func(io.Writer) error) (err error) {
 	out, err := os.CreateTemp(dir, "."+name+".*")
 	if err != nil {
 		return fmt.Errorf("saving %s: %w", what, err)
@@ -124,11 +136,11 @@ func writeGzip(dir, name, what string, fill func(io.Writer) error) (err error) {
 	if err := out.Chmod(0o644); err != nil {
 		return fmt.Errorf("saving %s: %w", what, err)
 	}
-	z := gzip.NewWriter(out)
-	if err := fill(z); err != nil {
+	bw := bufio.NewWriterSize(out, 1<<16)
+	if err := fill(bw); err != nil {
 		return fmt.Errorf("saving %s: %w", what, err)
 	}
-	if err := z.Close(); err != nil {
+	if err := bw.Flush(); err != nil {
 		return fmt.Errorf("saving %s: %w", what, err)
 	}
 	return nil

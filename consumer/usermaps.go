@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -10,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -71,9 +74,9 @@ type userMaps struct {
 	caughtUp chan chan struct{}
 	// started is set once loop runs.
 	started bool
-	// syms caches objectSymbols' reads, by object index: an object's
+	// enc caches objectMember's entries, by object index: an object's
 	// file does not change (its inode is checked when held).
-	syms map[int]userObject
+	enc map[int][]byte
 	// changes counts the drains that applied records; changed is
 	// signalled (without blocking) after each (the saver's wakeup).
 	changes atomic.Uint64
@@ -125,7 +128,7 @@ func startUserMaps(ncpu int, clockID int32) (*userMaps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("following processes' mappings for user call chains: eventfd: %w", err)
 	}
-	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{}), wake: wake, caughtUp: make(chan chan struct{}, 1), syms: map[int]userObject{}, changed: make(chan struct{}, 1)}
+	u := &userMaps{model: procmap.New(), held: map[int]*os.File{}, stop: make(chan struct{}), done: make(chan struct{}), wake: wake, caughtUp: make(chan chan struct{}, 1), enc: map[int][]byte{}, changed: make(chan struct{}, 1)}
 	for cpu := range ncpu {
 		r, err := openSideRing(cpu, clockID)
 		if errors.Is(err, unix.ENODEV) {
@@ -251,14 +254,23 @@ func (u *userMaps) hold(i int, o procmap.Object) {
 
 // finish stops following, and returns the symbol file for the processes
 // pids (those with user call chains) and their threads.
-func (u *userMaps) finish(pids []int32) *userSymbolFile {
+func (u *userMaps) finish(pids []int32) *symbolSnapshot {
 	u.halt()
 	return u.snapshot(pids)
 }
 
+// symbolSnapshot is UserSymbols' content as snapshot takes it: the model
+// of the processes, and each object's entry already encoded, a gzip
+// member of its JSON (userObject), which writeUserSymbols puts together.
+type symbolSnapshot struct {
+	model   *procmap.Model
+	objects [][]byte
+}
+
 // snapshot returns the symbol file for the processes pids as they are
-// known now: finish's, while following goes on (a rewind's).
-func (u *userMaps) snapshot(pids []int32) *userSymbolFile {
+// known now: finish's, while following goes on (a rewind's, a
+// rotation's, the saver's).
+func (u *userMaps) snapshot(pids []int32) *symbolSnapshot {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	m := procmap.New()
@@ -280,16 +292,16 @@ func (u *userMaps) snapshot(pids []int32) *userSymbolFile {
 	}))
 	// The saved model numbers its objects anew: only those used.
 	renum := map[int]int{}
-	out := &userSymbolFile{Model: m}
+	out := &symbolSnapshot{model: m}
 	u.unread = 0
 	for _, i := range used {
 		o := u.model.Objects[i]
 		renum[i] = m.Object(o)
-		uo := u.objectSymbols(i, o)
-		if uo.Segments == nil {
+		member, read := u.objectMember(i, o)
+		if !read && !anonymous(o.Path) {
 			u.unread++
 		}
-		out.Objects = append(out.Objects, uo)
+		out.objects = append(out.objects, member)
 	}
 	for pid := range procs {
 		for _, img := range u.model.Procs[pid] {
@@ -302,6 +314,33 @@ func (u *userMaps) snapshot(pids []int32) *userSymbolFile {
 		}
 	}
 	return out
+}
+
+// anonymous reports whether a mapping's path names no file that could
+// have been held: shared memory (memfd_create, SysV segments) or a
+// device.
+func anonymous(path string) bool {
+	return strings.HasPrefix(path, "/memfd:") || strings.HasPrefix(path, "/SYSV") || strings.HasPrefix(path, "/dev/")
+}
+
+// objectMember returns object i's entry of UserSymbols, a gzip member of
+// its JSON, and whether its symbols could be read. A read entry is
+// kept for the next snapshot: symbols do not change, and a save then
+// costs the model's encoding alone.
+func (u *userMaps) objectMember(i int, o procmap.Object) ([]byte, bool) {
+	if b, ok := u.enc[i]; ok {
+		return b, true
+	}
+	uo := u.objectSymbols(i, o)
+	var buf bytes.Buffer
+	z := gzip.NewWriter(&buf)
+	_ = json.NewEncoder(z).Encode(uo) // to memory: cannot fail
+	_ = z.Close()
+	read := uo.Segments != nil
+	if read {
+		u.enc[i] = buf.Bytes()
+	}
+	return buf.Bytes(), read
 }
 
 // prune forgets the processes that exited and are not among those with
@@ -324,12 +363,8 @@ func (u *userMaps) prune(procs func() ([]int32, error)) (int, error) {
 }
 
 // objectSymbols reads object i's functions, from the file held open or
-// else from its path; none when neither can be read. What it read is
-// kept for its next call.
+// else from its path; none when neither can be read.
 func (u *userMaps) objectSymbols(i int, o procmap.Object) userObject {
-	if uo, ok := u.syms[i]; ok {
-		return uo
-	}
 	from := o.Path
 	if f := u.held[i]; f != nil {
 		from = "/proc/self/fd/" + strconv.Itoa(int(f.Fd()))
@@ -343,7 +378,6 @@ func (u *userMaps) objectSymbols(i int, o procmap.Object) userObject {
 	for _, s := range obj.Symbols() {
 		uo.Symbols = append(uo.Symbols, userSymbol{Name: s.Name, Value: s.Value, Size: s.Size})
 	}
-	u.syms[i] = uo
 	return uo
 }
 
@@ -368,9 +402,44 @@ func (u *userMaps) close() {
 	}
 }
 
-// writeUserSymbols writes f into dir as UserSymbols.
-func writeUserSymbols(dir string, f *userSymbolFile) error {
-	return writeGzip(dir, UserSymbols, "the user symbols", func(w io.Writer) error { return json.NewEncoder(w).Encode(f) })
+// writeUserSymbols writes f into dir as UserSymbols: a JSON document
+// (userSymbolFile) in gzip members, the objects' as snapshot encoded
+// them, which a gzip reader reads as one stream.
+func writeUserSymbols(dir string, f *symbolSnapshot) error {
+	return writeAtomic(dir, UserSymbols, "the user symbols", func(w io.Writer) error {
+		member := func(write func(io.Writer) error) error {
+			z := gzip.NewWriter(w)
+			if err := write(z); err != nil {
+				return err
+			}
+			return z.Close()
+		}
+		text := func(s string) func(io.Writer) error {
+			return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
+		}
+		err := member(func(w io.Writer) error {
+			if _, err := io.WriteString(w, `{"model":`); err != nil {
+				return err
+			}
+			if err := json.NewEncoder(w).Encode(f.model); err != nil {
+				return err
+			}
+			_, err := io.WriteString(w, `,"objects":[`)
+			return err
+		})
+		for k, o := range f.objects {
+			if err == nil && k > 0 {
+				err = member(text(","))
+			}
+			if err == nil {
+				_, err = w.Write(o)
+			}
+		}
+		if err == nil {
+			err = member(text("]}\n"))
+		}
+		return err
+	})
 }
 
 // sideRing is a dummy perf event's ring of side-band records on one CPU.

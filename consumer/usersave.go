@@ -19,7 +19,7 @@ import (
 // userSavePeriod is the least time between two saves, and the delay from
 // the first change to the save that takes it: a burst of new processes
 // is saved once.
-const userSavePeriod = 2 * time.Second
+const userSavePeriod = 5 * time.Second
 
 // userSaver saves the session's user symbols into its directory while
 // the recording runs.
