@@ -138,7 +138,7 @@ func TestRecordUserStack(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildKCStack(t, dir)
 	out := filepath.Join(dir, "t")
-	code, stdout, stderr := runCmd("record", "-q", "-o", out, "--comm", "kcstack", "-e", "syscalls:sys_enter_getpid", "--stack", "user",
+	code, stdout, stderr := runCmd("record", "-q", "-o", out, "--comm", kcstackComm, "-e", "syscalls:sys_enter_getpid", "--stack", "user",
 		"--", "sh", "-c", "printf abc | "+bin)
 	if code != 0 {
 		t.Fatalf("record: exit %d\n%s%s", code, stdout, stderr)
@@ -149,20 +149,27 @@ func TestRecordUserStack(t *testing.T) {
 	checkUserFrames(t, out, bin, 3)
 }
 
-// buildKCStack builds the kcstack program with frame pointers into dir
-// and returns its path; it skips the test without a C compiler.
+// buildKCStack builds the kcstack program with frame pointers into dir,
+// under a name of this test process's own (kcstackComm), and returns its
+// path; it skips the test without a C compiler.
 func buildKCStack(t *testing.T, dir string) string {
 	t.Helper()
 	cc, err := exec.LookPath("cc")
 	if err != nil {
 		t.Skipf("no C compiler: %v", err)
 	}
-	bin := filepath.Join(dir, "kcstack")
+	bin := filepath.Join(dir, kcstackComm)
 	if out, err := exec.Command(cc, "-O0", "-fno-omit-frame-pointer", "-o", bin, "../../consumer/testdata/kcstack.c").CombinedOutput(); err != nil {
 		t.Fatalf("cc: %v: %s", err, out)
 	}
 	return bin
 }
+
+// kcstackComm names the kcstack program these tests build: its command
+// name, which --comm picks, is this process's own, so that the kcstack
+// runs of other packages' tests, which go test may run at the same time,
+// stay out of these recordings.
+var kcstackComm = "kcstk" + strconv.Itoa(os.Getpid())
 
 // checkUserFrames checks that report reads n events in the trace in dir,
 // each with a user call chain whose frames in bin, the kcstack program,
@@ -200,7 +207,7 @@ func TestKillKeepsUserSymbols(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildKCStack(t, dir)
 	out := filepath.Join(dir, "t")
-	rec := startRecording(t, "ksyms"+uniq, "-o", out, "--comm", "kcstack", "-e", "syscalls:sys_enter_getpid", "--stack", "user", "--duration", "10m")
+	rec := startRecording(t, "ksyms"+uniq, "-o", out, "--comm", kcstackComm, "-e", "syscalls:sys_enter_getpid", "--stack", "user", "--duration", "10m")
 	run := exec.Command(bin)
 	run.Stdin = strings.NewReader("abcd")
 	if b, err := run.CombinedOutput(); err != nil {
