@@ -310,53 +310,6 @@ func (s *Sink) send(c *Client, st *stream, x Index, data []byte, padding uint32,
 	return nil
 }
 
-// indexOf reads a packet's header into its index and splits the packet
-// into what goes on the wire and the zero padding relayd appends itself.
-// It fails if the header is unreadable or disagrees with the packet's
-// length.
-func indexOf(packet []byte) (x Index, data []byte, padding uint32, err error) {
-	h, err := relayfmt.ParsePacketHeader(packet)
-	if err != nil {
-		return x, nil, 0, err
-	}
-	if h.PacketSize != 8*uint64(len(packet)) || h.ContentSize > h.PacketSize || h.ContentSize < 8*relayfmt.PacketHeaderSize || len(packet) > 1<<31 {
-		return x, nil, 0, fmt.Errorf("packet of %d bytes: header says packet_size %d bits, content_size %d bits", len(packet), h.PacketSize, h.ContentSize)
-	}
-	x = Index{
-		PacketSize:       h.PacketSize,
-		ContentSize:      h.ContentSize,
-		TimestampBegin:   h.TimestampBegin,
-		TimestampEnd:     h.TimestampEnd,
-		EventsDiscarded:  h.EventsDiscarded,
-		StreamID:         uint64(h.StreamID),
-		StreamInstanceID: h.StreamInstanceID,
-		PacketSeqNum:     h.SeqNum,
-	}
-	content := (h.ContentSize + 7) / 8
-	data = packet
-	// relayd writes the padding as zeros: send only the content when the
-	// rest is zero, so the file relayd writes is byte for byte the same.
-	if rest := packet[content:]; allZero(rest) {
-		data, padding = packet[:content], uint32(len(rest))
-	}
-	return x, data, padding, nil
-}
-
-func allZero(b []byte) bool {
-	for len(b) >= 8 {
-		if be.Uint64(b) != 0 {
-			return false
-		}
-		b = b[8:]
-	}
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // WriteMetadata sends the part of text relayd does not have yet: relayd's
 // metadata stream only grows, and the channel's metadata only grows at its
 // end. Text that does not extend what was sent is sent whole after a
