@@ -146,6 +146,9 @@ func writeAtomic(dir, name, what string, fill func(io.Writer) error) (err error)
 	return nil
 }
 
+// readGzip calls read with the decompressed content of dir/name. It
+// fails with ErrNoSymbols when the file is absent, and with read's
+// error or the file's, naming what.
 func readGzip(dir, name, what string, read func(io.Reader) error) error {
 	f, err := os.Open(filepath.Join(dir, name))
 	if errors.Is(err, os.ErrNotExist) {

@@ -33,10 +33,6 @@ type userSaver struct {
 	// and the number of processes with user call chains.
 	lastChanges uint64
 	lastProcs   int
-	// saves counts the saves written, errors the saves that failed;
-	// err is the last failure.
-	saves, errors int
-	err           error
 	// pruned counts the processes forgotten (userMaps.prune).
 	pruned atomic.Int64
 }
@@ -89,32 +85,25 @@ func (v *userSaver) loop() {
 	}
 }
 
-// save writes the user symbols when they differ from the last save's.
+// save writes the user symbols when they differ from the last save's. A
+// save that fails leaves the file as it was: the one at Close says why.
 func (v *userSaver) save() {
 	u := v.s.umaps
 	changes := u.changes.Load()
 	// The processes that exited without a user call chain go first: a
 	// recording of days would otherwise keep every process it saw.
-	if n, err := u.prune(v.s.userStackProcs); err == nil {
-		v.pruned.Add(int64(n))
-	}
-	procs, err := v.s.userStackProcs()
+	n, procs, err := u.prune(v.s.userStackProcs)
 	if err != nil {
-		v.errors++
-		v.err = err
 		return
 	}
+	v.pruned.Add(int64(n))
 	// The set only grows (userStackProcs): its size tells a new one.
 	if len(procs) == 0 || changes == v.lastChanges && len(procs) == v.lastProcs {
 		return
 	}
-	if err := writeUserSymbols(v.s.cfg.Dir, u.snapshot(procs)); err != nil {
-		v.errors++
-		v.err = err
-		return
+	if writeUserSymbols(v.s.cfg.Dir, u.snapshot(procs)) == nil {
+		v.lastChanges, v.lastProcs = changes, len(procs)
 	}
-	v.saves++
-	v.lastChanges, v.lastProcs = changes, len(procs)
 }
 
 // userStackProcs returns every process whose user call chains the
