@@ -3,15 +3,14 @@ package recorder
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/kconsume/kconsume/consumer/tracefs"
 )
 
 // attachTracepoint attaches prog to the tracepoint group:name, with
@@ -72,28 +71,24 @@ func leadingLetter(s string) bool {
 	return s != "" && (s[0] == '_' || s[0] >= 'a' && s[0] <= 'z' || s[0] >= 'A' && s[0] <= 'Z')
 }
 
-// tracepointID returns the id of the tracepoint group:name from
-// tracefs, after checking that neither part leaves its directory.
+// tracepointID returns the id of the tracepoint group:name, from its
+// format in tracefs, after checking that neither part leaves its
+// directory.
 func tracepointID(group, name string) (uint64, error) {
 	for _, p := range []string{group, name} {
 		if p == "" || p == "." || p == ".." || strings.ContainsAny(p, "/\x00") {
 			return 0, fmt.Errorf("tracepoint %q:%q: not a tracefs name", group, name)
 		}
 	}
-	var lastErr error
-	for _, root := range []string{"/sys/kernel/tracing", "/sys/kernel/debug/tracing"} {
-		b, err := os.ReadFile(filepath.Join(root, "events", group, name, "id"))
-		if err != nil {
-			lastErr = err
-			continue
-		}
-		id, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("tracepoint %s:%s: id: %w", group, name, err)
-		}
-		return id, nil
+	fs, err := tracefs.Find()
+	if err != nil {
+		return 0, fmt.Errorf("tracepoint %s:%s: %w", group, name, err)
 	}
-	return 0, fmt.Errorf("tracepoint %s:%s: %w", group, name, lastErr)
+	f, err := fs.Format(tracefs.Event{System: group, Name: name})
+	if err != nil {
+		return 0, err
+	}
+	return uint64(f.ID), nil
 }
 
 // perfEventLinkCreate makes a BPF link of program fd prog to the perf
