@@ -461,15 +461,7 @@ func TestContextsMatchProc(t *testing.T) {
 			if err := s.Start(); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command("nice", "-n", "7", "unshare", "--pid", "--fork", bin)
-			in, err := cmd.StdinPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cmd.Process.Kill() })
+			cmd, in := startKCStack(t, bin, "nice", "-n", "7", "unshare", "--pid", "--fork")
 			root := cgroup2Root(t)
 			cg := filepath.Join(root, "kconsume-ctx-"+tr.String()+"-"+strconv.Itoa(os.Getpid()))
 			if err := os.Mkdir(cg, 0o755); err != nil {
@@ -645,10 +637,12 @@ func buildKCStack(t *testing.T, flags ...string) string {
 }
 
 // startKCStack starts the kcstack program bin, which waits for its
-// input, and returns it and its input; it is killed at the end of t.
-func startKCStack(t *testing.T, bin string) (*exec.Cmd, io.WriteCloser) {
+// input, through the command before it in args when there are any (nice,
+// unshare), and returns it and its input; it is killed at the end of t.
+func startKCStack(t *testing.T, bin string, before ...string) (*exec.Cmd, io.WriteCloser) {
 	t.Helper()
-	cmd := exec.Command(bin)
+	args := append(slices.Clone(before), bin)
+	cmd := exec.Command(args[0], args[1:]...)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -855,7 +849,7 @@ func TestKernelSymbolsOfModuleLoadedLater(t *testing.T) {
 	testenv.RequireRoot(t)
 	const ko = "/run/vmtest-modules/loop.ko"
 	if _, err := os.Stat(ko); err != nil {
-		if _, builtin := loadedModules()["loop"]; !builtin {
+		if _, loaded := loadedModules()["loop"]; !loaded {
 			if _, err := os.Stat("/sys/module/loop"); err == nil {
 				t.Skip("loop is built into this kernel: no module to load")
 			}

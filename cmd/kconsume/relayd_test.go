@@ -627,13 +627,8 @@ func TestE2ERelaydKilledRotating(t *testing.T) {
 		t.Fatalf("record: exit %d\n%s", code, rec.out.String())
 	}
 	out := rec.out.String()
-	var events, discarded int
 	kept := closedChunks(t, dir)
-	for _, c := range kept {
-		e, d := traceCounts(t, c)
-		events += e
-		discarded += d
-	}
+	events, discarded := chunksCounts(t, kept)
 	if made := cpus * perCPU; events+discarded != made {
 		t.Errorf("%d local chunks: %d events and %d discarded, %d of the %d calls made\n%s", len(kept), events, discarded, events+discarded, made, out)
 	}

@@ -143,13 +143,13 @@ func (r *rotateFlags) status(w io.Writer, s *consumer.Session) {
 	if r == nil || !r.enabled() {
 		return
 	}
-	if r.sink == nil || r.relay {
+	if r.relay {
 		// relayd's sink rotates: relayd archives the closed chunks.
 		n := s.Channel().Chunks() - 1
 		fmt.Fprintf(w, "chunk %d being written on relayd; %d closed, in the session's %s directory there\n", n, n, chunks.ArchivesDir)
-		if r.sink == nil {
-			return
-		}
+	}
+	if r.sink == nil {
+		return // relayd's alone
 	}
 	st := r.sink.Stats()
 	fmt.Fprintf(w, "chunk %d being written; %d closed, %d kept (%s)\n", s.Channel().Chunks()-1, st.Closed, st.Kept, humanBytes(st.KeptBytes))

@@ -76,6 +76,18 @@ func closedChunks(t *testing.T, dir string) []string {
 	return out
 }
 
+// chunksCounts returns the events and discarded events that
+// babeltrace2 reads in all of the traces dirs (traceCounts).
+func chunksCounts(t *testing.T, dirs []string) (events, discarded int) {
+	t.Helper()
+	for _, c := range dirs {
+		e, d := traceCounts(t, c)
+		events += e
+		discarded += d
+	}
+	return events, discarded
+}
+
 // diskUse is what a trace directory's files take: the closed chunks,
 // each and in all, the current chunk's files, and the room set aside for
 // last packets (relayfmt.ReserveFile).
@@ -202,12 +214,7 @@ func TestRotateWeekInMinutes(t *testing.T) {
 			peak.total, peak.archives, peak.current(), peak.reserve, maxSize, biggest, out)
 	}
 	kept := closedChunks(t, dir)
-	var events, discarded int
-	for _, c := range kept {
-		e, d := traceCounts(t, c)
-		events += e
-		discarded += d
-	}
+	events, discarded := chunksCounts(t, kept)
 	ndel, delEvents, delDiscarded := deletedCounts(out)
 	if ndel == 0 {
 		t.Errorf("no chunk deleted under a budget of %d bytes:\n%s", maxSize, out)
@@ -428,13 +435,8 @@ func TestRotateDiskFull(t *testing.T) {
 	if code != 1 || !strings.Contains(out, "disk full") {
 		t.Fatalf("record: exit %d, want 1 and a disk-full message\n%s", code, out)
 	}
-	var events, discarded int
 	closed := closedChunks(t, dir)
-	for _, c := range closed {
-		e, d := traceCounts(t, c)
-		events += e
-		discarded += d
-	}
+	events, discarded := chunksCounts(t, closed)
 	if events+discarded != n {
 		t.Errorf("%d chunks read %d events and %d discarded, want %d in all\n%s", len(closed), events, discarded, n, out)
 	}
@@ -467,12 +469,7 @@ func TestRotateInterval(t *testing.T) {
 	if len(closed) < bursts {
 		t.Errorf("%d chunks in %d bursts 200 ms apart at an interval of 150 ms: %v", len(closed), bursts, closed)
 	}
-	var events, discarded int
-	for _, c := range closed {
-		e, d := traceCounts(t, c)
-		events += e
-		discarded += d
-	}
+	events, discarded := chunksCounts(t, closed)
 	if events+discarded != bursts*each {
 		t.Errorf("%d chunks: %d events and %d discarded, want %d\n%s", len(closed), events, discarded, bursts*each, rec.out.String())
 	}
