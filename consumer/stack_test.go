@@ -771,7 +771,7 @@ func TestStacksMatchBpftrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.Close()
-	if err := kc.Wait(); err != nil {
+	if err := testenv.WaitExit(kc, time.Minute, "kcstack"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -784,7 +784,9 @@ func TestStacksMatchBpftrace(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	_ = judge.Process.Signal(os.Interrupt)
-	_ = judge.Wait()
+	if err := testenv.WaitExit(judge, time.Minute, "bpftrace, interrupted,"); err != nil {
+		t.Logf("%v (what it printed is judged)", err)
+	}
 
 	// bpftrace's events: K, the kernel frames, U, the user frames, E;
 	// a frame is a tab, its address in hex, then its name.

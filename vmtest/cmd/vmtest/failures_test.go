@@ -101,3 +101,51 @@ func checkFailureLog(t *testing.T, console string, want []string) {
 		t.Errorf("kept:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestFailureLogTimeoutStack: after a timeout's panic, the goroutine of
+// the test still running is kept, where it waits on top; the other
+// goroutines are not.
+func TestFailureLogTimeoutStack(t *testing.T) {
+	console := `=== RUN   TestStacks
+panic: test timed out after 30m0s
+	running tests:
+		TestStacks (23m54s)
+
+goroutine 40 [running]:
+testing.(*M).startAlarm.func1()
+	/usr/local/go/src/testing/testing.go:2484 +0x345
+created by time.goFunc
+	/usr/local/go/src/time/sleep.go:215 +0x2d
+
+goroutine 7 [syscall, 23 minutes]:
+syscall.Syscall6(0xf7, 0x1, 0x1c6, 0xc0000c3d78, 0x1000004, 0x0, 0x0)
+	/usr/local/go/src/syscall/syscall_linux.go:95 +0x39
+os/exec.(*Cmd).Wait(0xc0001c8000)
+	/usr/local/go/src/os/exec/exec.go:906 +0x45
+example.com/c.TestStacks(0xc000103a00)
+	/src/c/stack_test.go:800 +0x5a5
+testing.tRunner(0xc000103a00, 0x6b2f48)
+	/usr/local/go/src/testing/testing.go:1792 +0xf4
+
+goroutine 9 [chan receive, 23 minutes]:
+example.com/c.(*saver).loop(0xc0000ae000)
+	/src/c/save.go:70 +0x10
+FAIL example.com/c 1801s (exit 2)
+`
+	want := []string{
+		"panic: test timed out after 30m0s",
+		"\trunning tests:",
+		"\t\tTestStacks (23m54s)",
+		"goroutine 7 [syscall, 23 minutes]:",
+		"syscall.Syscall6(0xf7, 0x1, 0x1c6, 0xc0000c3d78, 0x1000004, 0x0, 0x0)",
+		"\t/usr/local/go/src/syscall/syscall_linux.go:95 +0x39",
+		"os/exec.(*Cmd).Wait(0xc0001c8000)",
+		"\t/usr/local/go/src/os/exec/exec.go:906 +0x45",
+		"example.com/c.TestStacks(0xc000103a00)",
+		"\t/src/c/stack_test.go:800 +0x5a5",
+		"testing.tRunner(0xc000103a00, 0x6b2f48)",
+		"\t/usr/local/go/src/testing/testing.go:1792 +0xf4",
+		"FAIL example.com/c 1801s (exit 2)",
+	}
+	checkFailureLog(t, console, want)
+}
