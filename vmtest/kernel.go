@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -132,12 +133,23 @@ func numbers(s string) []int {
 }
 
 // updateLists refreshes the private package lists when older than a day.
+// It holds the cache's lock meanwhile: two vmtest commands updating at
+// once leave lists missing (apt's partial files removed under the other),
+// and a series then resolves to an older release.
 func (c *Cache) updateLists(ctx context.Context) error {
 	apt := filepath.Join(c.Dir, "apt")
 	for _, d := range []string{"lists/partial", "cache/archives/partial", "etc/apt.conf.d", "etc/preferences.d", "etc/sources.list.d"} {
 		if err := os.MkdirAll(filepath.Join(apt, d), 0o755); err != nil {
 			return fmt.Errorf("vmtest cache: %w", err)
 		}
+	}
+	lock, err := os.OpenFile(filepath.Join(apt, "vmtest.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("vmtest cache: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("vmtest cache: locking %s: %w", lock.Name(), err)
 	}
 	var src strings.Builder
 	for _, s := range Suites {
