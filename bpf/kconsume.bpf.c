@@ -26,6 +26,7 @@
 #include "kc/sys_user.bpf.h"   /* syscalls' user-space values */
 #include "kc/sys_fentry.bpf.h" /* function syscalls */
 #include "kc/sched_btf.bpf.h"  /* BTF sched events */
+#include "kc/hot_btf.bpf.h"    /* the hot events table, generated */
 #include "kc/inject.bpf.h"     /* injected records */
 #include "kc/pkt_flush.bpf.h"  /* packet mode's flush */
 #include "kc/probe.bpf.h"      /* uprobes */

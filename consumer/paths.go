@@ -12,7 +12,8 @@ import (
 
 // BTFEvents returns the events recorded by the recorder's own tp_btf
 // programs (sched_switch, sched_waking, sched_wakeup, sched_wakeup_new,
-// task_rename) and, when one was to be but the kernel refused, why. The path is not
+// task_rename, and the hot events table's, consumer/recorder/hot) and,
+// when one was to be but the kernel refused, why. The path is not
 // tried for an event in a layout its program does not build, with
 // synthetic:wakeup_latency, or on the perf transport.
 func (s *Session) BTFEvents() (events []string, why error) {
@@ -22,6 +23,23 @@ func (s *Session) BTFEvents() (events []string, why error) {
 		}
 	}
 	return events, s.rec.Why(recorder.PathBTF)
+}
+
+// BTFUnknown returns the session's events that the BTF path builds on
+// other kernels but not on this one, whose record or tracepoint
+// arguments its table does not know, each with why; they are recorded
+// through their tracepoints.
+func (s *Session) BTFUnknown() map[string]string {
+	out := map[string]string{}
+	for i, p := range s.rec.Progs()[:len(s.events)] {
+		if recorder.IsBTFProg(p) {
+			continue
+		}
+		if why := recorder.BTFMismatch(s.events[i]); why != "" {
+			out[s.events[i].FullName()] = why
+		}
+	}
+	return out
 }
 
 // UserFault returns nil when the recorder pages in the user memory that

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -394,7 +395,11 @@ func noteFallbacks(s *consumer.Session, cfg consumer.Config, host kernel, stderr
 		fmt.Fprintf(stderr, "kconsume record: records through BPF ring buffers: own rings: %v\n", host.explain(why))
 	}
 	if _, why := s.BTFEvents(); why != nil {
-		fmt.Fprintf(stderr, "kconsume record: sched events through their tracepoints: BTF path: %v\n", host.explain(why))
+		fmt.Fprintf(stderr, "kconsume record: events through their tracepoints: BTF path: %v\n", host.explain(why))
+	}
+	unknown := s.BTFUnknown()
+	for _, e := range slices.Sorted(maps.Keys(unknown)) {
+		fmt.Fprintf(stderr, "kconsume record: %s through its tracepoint, not built from its arguments (BTF path): %s\n", e, unknown[e])
 	}
 }
 

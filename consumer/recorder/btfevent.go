@@ -2,11 +2,13 @@ package recorder
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/kconsume/kconsume/consumer/recorder/hot"
 	"github.com/kconsume/kconsume/consumer/tracefs"
 	"github.com/kconsume/kconsume/filter"
 	"github.com/kconsume/kconsume/gen"
@@ -33,6 +35,10 @@ type btfEvent struct {
 	// of the layout the running kernel has.
 	layoutVar string
 	layouts   [][]tracefs.Field
+	// hot is the table entry of a generated program (package hot),
+	// whose layouts also name the tracepoint's arguments; nil for the
+	// hand-written ones.
+	hot *hot.Event
 }
 
 var (
@@ -77,12 +83,47 @@ var (
 	}}
 )
 
-var btfEvents = []btfEvent{
-	{"sched", "sched_switch", gen.RingbufProgKcBtfSwitch, gen.RingbufVarKcSwitchKey, gen.RingbufVarKcSwitchId, "", [][]tracefs.Field{switchLayout}},
-	{"sched", "sched_waking", gen.RingbufProgKcBtfWaking, gen.RingbufVarKcWakingKey, gen.RingbufVarKcWakingId, gen.RingbufVarKcWakeSuccess, wakeLayouts},
-	{"sched", "sched_wakeup", gen.RingbufProgKcBtfWakeup, gen.RingbufVarKcWakeupKey, gen.RingbufVarKcWakeupId, gen.RingbufVarKcWakeSuccess, wakeLayouts},
-	{"sched", "sched_wakeup_new", gen.RingbufProgKcBtfWakeupNew, gen.RingbufVarKcWakeupNewKey, gen.RingbufVarKcWakeupNewId, gen.RingbufVarKcWakeSuccess, wakeLayouts},
-	{"task", "task_rename", gen.RingbufProgKcBtfRename, gen.RingbufVarKcRenameKey, gen.RingbufVarKcRenameId, gen.RingbufVarKcRenamePid, renameLayouts},
+// btfEvents are the hand-written BTF programs and those generated from
+// the hot events table.
+var btfEvents = append([]btfEvent{
+	{"sched", "sched_switch", gen.RingbufProgKcBtfSwitch, gen.RingbufVarKcSwitchKey, gen.RingbufVarKcSwitchId, "", [][]tracefs.Field{switchLayout}, nil},
+	{"sched", "sched_waking", gen.RingbufProgKcBtfWaking, gen.RingbufVarKcWakingKey, gen.RingbufVarKcWakingId, gen.RingbufVarKcWakeSuccess, wakeLayouts, nil},
+	{"sched", "sched_wakeup", gen.RingbufProgKcBtfWakeup, gen.RingbufVarKcWakeupKey, gen.RingbufVarKcWakeupId, gen.RingbufVarKcWakeSuccess, wakeLayouts, nil},
+	{"sched", "sched_wakeup_new", gen.RingbufProgKcBtfWakeupNew, gen.RingbufVarKcWakeupNewKey, gen.RingbufVarKcWakeupNewId, gen.RingbufVarKcWakeSuccess, wakeLayouts, nil},
+	{"task", "task_rename", gen.RingbufProgKcBtfRename, gen.RingbufVarKcRenameKey, gen.RingbufVarKcRenameId, gen.RingbufVarKcRenamePid, renameLayouts, nil},
+}, hotEvents()...)
+
+// hotEvents returns the BTF programs of the hot events table, with each
+// layout's fields as the event's format gives them.
+func hotEvents() []btfEvent {
+	var out []btfEvent
+	for i := range hot.Events {
+		e := &hot.Events[i]
+		b := btfEvent{system: e.System, name: e.Name, prog: e.Prog(), keyVar: e.Var("key"), idVar: e.Var("id"), layoutVar: e.Var("layout"), hot: e}
+		for _, l := range e.Layouts {
+			shapes, err := l.Shapes()
+			if err != nil {
+				panic(fmt.Sprintf("hot events table, %s: %v", e.Name, err)) // hot's tests and hotgen check it
+			}
+			var fields []tracefs.Field
+			for j, sh := range shapes {
+				f := tracefs.Field{Name: l.Fields[j].Name, Offset: sh.Offset, Size: sh.Size, Signed: sh.Signed, ArrayLen: sh.ArrayLen}
+				if sh.Str {
+					f.Loc = tracefs.DataLoc
+				}
+				fields = append(fields, f)
+			}
+			b.layouts = append(b.layouts, fields)
+		}
+		out = append(out, b)
+	}
+	return out
+}
+
+// strings reports whether layout l of e's program has strings: such a
+// record takes no field filter (KC_HOT_RECORD_STRINGS).
+func (e *btfEvent) strings(l int) bool {
+	return e.hot != nil && e.hot.Layouts[l].Strings() > 0
 }
 
 // btfUse is an event a BTF program records: its key, its trace event id
@@ -109,13 +150,51 @@ func btfShape(f *tracefs.Format) (*btfEvent, int) {
 			// preemption off, loses none of it.
 			return nil, 0
 		}
+		if e.hot != nil && e.hot.Preemptible && (Preemptibility().On || Testing.RawFromPerf) {
+			// As task_rename: a program preempted where the kernel
+			// calls the tracepoint preemptibly would make the next on
+			// its CPU skip its event.
+			return nil, 0
+		}
 		for j, l := range e.layouts {
-			if sameFields(f, l) {
+			if sameFields(f, l) && (e.hot == nil || hotArgs(e.name, e.hot.Layouts[j])) {
 				return e, j
 			}
 		}
 	}
 	return nil, 0
+}
+
+// BTFMismatch returns why the BTF path has no program for an event of
+// format f that it has one for on other kernels: a layout of the record,
+// or arguments of the tracepoint, that its table does not know. It
+// returns "" where the path builds f, and for an event the path never
+// builds.
+func BTFMismatch(f *tracefs.Format) string {
+	for i := range btfEvents {
+		e := &btfEvents[i]
+		if e.system != f.System || e.name != f.Name {
+			continue
+		}
+		if len(f.Skipped) != 0 {
+			return "its format has fields the recorder does not decode"
+		}
+		fields := false
+		for j, l := range e.layouts {
+			if !sameFields(f, l) {
+				continue
+			}
+			fields = true
+			if e.hot == nil || hotArgs(e.name, e.hot.Layouts[j]) {
+				return ""
+			}
+		}
+		if fields {
+			return fmt.Sprintf("the tracepoint's arguments (btf_trace_%s) are not those of its record's layout in the table (consumer/recorder/hot)", e.name)
+		}
+		return "this kernel's layout of its record is not in the table (consumer/recorder/hot)"
+	}
+	return ""
 }
 
 // sameFields reports whether f has exactly the fields of l, in order, and
@@ -129,12 +208,68 @@ func sameFields(f *tracefs.Format, l []tracefs.Field) bool {
 		g := f.Fields[i]
 		// Whether char is signed depends on the architecture and the
 		// kernel's version of the format: only the size counts there.
-		if g.Name != w.Name || g.Offset != w.Offset || g.Size != w.Size || g.ArrayLen != w.ArrayLen || g.Loc != tracefs.Inline ||
-			(w.ArrayLen == 0 && g.Signed != w.Signed) {
+		if g.Name != w.Name || g.Offset != w.Offset || g.Size != w.Size || g.ArrayLen != w.ArrayLen || g.Loc != w.Loc ||
+			(w.Loc == tracefs.DataLoc && !g.IsChar()) || (w.ArrayLen == 0 && g.Signed != w.Signed) {
 			return false
 		}
 	}
 	return true
+}
+
+// hotArgs reports whether the kernel's tracepoint name passes the
+// arguments that layout l reads: as many (its BTF prototype
+// btf_trace_NAME has one more, the probe's data), each of the size l
+// declares. A kernel without BTF passes none.
+func hotArgs(name string, l hot.Layout) bool {
+	proto, err := tracepointProto(name)
+	if err != nil || len(proto.Params) != len(l.Args)+1 {
+		return false
+	}
+	for i, a := range l.Args {
+		want, err := hot.ArgSize(a)
+		if err != nil {
+			return false
+		}
+		typ := proto.Params[i+1].Type
+		if got, err := btf.Sizeof(typ); err != nil || got != want {
+			return false
+		}
+		// A pointer to a struct is one to the struct of that name.
+		ptr, isPtr := btf.UnderlyingType(typ).(*btf.Pointer)
+		decl := strings.Fields(strings.TrimPrefix(a, "const "))
+		if len(decl) >= 2 && decl[0] == "struct" && strings.Contains(a, "*") {
+			st, ok := btf.UnderlyingType(ptr.Target).(*btf.Struct)
+			if !isPtr || !ok || st.Name != decl[1] {
+				return false
+			}
+		} else if isPtr != strings.Contains(a, "*") && !strings.HasSuffix(decl[0], "_func_t") {
+			return false
+		}
+	}
+	return true
+}
+
+// tracepointProto returns the prototype of tracepoint name's probes
+// (the kernel's BTF typedef btf_trace_NAME), or an error when the kernel
+// has no BTF or no such tracepoint.
+func tracepointProto(name string) (*btf.FuncProto, error) {
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return nil, fmt.Errorf("kernel BTF: %w", err)
+	}
+	var td *btf.Typedef
+	if err := spec.TypeByName("btf_trace_"+name, &td); err != nil {
+		return nil, fmt.Errorf("kernel BTF: %w", err)
+	}
+	ptr, ok := td.Type.(*btf.Pointer)
+	if !ok {
+		return nil, fmt.Errorf("btf_trace_%s is a %T, not a function pointer", name, td.Type)
+	}
+	proto, ok := ptr.Target.(*btf.FuncProto)
+	if !ok {
+		return nil, fmt.Errorf("btf_trace_%s points to a %T, not a function", name, ptr.Target)
+	}
+	return proto, nil
 }
 
 // SwitchStateArg reports whether the kernel's sched_switch tracepoint
@@ -143,21 +278,9 @@ func sameFields(f *tracefs.Format, l []tracefs.Field) bool {
 // data) instead of four. It fails when the kernel has no BTF or the
 // prototype is neither.
 func SwitchStateArg() (bool, error) {
-	spec, err := btf.LoadKernelSpec()
+	proto, err := tracepointProto("sched_switch")
 	if err != nil {
-		return false, fmt.Errorf("kernel BTF: %w", err)
-	}
-	var td *btf.Typedef
-	if err := spec.TypeByName("btf_trace_sched_switch", &td); err != nil {
-		return false, fmt.Errorf("kernel BTF: %w", err)
-	}
-	ptr, ok := td.Type.(*btf.Pointer)
-	if !ok {
-		return false, fmt.Errorf("btf_trace_sched_switch is a %T, not a function pointer", td.Type)
-	}
-	proto, ok := ptr.Target.(*btf.FuncProto)
-	if !ok {
-		return false, fmt.Errorf("btf_trace_sched_switch points to a %T, not a function", ptr.Target)
+		return false, err
 	}
 	switch n := len(proto.Params); n {
 	case 4:
@@ -180,6 +303,9 @@ type btfPath struct {
 	base  map[int]*ebpf.ProgramSpec
 	uses  map[int]btfUse
 	links map[int]link.Link
+	// raw holds the generated programs loaded again with their pointer
+	// arguments read through a helper (dropRefused).
+	raw map[string]bool
 }
 
 // setup keeps in spec the BTF programs of uses (by program name) and
@@ -246,6 +372,40 @@ func (b *btfPath) drop(spec *ebpf.CollectionSpec) {
 		delete(spec.Programs, e.prog)
 	}
 	clear(b.keys)
+}
+
+// dropRefused removes from spec the BTF program that the kernel refused
+// in err, a load's error, so that its event alone takes the classic
+// path, and says why in r.plan[PathBTF]. It reports whether err named
+// such a program: cilium/ebpf names the program that failed ("program
+// NAME: ...").
+func (b *btfPath) dropRefused(r *Recorder, spec *ebpf.CollectionSpec, err error) bool {
+	name, _, ok := strings.Cut(strings.TrimPrefix(err.Error(), "program "), ":")
+	if !ok || !strings.HasPrefix(err.Error(), "program ") || !IsBTFProg(name) || spec.Programs[name] == nil {
+		return false
+	}
+	if raw := name + "_raw"; strings.HasPrefix(name, "kc_hot_") && !b.raw[name] && spec.Variables[raw] != nil {
+		// Older verifiers load no pointer argument to other than a
+		// struct from ctx: the program reads those through a helper.
+		if spec.Variables[raw].Set(uint32(1)) == nil {
+			if b.raw == nil {
+				b.raw = map[string]bool{}
+			}
+			b.raw[name] = true
+			return true
+		}
+	}
+	delete(spec.Programs, name)
+	for key, p := range b.keys {
+		if p == name {
+			delete(b.keys, key)
+			delete(b.base, key)
+			delete(b.uses, key)
+		}
+	}
+	r.plan[PathBTF].why = fmt.Errorf("loading: %w", err)
+	r.plan[PathBTF].on = len(b.keys) > 0
+	return true
 }
 
 // attach attaches the BTF program loaded for event key and returns

@@ -140,7 +140,7 @@ func EventOptions(cfg Config, formats []*tracefs.Format, users []*SysUser, filte
 		}
 		// wakeup_latency's hooks ride on the tracepoint programs. A
 		// BTF program compiles in its event's filter.
-		if e, l := btfShape(f); e != nil && !wake && !Testing.NoBTF {
+		if e, l := btfShape(f); e != nil && !wake && !Testing.NoBTF && !(filtered && e.strings(l)) {
 			opts.btf[e.prog] = btfUse{key: i, id: int(f.ID), layout: l}
 		}
 	}
@@ -374,6 +374,9 @@ func (l *loading) load() error {
 	}
 	var err error
 	r.coll, err = Testing.NewCollection(l.spec)
+	for err != nil && r.btf.dropRefused(r, l.spec, err) {
+		r.coll, err = Testing.NewCollection(l.spec)
+	}
 	for _, f := range fallbacks {
 		if err == nil {
 			break
