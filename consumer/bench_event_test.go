@@ -211,7 +211,29 @@ type eventSession struct {
 	// a trigger takes.
 	trigger string
 	tp      bool
+	// more are events recorded beside event, by every tool; moreAll
+	// adds every syscall event but getppid's (the untraced syscall).
+	more    []string
+	moreAll bool
 	runs    []eventRun
+}
+
+// events returns every event s records: its event, then the others.
+func (s eventSession) events(b *testing.B) []string {
+	out := append([]string{s.event}, s.more...)
+	if !s.moreAll {
+		return out
+	}
+	ents, err := os.ReadDir("/sys/kernel/tracing/events/syscalls")
+	if err != nil {
+		b.Fatalf("listing the syscall events: %v", err)
+	}
+	for _, e := range ents {
+		if e.IsDir() && !strings.HasSuffix(e.Name(), "_getppid") && "syscalls:"+e.Name() != s.event {
+			out = append(out, "syscalls:"+e.Name())
+		}
+	}
+	return out
 }
 
 var eventSessions = []eventSession{
@@ -288,6 +310,21 @@ var eventSessions = []eventSession{
 	{name: "funckprobe", event: "syscalls:sys_enter_getpid", syscalls: "fentry", tools: []string{"kconsume", "kconsume-btf", "trace-cmd"}, named: true, runs: []eventRun{
 		{"funckprobe-pinned", "getpid", true}, {"funckprobe-unpinned", "getpid", false},
 	}},
+	// getpid traced and getppid untraced while 8, then all syscall
+	// events but getppid's are recorded (the getpid session is 1): the
+	// path --syscalls auto takes for each set, and what a syscall that
+	// is not recorded pays there.
+	{name: "sys8", event: "syscalls:sys_enter_getpid", more: []string{"syscalls:sys_enter_read", "syscalls:sys_enter_write",
+		"syscalls:sys_enter_openat", "syscalls:sys_enter_close", "syscalls:sys_enter_lseek", "syscalls:sys_enter_mmap", "syscalls:sys_enter_futex"},
+		tools: []string{"kconsume", "kconsume-tp", "trace-cmd"}, runs: []eventRun{
+			{"sys8-pinned", "getpid", true}, {"sys8-unpinned", "getpid", false},
+			{"sys8-untraced-pinned", "getppid", true}, {"sys8-untraced-unpinned", "getppid", false},
+		}},
+	{name: "sysall", event: "syscalls:sys_enter_getpid", moreAll: true,
+		tools: []string{"kconsume", "kconsume-tp", "trace-cmd"}, runs: []eventRun{
+			{"sysall-pinned", "getpid", true}, {"sysall-unpinned", "getpid", false},
+			{"sysall-untraced-pinned", "getppid", true}, {"sysall-untraced-unpinned", "getppid", false},
+		}},
 	// A trigger whose condition is never true (fd is -1), against the
 	// same recording without it: both through the tracepoint's general
 	// program copy, which a filter every event passes gives the event
@@ -401,8 +438,12 @@ var eventTools = []string{"kconsume", "kconsume-tp", "kconsume-nf", "trace-cmd",
 // programs run preemptibly, what taking the perf tracepoints costs.
 // KCONSUME_BENCH_SESSIONS, a comma-separated list of session names
 // (getpid, rename, switch, pidfilter, fieldreject, fieldaccept,
-// fieldreject-rename, stack-kernel, stack-user, uprobe, trigger; kprobe,
-// fentry, rawperf and funckprobe run only when named), runs only those.
+// fieldreject-rename, stack-kernel, stack-user, uprobe, trigger, sys8,
+// sysall; kprobe, fentry, rawperf and funckprobe run only when named),
+// runs only those. sys8 and sysall: getpid (traced) and getppid
+// (untraced) while 8, then every syscall event but getppid's are
+// recorded, by kconsume with --syscalls auto and tracepoint and by
+// trace-cmd; the getpid session is the set of 1.
 // trigger: lseek with a trigger never true (kconsume --trigger
 // 'syscalls:sys_enter_lseek fd == 7 : stop') against kconsume-nf
 // without it, both through the tracepoint (--syscalls tracepoint) with a
@@ -613,6 +654,9 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession, load strin
 	switch tool {
 	case "kconsume", "kconsume-tp", "kconsume-nf", "kconsume-base", "kconsume-btf":
 		args = []string{"record", "-q", "-e", cmp.Or(s.kcEvent, s.event), "-o", filepath.Join(dir, "t"), "--session", session}
+		for _, e := range s.events(b)[1:] {
+			args = append(args, "-e", e)
+		}
 		if s.expr != "" && (tool != "kconsume-nf" || s.trigger != "") {
 			args = append(args, "-f", s.expr)
 		}
@@ -638,6 +682,9 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession, load strin
 		// it here along with set_ftrace_filter; the event filter is its
 		// other way.
 		args = []string{"record", "-d", "--no-filter", "-e", s.event, "-o", filepath.Join(dir, "trace.dat")}
+		for _, e := range s.events(b)[1:] {
+			args = append(args, "-e", e)
+		}
 		if s.filter {
 			args = append(args, "-f", "common_pid == 1")
 		}
@@ -651,7 +698,7 @@ func startEventTracer(b *testing.B, tool, bin string, s eventSession, load strin
 			args = append(args, "-O", "userstacktrace")
 		}
 	case "perf":
-		args = []string{"record", "-a", "-e", s.event, "-o", filepath.Join(dir, "perf.data")}
+		args = []string{"record", "-a", "-e", strings.Join(s.events(b), ","), "-o", filepath.Join(dir, "perf.data")}
 		if s.filter {
 			args = append(args, "--filter", "common_pid == 1")
 		}
