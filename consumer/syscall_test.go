@@ -351,6 +351,35 @@ func TestSyscallUntracedRuns(t *testing.T) {
 			}
 		})
 	}
+	// auto with one event: the function path, else, where programs do
+	// not run preemptibly, the event's tracepoint; either way an
+	// untraced syscall runs no program.
+	t.Run("auto", func(t *testing.T) {
+		c := startChild(t, "getpid", n)
+		s, _ := newTestSession(t, Config{Events: events, PIDs: []int{c.tid}, Transport: Ringbuf})
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		raw, why := s.RawSyscalls()
+		preempt, _ := s.Preemptible()
+		before := programRuns(t, s)
+		c.run(t)
+		after := programRuns(t, s)
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		var runs uint64
+		for name, r := range after {
+			runs += r - before[name]
+		}
+		t.Logf("%d getpid calls, %d program runs; raw path: %v (%v)", n, runs, raw, why)
+		switch {
+		case len(raw) > 0 && !preempt.On:
+			t.Errorf("auto took the raw path for one event (function path: %v)", s.rec.Why(recorder.PathFentry))
+		case len(raw) == 0 && runs >= n/10:
+			t.Errorf("%d getpid calls ran the recorder's programs %d times off the raw path", n, runs)
+		}
+	})
 }
 
 // programRuns returns how many times each of the session's programs has

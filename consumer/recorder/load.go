@@ -318,10 +318,35 @@ func (l *loading) setupSyscalls() error {
 		return err
 	}
 	r.plan[PathFentry].on = len(r.fentry.progs) > 0
+	if !r.plan[PathFentry].on {
+		l.tracepointsRather(spec)
+	}
 	if len(r.fentry.progs) > 0 {
 		set[gen.RingbufVarKcTaskBtf] = boolU32(taskBTF())
 	}
 	return nil
+}
+
+// tracepointsRather drops the raw syscall path from spec, under
+// SyscallsAuto, where the function path does not take the syscall
+// events and they are few (FentryMax at most): on the raw path every
+// syscall of the machine runs a program, recorded or not, where each
+// event's own tracepoint leaves the others alone, and costs about as
+// much a recorded call for so few (BENCHMARKS.md, issue 54). It keeps
+// the raw path for a syscall event with a trigger (the raw programs
+// evaluate those) and where programs run preemptibly, whose syscall
+// tracepoints lose events (preempt.go).
+func (l *loading) tracepointsRather(spec *ebpf.CollectionSpec) {
+	r := l.r
+	if r.cfg.Syscalls != SyscallsAuto || l.opts == nil || spec.Programs[gen.RingbufProgKcSysEnter] == nil || r.preempt.On {
+		return
+	}
+	evs := l.opts.sysEvents
+	if len(evs) == 0 || len(evs) > FentryMax || slices.ContainsFunc(evs, func(e sysEvent) bool { return e.trig }) {
+		return
+	}
+	dropRawSys(spec)
+	r.plan.off(PathRawSys, fmt.Errorf("%d syscall events, %d at most for auto, and no function path (%v): their tracepoints leave the other syscalls alone", len(evs), FentryMax, r.plan[PathFentry].why))
 }
 
 // setupRest sets the BTF and user-fault programs up and the variables
@@ -455,7 +480,11 @@ var fallbacks = []fallback{
 			}
 			return nil
 		},
-		drop: func(l *loading) error { l.r.fentry.drop(l.spec); return nil },
+		drop: func(l *loading) error {
+			l.r.fentry.drop(l.spec)
+			l.tracepointsRather(l.spec)
+			return nil
+		},
 	},
 	{
 		// The raw syscall path is an optimisation: a kernel that
