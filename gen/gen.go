@@ -10,7 +10,7 @@
 // tests' (bpf/test/lapword.bpf.c).
 package gen
 
-//go:generate go run ../consumer/recorder/hot/hotgen -o ../bpf/kc/hot_btf.bpf.h
+//go:generate go run ../consumer/recorder/hot/hotgen -o ../bpf/kc
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" -target bpfel -go-package gen -type kc_rec -type kc_cpu_state -type kc_tp_info -type kc_inject_rec -type kc_op -type kc_probe_def -type kc_trig Ringbuf ../bpf/kconsume.bpf.c -- -I../bpf -I../bpf/include
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror -DKC_PERF" -target bpfel -go-package gen Perf ../bpf/kconsume.bpf.c -- -I../bpf -I../bpf/include
 //go:generate go tool bpf2go -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" -target bpfel -go-package gen Bench ../bpf/bench.bpf.c -- -I../bpf -I../bpf/include
