@@ -212,9 +212,6 @@ func testHotEvents(t *testing.T, filters map[string]string) {
 	if out, err := exec.Command(tc, "extract", "-B", filepath.Base(inst), "-o", dat).CombinedOutput(); err != nil {
 		t.Fatalf("trace-cmd extract: %v: %s", err, out)
 	}
-	if d := os.Getenv("KC_HOT_DUMP"); d != "" {
-		_ = exec.Command("cp", dat, d+".dat").Run()
-	}
 	report := exec.Command(tc, "report", "-R", "-i", dat)
 	out, err := report.Output()
 	if err != nil {
@@ -246,10 +243,6 @@ func testHotEvents(t *testing.T, filters map[string]string) {
 	for cpu, evs := range ours {
 		total += len(evs)
 		ft := theirs[cpu]
-		if d := os.Getenv("KC_HOT_DUMP"); d != "" {
-			_ = os.WriteFile(fmt.Sprintf("%s.%d.ours", d, cpu), []byte(strings.Join(evs, "\n")), 0o644)
-			_ = os.WriteFile(fmt.Sprintf("%s.%d.theirs", d, cpu), []byte(strings.Join(ft, "\n")), 0o644)
-		}
 		m, fail := matchHot(evs, ft, syms)
 		if fail >= 0 {
 			var ctx strings.Builder
